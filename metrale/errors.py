@@ -1,0 +1,41 @@
+"""The one error hierarchy: every failure a user can cause is a `MetraleError` subclass.
+
+Messages name the file, tensor, argument or limit at fault. Errors are raised before any
+kernel is launched, so nothing on the device has been touched when one reaches the caller.
+"""
+
+
+class MetraleError(Exception):
+    """Base class of every error metrale raises on purpose."""
+
+
+class FormatError(MetraleError):
+    """A checkpoint, config or safetensors file is missing, malformed or inconsistent."""
+
+
+class Unsupported(MetraleError):
+    """An architecture, option or method this model or build does not provide."""
+
+
+class UnsupportedMedia(Unsupported):
+    """Images or audio passed to a model that cannot take them."""
+
+
+class CacheFull(MetraleError):
+    """The paged KV pool has too few free blocks; nothing in the pool was changed."""
+
+
+class InvalidArgument(MetraleError, ValueError):
+    """An argument out of range: a token id, a position, a size, a pointer."""
+
+
+class DeviceError(MetraleError):
+    """The device cannot do what was asked: no GPU, out of memory, a kernel failed to build."""
+
+
+class KernelError(MetraleError):
+    """A kernel is unknown (no `.cu` entry point or no numpy twin) or was launched wrongly."""
+
+
+class ConcurrentUse(MetraleError):
+    """A second thread called into a model while another call was in flight."""

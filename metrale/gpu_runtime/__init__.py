@@ -1,0 +1,68 @@
+"""Layer 1: the device as raw pointers and streams (`GpuBackend`) and its two backends."""
+from __future__ import annotations
+
+import logging
+import os
+import re
+
+from ..errors import DeviceError, InvalidArgument
+from .host import HostBackend, LaunchContext
+from .protocol import GpuBackend
+from .types import NULL, DevicePtr, KernelHandle
+
+__all__ = ["GpuBackend", "HostBackend", "CudaBackend", "DevicePtr", "KernelHandle", "NULL",
+           "LaunchContext", "backend", "cuda_available"]
+
+log = logging.getLogger("metrale")
+
+
+def __getattr__(name):
+    if name == "CudaBackend":  # imported lazily: importing CuPy costs ~0.6 s
+        from .cuda import CudaBackend
+        return CudaBackend
+    raise AttributeError(name)
+
+
+def cuda_available() -> tuple[bool, str]:
+    """Whether CuPy sees a usable GPU, and why not when it does not."""
+    try:
+        import cupy
+    except Exception as e:
+        return False, f"CuPy is not importable ({type(e).__name__}: {e})"
+    try:
+        if not cupy.cuda.is_available():
+            return False, "CuPy sees no CUDA device"
+        cupy.cuda.Device(0).compute_capability
+    except Exception as e:
+        return False, f"CUDA device unusable ({type(e).__name__}: {e})"
+    return True, ""
+
+
+def backend(device: str | None = "auto") -> GpuBackend:
+    """Pick a backend: "auto" | "cpu" | "cuda" | "cuda:N".
+
+    `None` or "auto" honour the `METRALE_DEVICE` environment variable first; "auto" is CUDA
+    when CuPy sees a usable GPU, else CPU with one log line saying why.
+    """
+    if device is None or device == "auto":
+        device = os.environ.get("METRALE_DEVICE") or "auto"
+    if not isinstance(device, str):
+        raise InvalidArgument(f"device must be a string like 'cpu' or 'cuda:0', got {device!r}")
+    device = device.strip().lower()
+    if device == "cpu":
+        return HostBackend()
+    if device == "auto":
+        ok, why = cuda_available()
+        if ok:
+            from .cuda import CudaBackend
+            return CudaBackend(0)
+        log.info("metrale: no usable GPU (%s); running on CPU with HostBackend", why)
+        return HostBackend()
+    m = re.fullmatch(r"cuda(?::(\d+))?", device)
+    if not m:
+        raise InvalidArgument(f"device {device!r}: expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    ok, why = cuda_available()
+    if not ok:
+        raise DeviceError(f"device {device!r} requested but {why}")
+    from .cuda import CudaBackend
+    return CudaBackend(int(m.group(1) or 0))

@@ -1,0 +1,164 @@
+"""Where the `.cu` sources live and how they are compiled with NVRTC (no GPU needed).
+
+`kernels/` sits at the top of the repository and ships inside the wheel as the package
+`metrale.kernels`, so a checkout and a plain `pip install .` both find it.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from functools import lru_cache
+from pathlib import Path
+
+from ..errors import DeviceError, KernelError
+
+ARCHS = ("sm_80", "sm_90")
+# Options shared by CuPy's RawModule (CudaBackend) and the GPU-free check: the kernels are
+# written for FP32 accumulation with explicit BF16 rounding, so fast-math only relaxes
+# expf/rsqrtf precision, which the tolerance table covers.
+NVRTC_OPTIONS = ("-std=c++17", "--use_fast_math")
+
+
+def kernels_dir() -> Path:
+    """The directory holding `*.cu` files: the installed package data, else the checkout."""
+    try:
+        import metrale.kernels as pkg  # present in an installed wheel
+        for p in getattr(pkg, "__path__", []):
+            if any(Path(p).glob("*.cu")):
+                return Path(p)
+    except ImportError:
+        pass
+    here = Path(__file__).resolve().parents[2] / "kernels"
+    if here.is_dir():
+        return here
+    raise DeviceError("kernels directory not found: neither metrale/kernels (installed) "
+                      f"nor {here} (checkout) exists")
+
+
+def kernel_files() -> list[Path]:
+    return sorted(kernels_dir().glob("*.cu"))
+
+
+def module_path(module: str) -> Path:
+    if not re.fullmatch(r"[A-Za-z0-9_]+", module):
+        raise KernelError(f"bad kernel module name {module!r}")
+    p = kernels_dir() / f"{module}.cu"
+    if not p.is_file():
+        raise KernelError(f"kernel module {module!r}: {p} does not exist")
+    return p
+
+
+def read_source(module: str) -> tuple[str, str]:
+    """`(source, hash)` of a module; the hash covers every header in kernels/ too.
+
+    CuPy's kernel cache key misses headers pulled in through `-I` (CUPY_NOTES §5), so the
+    hash goes into the compile options as `-DMETRALE_SRC_HASH=...`.
+    """
+    src = module_path(module).read_text()
+    h = hashlib.sha256(src.encode())
+    for hdr in sorted(kernels_dir().glob("*.cuh")):
+        h.update(hdr.read_bytes())
+    return src, h.hexdigest()[:16]
+
+
+def entry_points(source: str) -> list[str]:
+    return re.findall(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?'
+                      r"([A-Za-z_][A-Za-z0-9_]*)", source)
+
+
+@lru_cache(maxsize=1)
+def cuda_include_dir() -> str | None:
+    """The directory with cuda_bf16.h / cuda_fp16.h (nvidia-cuda-runtime-cu12 or a CTK)."""
+    try:
+        import cuda.pathfinder as pf
+        d = pf.find_nvidia_header_directory("cudart")
+        if d:
+            return str(d)
+    except Exception:  # pathfinder missing or too old: fall back to a system CTK
+        pass
+    for cand in ("/usr/local/cuda/include",):
+        if Path(cand, "cuda_bf16.h").is_file():
+            return cand
+    return None
+
+
+_PTXAS_FUNC = re.compile(r"Compiling entry function '([^']+)' for '(sm_\d+a?)'")
+_PTXAS_REGS = re.compile(r"Used (\d+) registers")
+_PTXAS_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+_PTXAS_SMEM = re.compile(r"(\d+) bytes smem")
+
+
+def parse_ptxas(log: str) -> list[dict]:
+    """Per-kernel registers / spills / static shared memory from a `-v` ptxas log."""
+    out: list[dict] = []
+    cur: dict | None = None
+    for line in log.splitlines():
+        m = _PTXAS_FUNC.search(line)
+        if m:
+            cur = {"name": m.group(1), "registers": 0, "spill_stores": 0, "spill_loads": 0,
+                   "shared_bytes": 0}
+            out.append(cur)
+            continue
+        if cur is None:
+            continue
+        if (m := _PTXAS_SPILL.search(line)):
+            cur["spill_stores"], cur["spill_loads"] = int(m.group(1)), int(m.group(2))
+        if (m := _PTXAS_REGS.search(line)):
+            cur["registers"] = int(m.group(1))
+            if (s := _PTXAS_SMEM.search(line)):
+                cur["shared_bytes"] = int(s.group(1))
+    return out
+
+
+def compile_cubin(module: str, arch: str) -> tuple[bytes, str]:
+    """Compile `kernels/<module>.cu` for `arch` with NVRTC; returns `(cubin, log)`.
+
+    Raises KernelError with the compiler log on failure. Needs no GPU.
+    """
+    from cuda.bindings import nvrtc
+
+    src, src_hash = read_source(module)
+    opts = [f"--gpu-architecture={arch}", *NVRTC_OPTIONS, "--ptxas-options=-v",
+            f"-I{kernels_dir()}", f"-DMETRALE_SRC_HASH={src_hash}"]
+    inc = cuda_include_dir()
+    if inc:
+        opts.append(f"-I{inc}")
+
+    def check(res, what):
+        err = res[0]
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise KernelError(f"{module}.cu: NVRTC {what} failed: {err}")
+        return res[1] if len(res) > 1 else None
+
+    prog = check(nvrtc.nvrtcCreateProgram(src.encode(), f"{module}.cu".encode(), 0, [], []),
+                 "create")
+    try:
+        res = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        n = check(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
+        log = b" " * n
+        check(nvrtc.nvrtcGetProgramLog(prog, log), "log")
+        log_s = log.rstrip(b"\0 ").decode(errors="replace")
+        if res[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise KernelError(f"{module}.cu failed to compile for {arch}:\n{log_s}")
+        n = check(nvrtc.nvrtcGetCUBINSize(prog), "cubin size")
+        cubin = b" " * n
+        check(nvrtc.nvrtcGetCUBIN(prog, cubin), "cubin")
+        return cubin, log_s
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def check_all(archs=ARCHS) -> list[dict]:
+    """Compile every kernel file for every arch; one record per (file, arch)."""
+    records = []
+    for path in kernel_files():
+        for arch in archs:
+            rec = {"file": path.name, "arch": arch, "ok": False, "kernels": [], "error": None}
+            try:
+                _, log = compile_cubin(path.stem, arch)
+                rec["kernels"] = parse_ptxas(log)
+                rec["ok"] = True
+            except Exception as e:  # report every file, then fail at the end
+                rec["error"] = str(e)
+            records.append(rec)
+    return records

@@ -1,0 +1,1 @@
+"""metrale.model_engine"""

@@ -1,0 +1,93 @@
+"""Device argmax (kernels/argmax.cu): launchers and the bit-exact numpy twin of its rule.
+
+Rule (DESIGN §2): 1024 threads per row; thread t keeps the first strictly greater value of
+t, t+1024, ... starting from (-1e30, 0); a halving tree takes the upper slot only when
+strictly greater. NaN never wins; a row with nothing > -1e30 gives 0.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import InvalidArgument
+from ..gpu_runtime.types import DevicePtr
+from .bf16 import bf16_to_f32
+from .registry import twin
+
+MODULE = "argmax"
+THREADS = 1024
+_FLOOR = np.float32(-1e30)
+
+
+def _check(n_rows: int, vocab: int) -> None:
+    if n_rows < 1:
+        raise InvalidArgument(f"argmax: n_rows must be >= 1, got {n_rows}")
+    if not 1 <= vocab < 2**31:
+        raise InvalidArgument(f"argmax: vocab must be in [1, 2^31), got {vocab}")
+
+
+def argmax_bf16(backend, stream: int, logits_ptr, out_ptr, vocab: int) -> None:
+    """Argmax of one BF16 row. logits: [vocab] bf16; out: [1] uint32."""
+    _check(1, vocab)
+    backend.launch(backend.kernel(MODULE, "argmax_bf16"), (1,), (THREADS,), 0, stream,
+                   (DevicePtr(logits_ptr), DevicePtr(out_ptr), np.int32(vocab)))
+
+
+def argmax_bf16_batch(backend, stream: int, logits_ptr, out_ptr, n_rows: int,
+                      vocab: int) -> None:
+    """Argmax of each BF16 row. logits: [n_rows, vocab] bf16; out: [n_rows] uint32."""
+    _check(n_rows, vocab)
+    backend.launch(backend.kernel(MODULE, "argmax_bf16_batch"), (n_rows,), (THREADS,), 0,
+                   stream, (DevicePtr(logits_ptr), DevicePtr(out_ptr), np.int32(n_rows),
+                            np.int32(vocab)))
+
+
+def argmax_fp32(backend, stream: int, logits_ptr, out_ptr, n_rows: int, vocab: int) -> None:
+    """Argmax of each FP32 row. logits: [n_rows, vocab] float32; out: [n_rows] uint32."""
+    _check(n_rows, vocab)
+    backend.launch(backend.kernel(MODULE, "argmax_fp32"), (n_rows,), (THREADS,), 0, stream,
+                   (DevicePtr(logits_ptr), DevicePtr(out_ptr), np.int32(n_rows),
+                    np.int32(vocab)))
+
+
+def argmax_rule(rows: np.ndarray) -> np.ndarray:
+    """The device rule on host values. rows: [n, vocab] float32 -> [n] uint32."""
+    rows = np.asarray(rows, dtype=np.float32)
+    n, vocab = rows.shape
+    n_iter = -(-vocab // THREADS)
+    # [n, n_iter, 1024]: padding with NaN never wins, like the threads that scan nothing.
+    padded = np.full((n, n_iter * THREADS), np.nan, dtype=np.float32)
+    padded[:, :vocab] = rows
+    cols = padded.reshape(n, n_iter, THREADS)
+    clean = np.where(np.isnan(cols), -np.inf, cols)
+    j = np.argmax(clean, axis=1)  # first position of each thread's maximum, [n, 1024]
+    best = np.take_along_axis(clean, j[:, None, :], axis=1)[:, 0, :]
+    won = best > _FLOOR
+    val = np.where(won, best, _FLOOR).astype(np.float32)
+    idx = np.where(won, j * THREADS + np.arange(THREADS), 0).astype(np.uint32)
+    s = THREADS // 2
+    while s >= 1:
+        take = val[:, s:2 * s] > val[:, :s]
+        val[:, :s] = np.where(take, val[:, s:2 * s], val[:, :s])
+        idx[:, :s] = np.where(take, idx[:, s:2 * s], idx[:, :s])
+        s //= 2
+    return idx[:, 0].copy()
+
+
+@twin(MODULE, "argmax_bf16")
+def argmax_bf16_twin(ctx, logits_ptr, out_ptr, vocab) -> None:
+    rows = bf16_to_f32(ctx.view(logits_ptr, int(vocab), np.uint16)).reshape(1, -1)
+    ctx.view(out_ptr, 1, np.uint32)[:] = argmax_rule(rows)
+
+
+@twin(MODULE, "argmax_bf16_batch")
+def argmax_bf16_batch_twin(ctx, logits_ptr, out_ptr, n_rows, vocab) -> None:
+    n, v = int(n_rows), int(vocab)
+    rows = bf16_to_f32(ctx.view(logits_ptr, n * v, np.uint16)).reshape(n, v)
+    ctx.view(out_ptr, n, np.uint32)[:] = argmax_rule(rows)
+
+
+@twin(MODULE, "argmax_fp32")
+def argmax_fp32_twin(ctx, logits_ptr, out_ptr, n_rows, vocab) -> None:
+    n, v = int(n_rows), int(vocab)
+    rows = ctx.view(logits_ptr, n * v, np.float32).reshape(n, v)
+    ctx.view(out_ptr, n, np.uint32)[:] = argmax_rule(rows)

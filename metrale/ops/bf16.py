@@ -1,0 +1,26 @@
+"""BF16 <-> FP32 on the host, bit-exact with the device (`__float2bfloat16_rn`).
+
+BF16 values live in `uint16` arrays. BF16 -> FP32 is exact (`bits << 16`); FP32 -> BF16
+rounds to nearest, ties to even, and keeps NaN a (quiet) NaN.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    """uint16 BF16 bits (any shape) -> float32, exactly."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def f32_to_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 (any shape) -> uint16 BF16 bits, round to nearest even, NaN-safe."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16).astype(np.uint16)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    return np.where(nan, ((u >> 16) | 0x0040).astype(np.uint16), rounded)
+
+
+def round_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> float32 rounded through BF16 (what storing to a bf16 buffer does)."""
+    return bf16_to_f32(f32_to_bf16(x))
