@@ -1,0 +1,134 @@
+"""The paged KV block pool: a free-block stack, reference counts, reservations, prefix cache.
+
+Pure bookkeeping on the host; the blocks' bytes live in the model's KV buffers. Invariants
+(tests/kv/test_block_pool.py): every block is either free (refcount 0, on the stack) or held
+(refcount >= 1); `num_free() + held == num_total()`; an operation that cannot complete raises
+`CacheFull` before changing anything.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from ..errors import CacheFull, InvalidArgument
+
+
+class BlockPool:
+    """`num_blocks` blocks of `block_size` tokens. The free stack hands out block 0 first."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise InvalidArgument(f"BlockPool needs num_blocks >= 1 and block_size >= 1, got "
+                                  f"{num_blocks}, {block_size}")
+        self.num_blocks = int(num_blocks)
+        self.block_size = int(block_size)
+        self._free = list(range(self.num_blocks - 1, -1, -1))  # pop() -> lowest id first
+        self._ref = [0] * self.num_blocks
+        self._reserved = 0  # blocks promised to sequences but not yet taken from the stack
+        # prefix cache: chain digest of a block-aligned prefix (kv/prefix.py) -> block id, in LRU order. The
+        # cache holds one reference on each of its blocks.
+        self._prefix: OrderedDict[bytes, int] = OrderedDict()
+        self._prefix_of_block: dict[int, bytes] = {}
+
+    # queries --------------------------------------------------------------------------
+    def num_total(self) -> int:
+        return self.num_blocks
+
+    def num_free(self) -> int:
+        """Blocks that a new allocation can take now (excludes reservations)."""
+        return len(self._free) - self._reserved
+
+    def num_cached(self) -> int:
+        return len(self._prefix)
+
+    def refcount(self, block: int) -> int:
+        return self._ref[block]
+
+    # allocation -----------------------------------------------------------------------
+    def allocate(self, n: int, reserved: int = 0) -> list[int]:
+        """Take `n` blocks (refcount 1), first from the caller's reservation of `reserved`."""
+        if n < 0:
+            raise InvalidArgument(f"allocate: n must be >= 0, got {n}")
+        from_reservation = min(n, reserved)
+        fresh = n - from_reservation
+        if fresh > self.num_free():
+            evictable = self._evictable()
+            if fresh > self.num_free() + evictable:
+                raise CacheFull(f"KV pool exhausted: need {fresh} more block(s), "
+                                f"{self.num_free()} free of {self.num_blocks} "
+                                f"(block_size {self.block_size}, {evictable} evictable "
+                                f"prefix-cache blocks)")
+            self.reclaim(fresh - self.num_free())
+        self._reserved -= from_reservation
+        out = [self._free.pop() for _ in range(n)]
+        for b in out:
+            self._ref[b] = 1
+        return out
+
+    def reserve(self, n: int) -> None:
+        """Promise `n` blocks to one caller; they leave `num_free()` until used or returned."""
+        if n > self.num_free():
+            evictable = self._evictable()
+            if n > self.num_free() + evictable:
+                raise CacheFull(f"KV pool exhausted: cannot reserve {n} block(s), "
+                                f"{self.num_free()} free of {self.num_blocks}")
+            self.reclaim(n - self.num_free())
+        self._reserved += n
+
+    def unreserve(self, n: int) -> None:
+        if not 0 <= n <= self._reserved:
+            raise InvalidArgument(f"unreserve({n}) with {self._reserved} reserved")
+        self._reserved -= n
+
+    def incref(self, blocks) -> None:
+        for b in blocks:
+            if self._ref[b] < 1:
+                raise InvalidArgument(f"incref of free block {b}")
+        for b in blocks:
+            self._ref[b] += 1
+
+    def release(self, blocks) -> None:
+        """Drop one reference on each block; blocks reaching 0 go back on the free stack."""
+        for b in blocks:
+            if self._ref[b] < 1:
+                raise InvalidArgument(f"release of free block {b}")
+        # Released in reverse so that a table [a, b, c] freed whole comes back as a, b, c.
+        for b in reversed(list(blocks)):
+            self._ref[b] -= 1
+            if self._ref[b] == 0:
+                self._free.append(b)
+
+    # prefix cache ---------------------------------------------------------------------
+    def cache_prefix(self, key: bytes, block: int) -> bool:
+        """Register `block` as holding the prefix with chain hash `key` (cache takes a ref)."""
+        if key in self._prefix:
+            self._prefix.move_to_end(key)
+            return False
+        if block in self._prefix_of_block:
+            return False
+        self._ref[block] += 1
+        self._prefix[key] = block
+        self._prefix_of_block[block] = key
+        return True
+
+    def lookup_prefix(self, key: bytes) -> int | None:
+        b = self._prefix.get(key)
+        if b is not None:
+            self._prefix.move_to_end(key)
+        return b
+
+    def _evictable(self) -> int:
+        return sum(1 for b in self._prefix.values() if self._ref[b] == 1)
+
+    def reclaim(self, n: int) -> int:
+        """Evict up to `n` least recently used prefix blocks no sequence holds; returns count."""
+        freed = 0
+        for key in list(self._prefix):
+            if freed >= n:
+                break
+            b = self._prefix[key]
+            if self._ref[b] == 1:
+                del self._prefix[key]
+                del self._prefix_of_block[b]
+                self.release([b])
+                freed += 1
+        return freed

@@ -1,0 +1,80 @@
+"""The decoder stack as a launch sequence over raw pointers (llama/mistral/qwen2/qwen3).
+
+Pre-norm residual blocks with the residual add fused into RMSNorm:
+    residual = embed(ids)
+    per layer:  x = norm1(residual)                     (layer 0: no add)
+                qkv = x @ Wqkv^T (+ bias); rope(q, k) (+ q/k norm); write k, v to the cache
+                o = attention(q, cache) @ Wo^T
+                x = norm2(residual += o)
+                h = silu(x @ Wgate^T) * (x @ Wup^T) @ Wdown^T
+    out = final_norm(residual += h)
+`decode=True` uses the batch-invariant GEMV (graph-capturable) and split-K decode
+attention, one query row per sequence row; `decode=False` uses cuBLAS GEMMs and the
+ragged causal prefill attention.
+"""
+from __future__ import annotations
+
+from ..gpu_runtime.types import NULL, DevicePtr
+from ..ops import activation, attention, elementwise, embedding, gemm, kv_cache, rmsnorm, rope
+
+
+def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_len: int,
+                out_ptr: DevicePtr, embeds_uploaded: bool = False) -> None:
+    """Run all layers over `n` token rows whose metadata is already on the device.
+
+    Final-norm hidden states `[n, hidden]` go to `out_ptr`. When `embeds_uploaded`, the
+    input embeddings are already in `ws.residual` (multimodal / tensor API input).
+    """
+    b, ws, m, W = model.backend, model._ws, model._meta, model._weights
+    H, KV, D, hid = m.num_heads, m.num_kv_heads, m.head_dim, m.hidden_size
+    inter, eps = m.intermediate_size, m.rms_norm_eps
+    window = m.sliding_window or 0
+    linear = gemm.gemv if decode else gemm.gemm
+
+    if not embeds_uploaded:
+        embedding.embedding(b, stream, ws.residual, W.embed_tokens, ws.token_ids, n, hid,
+                            m.vocab_size)
+    for i, L in enumerate(W.layers):
+        if i == 0:
+            rmsnorm.rmsnorm(b, stream, ws.normed, ws.residual, L.input_layernorm, n, hid, eps)
+        else:
+            rmsnorm.rmsnorm(b, stream, ws.normed, ws.hidden, L.input_layernorm, n, hid, eps,
+                            residual_ptr=ws.residual)
+        linear(b, stream, ws.qkv, ws.normed, L.qkv, n, ws.qkv_dim, hid)
+        if not L.qkv_bias.is_null():
+            elementwise.add_bias(b, stream, ws.qkv, L.qkv_bias, n, ws.qkv_dim)
+        rope.apply_rope(b, stream, ws.qkv, ws.positions, model._rope_table, n, H, KV, D,
+                        model._max_positions, L.q_norm, L.k_norm, eps)
+        kc, vc = ws.k_cache(i), ws.v_cache(i)
+        kv_cache.write_kv(b, stream, ws.qkv, kc, vc, ws.slot_mapping, n, H, KV, D)
+        if decode:
+            attention.decode_attention(b, stream, ws.attn_out, ws.qkv, kc, vc, ws.block_tables,
+                                       ws.kv_lens, n_seqs, H, KV, D, model._block_size,
+                                       ws.max_blocks_per_seq, model._attn_scale, ws.decode_ws,
+                                       ws.max_splits, window)
+        else:
+            attention.prefill_attention(b, stream, ws.attn_out, ws.qkv, kc, vc,
+                                        ws.block_tables, ws.kv_lens, ws.qo_indptr, n_seqs, n,
+                                        max_q_len, H, KV, D, model._block_size,
+                                        ws.max_blocks_per_seq, model._attn_scale, window)
+        linear(b, stream, ws.hidden, ws.attn_out, L.o_proj, n, hid, H * D)
+        rmsnorm.rmsnorm(b, stream, ws.normed, ws.hidden, L.post_attention_layernorm, n, hid,
+                        eps, residual_ptr=ws.residual)
+        linear(b, stream, ws.gate_up, ws.normed, L.gate_up, n, 2 * inter, hid)
+        activation.silu_mul(b, stream, ws.act, ws.gate_up, n, inter)
+        linear(b, stream, ws.hidden, ws.act, L.down_proj, n, hid, inter)
+    rmsnorm.rmsnorm(b, stream, out_ptr, ws.hidden, W.norm, n, hid, eps, residual_ptr=ws.residual)
+
+
+def lm_head(model, stream: int, x_ptr: DevicePtr, n_rows: int, out_ptr: DevicePtr) -> None:
+    """logits[n_rows, vocab] = x[n_rows, hidden] @ lm_head^T, BF16 or FP32 per the model.
+
+    Always the batch-invariant GEMV, so a row's logits never depend on its neighbours and
+    FP32 output is available.
+    """
+    m = model._meta
+    gemm.gemv(model.backend, stream, out_ptr, x_ptr, model._weights.lm_head, n_rows,
+              m.vocab_size, m.hidden_size, out_fp32=model.use_fp32_logits)
+
+
+__all__ = ["run_decoder", "lm_head", "NULL"]

@@ -1,0 +1,142 @@
+"""`ModelLifecycle`: the cache mixin — sequences, their blocks, the prefix cache.
+
+The model provides `self._pool` (a `kv.BlockPool`) and `self._copy_kv_block(src, dst,
+stream)` (device copy of one block in every layer, for copy-on-write). Every method that
+can fail checks first and raises before changing anything: a `CacheFull` leaves every
+sequence and the pool exactly as they were.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..errors import CacheFull, InvalidArgument
+from ..kv.prefix import prefix_keys
+from .sequence import SequenceState
+
+
+class ModelLifecycle:
+    # public API (names of the original's cache mixin) ---------------------------------------
+    def alloc_sequence(self) -> SequenceState:
+        """A new, empty sequence (holds no blocks until tokens are written)."""
+        return SequenceState(owner=id(self))
+
+    def alloc_sequence_for(self, budget_tokens: int) -> SequenceState:
+        """A new sequence with `ceil(budget_tokens / block_size)` blocks reserved for it, so
+        it can grow to `budget_tokens` without CacheFull. Raises CacheFull now if the pool
+        cannot promise that many."""
+        if isinstance(budget_tokens, bool) or not isinstance(budget_tokens, int) or budget_tokens < 0:
+            raise InvalidArgument(f"alloc_sequence_for: budget_tokens must be an int >= 0, "
+                                  f"got {budget_tokens!r}")
+        n = -(-budget_tokens // self._pool.block_size)
+        self._pool.reserve(n)
+        return SequenceState(owner=id(self), reserved_blocks=n)
+
+    def free_sequence(self, seq: SequenceState) -> None:
+        """Return the sequence's blocks and reservation to the pool. Idempotent."""
+        self._check_seq(seq, allow_freed=True)
+        if seq.freed:
+            return
+        self._pool.release(seq.block_table)
+        self._pool.unreserve(seq.reserved_blocks)
+        seq.block_table, seq.tokens, seq.seq_len, seq.reserved_blocks = [], [], 0, 0
+        seq.freed = True
+
+    def cache_sequence(self, seq: SequenceState) -> int:
+        """Offer the sequence's full blocks to the prefix cache: a later prompt starting with
+        the same block-aligned tokens reuses them. Returns blocks newly cached."""
+        self._check_seq(seq)
+        keys = prefix_keys(seq.tokens, self._pool.block_size)
+        return sum(self._pool.cache_prefix(k, b) for k, b in zip(keys, seq.block_table))
+
+    def num_free_blocks(self) -> int:
+        return self._pool.num_free()
+
+    def num_total_blocks(self) -> int:
+        return self._pool.num_total()
+
+    def reclaim_prefix_blocks(self, n: int) -> int:
+        """Evict up to `n` prefix-cache blocks that no sequence holds; returns how many."""
+        return self._pool.reclaim(int(n))
+
+    def fork_sequence(self, seq: SequenceState) -> SequenceState:
+        """A new sequence sharing `seq`'s blocks (copy-on-write of the partial last block at
+        the first write)."""
+        self._check_seq(seq)
+        self._pool.incref(seq.block_table)
+        return SequenceState(tokens=list(seq.tokens), block_table=list(seq.block_table),
+                             seq_len=seq.seq_len, owner=id(self))
+
+    # internals used by the forward paths ----------------------------------------------------
+    def _check_seq(self, seq, allow_freed: bool = False) -> None:
+        if not isinstance(seq, SequenceState):
+            raise InvalidArgument(f"expected a SequenceState, got {type(seq).__name__}")
+        if seq.owner != id(self):
+            raise InvalidArgument(f"sequence {seq.seq_id} was allocated by another model")
+        if seq.freed and not allow_freed:
+            raise InvalidArgument(f"sequence {seq.seq_id} was freed")
+
+    def _reuse_prefix(self, seq: SequenceState, tokens: Sequence[int]) -> int:
+        """For an empty sequence, take cached blocks covering the longest block-aligned
+        prefix of `tokens`, leaving at least one token to compute. Returns tokens reused."""
+        if seq.seq_len != 0 or self._pool.num_cached() == 0:
+            return 0
+        bs = self._pool.block_size
+        blocks = []
+        for key in prefix_keys(tokens, bs, (len(tokens) - 1) // bs):
+            b = self._pool.lookup_prefix(key)
+            if b is None:
+                break
+            blocks.append(b)
+        if blocks:
+            self._pool.incref(blocks)
+            seq.block_table = blocks
+            seq.seq_len = len(blocks) * bs
+            seq.tokens = list(tokens[: seq.seq_len])
+        return seq.seq_len
+
+    def _reserve_for_writes(self, items: Sequence[tuple[SequenceState, int]], stream: int) -> None:
+        """Give each `(seq, n_new)` the blocks for `n_new` more tokens, all or nothing.
+
+        Copy-on-write: a shared block that the write will touch is replaced by a private
+        copy first. Raises CacheFull before changing anything if the pool is short.
+        """
+        bs = self._pool.block_size
+        plans = []
+        fresh_total = 0
+        for seq, n_new in items:
+            have = len(seq.block_table)
+            need = -(-(seq.seq_len + n_new) // bs) - have
+            cow = (seq.seq_len % bs != 0 and have > 0
+                   and self._pool.refcount(seq.block_table[seq.seq_len // bs]) > 1)
+            total = need + int(cow)
+            fresh_total += max(0, total - seq.reserved_blocks)
+            plans.append((seq, need, cow, total))
+        available = self._pool.num_free() + self._pool._evictable()
+        if fresh_total > available:
+            raise CacheFull(f"KV pool exhausted: this step needs {fresh_total} new block(s), "
+                            f"{self._pool.num_free()} free of {self._pool.num_total()} "
+                            f"(block_size {bs})")
+        for seq, need, cow, total in plans:
+            if total == 0:
+                continue
+            used = min(total, seq.reserved_blocks)
+            new = self._pool.allocate(total, reserved=used)
+            seq.reserved_blocks -= used
+            if cow:
+                idx = seq.seq_len // bs
+                old, copy = seq.block_table[idx], new.pop()
+                self._copy_kv_block(old, copy, stream)
+                self._pool.release([old])
+                seq.block_table[idx] = copy
+            seq.block_table.extend(new)
+
+    def _truncate(self, seq: SequenceState, new_len: int) -> None:
+        """Drop cached positions >= new_len and the blocks no longer needed."""
+        if not 0 <= new_len <= seq.seq_len:
+            raise InvalidArgument(f"rollback to {new_len} tokens: sequence {seq.seq_id} has "
+                                  f"{seq.seq_len}")
+        keep = -(-new_len // self._pool.block_size)
+        self._pool.release(seq.block_table[keep:])
+        del seq.block_table[keep:]
+        del seq.tokens[new_len:]
+        seq.seq_len = new_len

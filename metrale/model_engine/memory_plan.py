@@ -1,0 +1,69 @@
+"""How big the KV pool is, and whether the whole model fits, decided before any allocation."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import DeviceError
+from ..formats import expected_tensors
+from .workspace import Workspace
+
+_CPU_DEFAULT_CONTEXT = 2048     # tokens per batch row the CPU pool is sized for by default
+_GPU_MEMORY_FRACTION = 0.90     # of free memory the model may take when kv_blocks is None
+_GPU_MARGIN = 512 << 20         # left for CuPy, cuBLAS workspaces and the graph pool
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    num_blocks: int
+    max_seq_len: int
+    max_blocks_per_seq: int
+    weight_bytes: int
+    total_bytes: int
+
+
+def weight_bytes(meta) -> int:
+    total = 0
+    for shape in expected_tensors(meta).values():
+        n = 2
+        for s in shape:
+            n *= int(s)
+        total += n
+    return total
+
+
+def plan_memory(backend, meta, *, kv_blocks, block_size, max_rows, max_tokens, max_seq_len,
+                fp32_logits, where: str) -> MemoryPlan:
+    """Size the pool (from free memory on a GPU when `kv_blocks` is None) and check that
+    weights + workspaces + pool fit; DeviceError naming bytes needed and free otherwise."""
+    w = weight_bytes(meta)
+    limit = meta.max_position_embeddings if max_seq_len is None else \
+        min(max_seq_len, meta.max_position_embeddings)
+    per_block = meta.num_layers * 2 * block_size * meta.num_kv_heads * meta.head_dim * 2
+    free = backend.free_memory()
+
+    def ws_bytes(nb, seq_len):
+        return Workspace.estimate_bytes(meta, max_tokens=max_tokens, max_rows=max_rows,
+                                        num_blocks=nb, block_size=block_size,
+                                        max_blocks_per_seq=-(-seq_len // block_size),
+                                        fp32_logits=fp32_logits)
+
+    if kv_blocks is None:
+        if backend.name.startswith("cuda"):
+            budget = int(free * _GPU_MEMORY_FRACTION) - _GPU_MARGIN - w - ws_bytes(0, limit)
+            kv_blocks = max(budget // (per_block + 4 * max_rows), 0)
+        else:
+            kv_blocks = -(-max_rows * min(limit, _CPU_DEFAULT_CONTEXT) // block_size)
+            kv_blocks = min(kv_blocks, max(free // 4 // per_block, 1))
+        if kv_blocks < 1:
+            raise DeviceError(f"{where}: no room for a KV pool: weights need {w} bytes and "
+                              f"{free} bytes are free on {backend.name}")
+    seq_len = min(limit, kv_blocks * block_size)
+    total = w + ws_bytes(kv_blocks, seq_len)
+    if total > free:
+        raise DeviceError(f"{where}: needs {total} bytes on {backend.name} ({w} weights, "
+                          f"{total - w} KV pool and workspaces for {kv_blocks} blocks) but "
+                          f"{free} bytes are free; lower kv_blocks, max_batch or "
+                          "max_prefill_tokens")
+    return MemoryPlan(num_blocks=int(kv_blocks), max_seq_len=int(seq_len),
+                      max_blocks_per_seq=-(-seq_len // block_size), weight_bytes=w,
+                      total_bytes=int(total))

@@ -1,0 +1,161 @@
+"""The two kinds of forward pass of `TransformerModel`, with their argument checks.
+
+`_prefill_pass`: one sequence's chunk of at most `max_tokens` tokens.
+`_decode_rows`: query rows `(seq, [tokens...])` — one row per new position; decode and
+decode_batch give one token per sequence, decode_verify k+1 tokens of one sequence. A
+verify row at position p is computed exactly like a decode step at p (same kernels, same
+per-row reduction order), which is what makes speculative greedy equal plain greedy.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import InvalidArgument
+from ..gpu_runtime.types import DevicePtr
+from .layers import lm_head, run_decoder
+from .sequence import SequenceState
+
+_INT_TYPES = (int, np.integer)
+
+
+class DecoderPasses:
+    # checks --------------------------------------------------------------------------
+    def _check_tokens(self, tokens, what: str) -> list[int]:
+        if isinstance(tokens, np.ndarray):
+            if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+                raise InvalidArgument(f"{what}: tokens must be a 1-D integer array, got "
+                                      f"{tokens.dtype} with shape {tokens.shape}")
+            tokens = tokens.tolist()
+        try:
+            toks = list(tokens)
+        except TypeError:
+            raise InvalidArgument(f"{what}: tokens must be a sequence of ints, got "
+                                  f"{type(tokens).__name__}") from None
+        if not toks:
+            raise InvalidArgument(f"{what}: empty token list")
+        V = self._meta.vocab_size
+        for i, t in enumerate(toks):
+            if isinstance(t, bool) or not isinstance(t, _INT_TYPES):
+                raise InvalidArgument(f"{what}: token {i} is {type(t).__name__}, not an int")
+            if not 0 <= t < V:
+                raise InvalidArgument(f"{what}: token id {t} at index {i} is outside "
+                                      f"[0, vocab_size={V})")
+        return [int(t) for t in toks]
+
+    def _check_capacity(self, seq: SequenceState, n_new: int) -> None:
+        if seq.seq_len + n_new > self._max_seq_len:
+            raise InvalidArgument(f"sequence {seq.seq_id}: {seq.seq_len} + {n_new} tokens exceed "
+                                  f"max_seq_len={self._max_seq_len}")
+
+    # prefill -------------------------------------------------------------------------
+    def _prefill_pass(self, seq: SequenceState, chunk: Sequence[int], stream: int,
+                      want_logits: bool, embeds: np.ndarray | None = None,
+                      hidden_out: DevicePtr | None = None) -> DevicePtr:
+        """Run `chunk` (token ids; or `embeds` [n, hidden] bf16 bits) at positions
+        seq_len.. of `seq`. Returns the prefill logits row ptr when `want_logits`.
+        `hidden_out`: where final-norm hidden rows go (default ws.normed)."""
+        ws, bs, b = self._ws, self._block_size, self.backend
+        n = len(chunk)
+        start = seq.seq_len
+        self._reserve_for_writes([(seq, n)], stream)
+        pos = np.arange(start, start + n, dtype=np.int64)
+        table = np.asarray(seq.block_table, np.int64)
+        ws.h_tokens[:n] = chunk
+        ws.h_positions[:n] = pos
+        ws.h_slots[:n] = table[pos // bs] * bs + pos % bs
+        self._fill_table_row(0, seq.block_table)
+        ws.h_kv_lens[0] = start + n
+        ws.h_indptr[:2] = (0, n)
+        ws.upload_step(stream, n, 1)
+        if embeds is not None:
+            b.copy_h2d_async(np.ascontiguousarray(embeds, np.uint16), ws.residual, stream)
+        out = ws.normed if hidden_out is None else hidden_out
+        run_decoder(self, stream, n, decode=False, n_seqs=1, max_q_len=n, out_ptr=out,
+                    embeds_uploaded=embeds is not None)
+        seq.tokens.extend(int(t) for t in chunk)
+        seq.seq_len += n
+        if not want_logits:
+            return DevicePtr.NULL
+        row = out.offset((n - 1) * self._meta.hidden_size * 2)
+        lm_head(self, stream, row, 1, ws.prefill_logits)
+        return ws.prefill_logits
+
+    # decode --------------------------------------------------------------------------
+    def _decode_rows(self, rows: Sequence[tuple[SequenceState, Sequence[int]]], stream: int,
+                     what: str) -> DevicePtr:
+        ws, bs = self._ws, self._block_size
+        items = []
+        for seq, toks in rows:
+            self._check_seq(seq)
+            toks = self._check_tokens(toks, what)
+            if seq.seq_len == 0:
+                raise InvalidArgument(f"{what}: sequence {seq.seq_id} is empty; prefill it first")
+            self._check_capacity(seq, len(toks))
+            items.append((seq, toks))
+        n = sum(len(t) for _, t in items)
+        if n > ws.max_rows:
+            raise InvalidArgument(f"{what}: {n} rows exceed the workspace's {ws.max_rows}")
+        self._reserve_for_writes([(s, len(t)) for s, t in items], stream)
+        r = 0
+        for seq, toks in items:
+            for j, tok in enumerate(toks):
+                p = seq.seq_len + j
+                ws.h_tokens[r] = tok
+                ws.h_positions[r] = p
+                ws.h_slots[r] = seq.block_table[p // bs] * bs + p % bs
+                self._fill_table_row(r, seq.block_table)
+                ws.h_kv_lens[r] = p + 1
+                r += 1
+        padded = self._graph_rows(n)
+        for r in range(n, padded):  # padding rows write into and read from the sink block
+            ws.h_tokens[r] = 0
+            ws.h_positions[r] = 0
+            ws.h_slots[r] = ws.pad_block * bs
+            self._fill_table_row(r, [ws.pad_block])
+            ws.h_kv_lens[r] = 1
+        ws.h_indptr[: padded + 1] = np.arange(padded + 1)
+        ws.upload_step(stream, padded, padded)
+        if self._use_graphs:
+            self._replay_decode_graph(padded, stream)
+        else:
+            self._decode_body(padded, stream)
+        for seq, toks in items:
+            seq.tokens.extend(toks)
+            seq.seq_len += len(toks)
+        return ws.logits
+
+    def _decode_body(self, n: int, stream: int) -> None:
+        ws = self._ws
+        run_decoder(self, stream, n, decode=True, n_seqs=n, max_q_len=1, out_ptr=ws.final_hidden)
+        lm_head(self, stream, ws.final_hidden, n, ws.logits)
+
+    def _graph_rows(self, n: int) -> int:
+        if not self._use_graphs:
+            return n
+        from .transformer import GRAPH_BATCH_LADDER
+        for rung in GRAPH_BATCH_LADDER:
+            if rung >= n and rung <= self._ws.max_rows:
+                return rung
+        return self._ws.max_rows
+
+    def _replay_decode_graph(self, padded: int, stream: int) -> None:
+        g = self._graphs.get(padded)
+        if g is None:
+            # Eager once (compiles and loads every kernel outside capture), then capture.
+            self._decode_body(padded, stream)
+            self.backend.synchronize(stream)
+            self.backend.begin_capture(stream)
+            try:
+                self._decode_body(padded, stream)
+            finally:
+                g = self.backend.end_capture(stream)
+            self._graphs[padded] = g
+            return
+        self.backend.launch_graph(g, stream)
+
+    def _fill_table_row(self, r: int, blocks: Sequence[int]) -> None:
+        row = self._ws.h_tables[r]
+        row[: len(blocks)] = blocks
+        row[len(blocks):] = self._ws.pad_block

@@ -1,0 +1,94 @@
+"""Decoder-only weights on the device, fused for fewer launches.
+
+Per layer: q/k/v projections concatenated into one `[(H + 2*KV) * D, hidden]` matrix (and
+their biases into one vector), gate/up into one `[2 * intermediate, hidden]` matrix. HF key
+names are read as they are in the checkpoint; every tensor's presence and shape is checked
+before the first byte is uploaded, and a failed load frees everything it allocated.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..formats import check_tensors, expected_tensors
+from ..formats.upload import WeightUploader
+from ..gpu_runtime.types import NULL, DevicePtr
+
+
+@dataclass
+class LayerWeights:
+    input_layernorm: DevicePtr        # [hidden]
+    qkv: DevicePtr                    # [(H + 2KV) * D, hidden]
+    qkv_bias: DevicePtr               # [(H + 2KV) * D] or NULL
+    q_norm: DevicePtr                 # [D] or NULL (qwen3)
+    k_norm: DevicePtr                 # [D] or NULL
+    o_proj: DevicePtr                 # [hidden, H * D]
+    post_attention_layernorm: DevicePtr  # [hidden]
+    gate_up: DevicePtr                # [2 * intermediate, hidden]
+    down_proj: DevicePtr              # [hidden, intermediate]
+
+
+class DecoderWeights:
+    """Uploads a llama/mistral/qwen2/qwen3 checkpoint; `free()` returns every byte."""
+
+    def __init__(self, backend, source, meta, progress: bool = True) -> None:
+        self.backend = backend
+        self._owned: list[DevicePtr] = []
+        expected = expected_tensors(meta)
+        check_tensors(source, expected)
+        self.nbytes = sum(2 * _numel(s) for s in expected.values())
+        H, KV, D, hid = meta.num_heads, meta.num_kv_heads, meta.head_dim, meta.hidden_size
+        qkv_rows = (H + 2 * KV) * D
+        try:
+            with WeightUploader(backend, source, self.nbytes, desc=source.description,
+                                progress=progress) as up:
+                self.embed_tokens = self._own(up.upload("model.embed_tokens.weight"))
+                self.layers: list[LayerWeights] = []
+                for i in range(meta.num_layers):
+                    p = f"model.layers.{i}."
+                    att = p + "self_attn."
+                    qkv = self._alloc(qkv_rows * hid * 2)
+                    up.upload_into([att + f"{x}_proj.weight" for x in "qkv"], qkv)
+                    bias = NULL
+                    if meta.attention_bias:
+                        bias = self._alloc(qkv_rows * 2)
+                        up.upload_into([att + f"{x}_proj.bias" for x in "qkv"], bias)
+                    gate_up = self._alloc(2 * meta.intermediate_size * hid * 2)
+                    up.upload_into([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"],
+                                   gate_up)
+                    self.layers.append(LayerWeights(
+                        input_layernorm=self._own(up.upload(p + "input_layernorm.weight")),
+                        qkv=qkv,
+                        qkv_bias=bias,
+                        q_norm=self._own(up.upload(att + "q_norm.weight")) if meta.qk_norm else NULL,
+                        k_norm=self._own(up.upload(att + "k_norm.weight")) if meta.qk_norm else NULL,
+                        o_proj=self._own(up.upload(att + "o_proj.weight")),
+                        post_attention_layernorm=self._own(
+                            up.upload(p + "post_attention_layernorm.weight")),
+                        gate_up=gate_up,
+                        down_proj=self._own(up.upload(p + "mlp.down_proj.weight")),
+                    ))
+                self.norm = self._own(up.upload("model.norm.weight"))
+                self.lm_head = (self.embed_tokens if meta.tie_word_embeddings
+                                else self._own(up.upload("lm_head.weight")))
+        except BaseException:
+            self.free()
+            raise
+
+    def _alloc(self, nbytes: int) -> DevicePtr:
+        return self._own(self.backend.alloc(nbytes))
+
+    def _own(self, ptr: DevicePtr) -> DevicePtr:
+        self._owned.append(ptr)
+        return ptr
+
+    def free(self) -> None:
+        for p in self._owned:
+            self.backend.free(p)
+        self._owned.clear()
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n

@@ -1,0 +1,110 @@
+"""Device buffers of one model: activations, per-step metadata, logits, the KV arena.
+
+Everything is allocated once at load time (CUDA graphs need fixed addresses, CUPY_NOTES
+§4), sized by `max_tokens` (the largest forward pass: a prefill chunk) and `max_rows` (the
+largest decode batch or verify width).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..gpu_runtime.types import DevicePtr
+from ..ops import attention
+
+
+class Workspace:
+    def __init__(self, backend, meta, *, max_tokens: int, max_rows: int, num_blocks: int,
+                 block_size: int, max_blocks_per_seq: int, fp32_logits: bool) -> None:
+        self.backend = backend
+        self._owned: list[DevicePtr] = []
+        H, KV, D = meta.num_heads, meta.num_kv_heads, meta.head_dim
+        hid, inter, V = meta.hidden_size, meta.intermediate_size, meta.vocab_size
+        T, R = max_tokens, max_rows
+        self.max_tokens, self.max_rows = T, R
+        self.max_blocks_per_seq = max_blocks_per_seq
+        self.qkv_dim = (H + 2 * KV) * D
+        try:
+            a = self._alloc
+            # activations, BF16 ------------------------------------------------------
+            self.residual = a(T * hid * 2)          # [T, hidden] running residual stream
+            self.hidden = a(T * hid * 2)            # [T, hidden] sublayer outputs
+            self.normed = a(T * hid * 2)            # [T, hidden] norm outputs
+            self.qkv = a(T * self.qkv_dim * 2)      # [T, (H+2KV)*D]
+            self.attn_out = a(T * H * D * 2)        # [T, H*D]
+            self.gate_up = a(T * 2 * inter * 2)     # [T, 2*intermediate]
+            self.act = a(T * inter * 2)             # [T, intermediate]
+            self.final_hidden = a(max(T, R) * hid * 2)  # [rows, hidden] rows given logits
+            # per-step metadata, int32 ---------------------------------------------------
+            self.token_ids = a(T * 4)
+            self.positions = a(T * 4)
+            self.slot_mapping = a(T * 4)
+            self.block_tables = a(R * max_blocks_per_seq * 4)  # [R, max_blocks_per_seq]
+            self.kv_lens = a(R * 4)
+            self.qo_indptr = a((R + 1) * 4)
+            self.argmax_out = a(R * 4)
+            self.max_splits = attention.decode_max_splits(max_blocks_per_seq * block_size)
+            self.decode_ws = a(attention.decode_workspace_bytes(R, H, D, self.max_splits))
+            # logits: decode / verify / batched-prefill rows, and a staging row for prefill
+            self.logit_bytes = 4 if fp32_logits else 2
+            self.logits_rows = 2 * R
+            self.logits = a(self.logits_rows * V * self.logit_bytes)
+            self.prefill_logits = a(V * self.logit_bytes)
+            # KV arena: [layers, 2, num_blocks + 1, block_size, KV, D]; the extra block is a
+            # sink for padded graph rows and is never handed out by the pool.
+            self.block_bytes = block_size * KV * D * 2
+            self.layer_kv_bytes = (num_blocks + 1) * self.block_bytes
+            self.pad_block = num_blocks
+            self.kv = a(meta.num_layers * 2 * self.layer_kv_bytes)
+            self.kv_bytes = meta.num_layers * 2 * self.layer_kv_bytes
+        except BaseException:
+            self.free()
+            raise
+        # host staging for the per-step metadata
+        self.h_tokens = np.zeros(T, np.int32)
+        self.h_positions = np.zeros(T, np.int32)
+        self.h_slots = np.zeros(T, np.int32)
+        self.h_tables = np.zeros((R, max_blocks_per_seq), np.int32)
+        self.h_kv_lens = np.zeros(R, np.int32)
+        self.h_indptr = np.zeros(R + 1, np.int32)
+
+    def k_cache(self, layer: int) -> DevicePtr:
+        return self.kv.offset((2 * layer) * self.layer_kv_bytes)
+
+    def v_cache(self, layer: int) -> DevicePtr:
+        return self.kv.offset((2 * layer + 1) * self.layer_kv_bytes)
+
+    def upload_step(self, stream: int, n_tokens: int, n_rows: int) -> None:
+        """Copy the first n_tokens / n_rows of the host staging arrays to the device."""
+        b = self.backend
+        b.copy_h2d_async(self.h_tokens[:n_tokens], self.token_ids, stream)
+        b.copy_h2d_async(self.h_positions[:n_tokens], self.positions, stream)
+        b.copy_h2d_async(self.h_slots[:n_tokens], self.slot_mapping, stream)
+        b.copy_h2d_async(self.h_tables[:n_rows], self.block_tables, stream)
+        b.copy_h2d_async(self.h_kv_lens[:n_rows], self.kv_lens, stream)
+        b.copy_h2d_async(self.h_indptr[:n_rows + 1], self.qo_indptr, stream)
+
+    def _alloc(self, nbytes: int) -> DevicePtr:
+        p = self.backend.alloc(nbytes)
+        self._owned.append(p)
+        return p
+
+    def free(self) -> None:
+        for p in self._owned:
+            self.backend.free(p)
+        self._owned.clear()
+
+    @staticmethod
+    def estimate_bytes(meta, *, max_tokens, max_rows, num_blocks, block_size,
+                       max_blocks_per_seq, fp32_logits) -> int:
+        """Bytes `Workspace(...)` will allocate (for the fits-in-memory check)."""
+        H, KV, D = meta.num_heads, meta.num_kv_heads, meta.head_dim
+        hid, inter, V = meta.hidden_size, meta.intermediate_size, meta.vocab_size
+        T, R = max_tokens, max_rows
+        act = T * (3 * hid + (H + 2 * KV) * D + H * D + 3 * inter) * 2 + max(T, R) * hid * 2
+        md = T * 12 + R * max_blocks_per_seq * 4 + R * 12 + 4
+        splits = attention.decode_max_splits(max_blocks_per_seq * block_size)
+        dec = attention.decode_workspace_bytes(R, H, D, splits)
+        lb = 4 if fp32_logits else 2
+        logits = (2 * R + 1) * V * lb
+        kv = meta.num_layers * 2 * (num_blocks + 1) * block_size * KV * D * 2
+        return act + md + dec + logits + kv
