@@ -2,12 +2,27 @@
 from .errors import (CacheFull, ConcurrentUse, DeviceError, FormatError, InvalidArgument,
                      KernelError, MetraleError, Unsupported, UnsupportedMedia)
 
+from .kv.config import CacheConfig
+
 __version__ = "0.1.0"
 __all__ = ["MetraleError", "FormatError", "Unsupported", "UnsupportedMedia", "CacheFull",
-           "InvalidArgument", "DeviceError", "KernelError", "ConcurrentUse"]
+           "InvalidArgument", "DeviceError", "KernelError", "ConcurrentUse", "CacheConfig",
+           "to_numpy", "load", "load_generative"]
 
 
 def load(path_or_source, device="auto", **options):
     """Load a checkpoint for the pointer API (see `metrale.api.load`)."""
     from .api import load as _load
     return _load(path_or_source, device, **options)
+
+
+def load_generative(path_or_source, device="auto", **load_options):
+    """Load a checkpoint for the tensor contract (see `metrale.api.load_generative`)."""
+    from .api import load_generative as _load_generative
+    return _load_generative(path_or_source, device, **load_options)
+
+
+def to_numpy(x):
+    """Copy any array metrale returns (numpy on CPU, CuPy on CUDA) to a numpy array."""
+    from .generative.arrays import to_numpy as _to_numpy
+    return _to_numpy(x)

@@ -41,3 +41,14 @@ def load(path_or_source, device="auto", *, kv_blocks=None, block_size=16, max_ba
     from .model_engine import TransformerModel
     return TransformerModel(be, source, kv_blocks=kv_blocks, block_size=block_size,
                             max_batch=max_batch, fp32_logits=fp32_logits, **options)
+
+
+def load_generative(path_or_source, device="auto", **load_options):
+    """Load a checkpoint behind the tensor contract: a `GenerativeModel` adapter over
+    `TransformerModel` for decoder-only checkpoints, the multimodal model for llava, the
+    `SpeechToTextModel` for whisper."""
+    model = load(path_or_source, device, **load_options)
+    from .generative import DecoderGenerativeModel, GenerativeModel, SpeechToTextModel
+    if isinstance(model, (GenerativeModel, SpeechToTextModel)):
+        return model
+    return DecoderGenerativeModel(model)

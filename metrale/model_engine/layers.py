@@ -19,17 +19,20 @@ from ..ops import activation, attention, elementwise, embedding, gemm, kv_cache,
 
 
 def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_len: int,
-                out_ptr: DevicePtr, embeds_uploaded: bool = False) -> None:
+                out_ptr: DevicePtr, embeds_uploaded: bool = False, arena=None) -> None:
     """Run all layers over `n` token rows whose metadata is already on the device.
 
     Final-norm hidden states `[n, hidden]` go to `out_ptr`. When `embeds_uploaded`, the
-    input embeddings are already in `ws.residual` (multimodal / tensor API input).
+    input embeddings are already in `ws.residual` (multimodal / tensor API input). `arena`
+    (k_cache(layer) / v_cache(layer)) is where K/V live: the model's pool by default, a
+    dense `ContiguousArena` for the baseline cache.
     """
     b, ws, m, W = model.backend, model._ws, model._meta, model._weights
     H, KV, D, hid = m.num_heads, m.num_kv_heads, m.head_dim, m.hidden_size
     inter, eps = m.intermediate_size, m.rms_norm_eps
     window = m.sliding_window or 0
     linear = gemm.gemv if decode else gemm.gemm
+    arena = ws if arena is None else arena
 
     if not embeds_uploaded:
         embedding.embedding(b, stream, ws.residual, W.embed_tokens, ws.token_ids, n, hid,
@@ -45,7 +48,7 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
             elementwise.add_bias(b, stream, ws.qkv, L.qkv_bias, n, ws.qkv_dim)
         rope.apply_rope(b, stream, ws.qkv, ws.positions, model._rope_table, n, H, KV, D,
                         model._max_positions, L.q_norm, L.k_norm, eps)
-        kc, vc = ws.k_cache(i), ws.v_cache(i)
+        kc, vc = arena.k_cache(i), arena.v_cache(i)
         kv_cache.write_kv(b, stream, ws.qkv, kc, vc, ws.slot_mapping, n, H, KV, D)
         if decode:
             attention.decode_attention(b, stream, ws.attn_out, ws.qkv, kc, vc, ws.block_tables,

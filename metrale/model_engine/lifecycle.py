@@ -36,7 +36,8 @@ class ModelLifecycle:
         self._check_seq(seq, allow_freed=True)
         if seq.freed:
             return
-        self._pool.release(seq.block_table)
+        if seq.arena is None:
+            self._pool.release(seq.block_table)
         self._pool.unreserve(seq.reserved_blocks)
         seq.block_table, seq.tokens, seq.seq_len, seq.reserved_blocks = [], [], 0, 0
         seq.freed = True
@@ -45,6 +46,8 @@ class ModelLifecycle:
         """Offer the sequence's full blocks to the prefix cache: a later prompt starting with
         the same block-aligned tokens reuses them. Returns blocks newly cached."""
         self._check_seq(seq)
+        if seq.arena is not None or any(t < 0 for t in seq.tokens):
+            return 0  # dense caches and embedding-fed sequences have no token prefix to share
         keys = prefix_keys(seq.tokens, self._pool.block_size)
         return sum(self._pool.cache_prefix(k, b) for k, b in zip(keys, seq.block_table))
 
@@ -62,6 +65,8 @@ class ModelLifecycle:
         """A new sequence sharing `seq`'s blocks (copy-on-write of the partial last block at
         the first write)."""
         self._check_seq(seq)
+        if seq.arena is not None:
+            raise InvalidArgument("fork_sequence: a contiguous-cache sequence cannot share blocks")
         self._pool.incref(seq.block_table)
         return SequenceState(tokens=list(seq.tokens), block_table=list(seq.block_table),
                              seq_len=seq.seq_len, owner=id(self))
@@ -104,6 +109,8 @@ class ModelLifecycle:
         plans = []
         fresh_total = 0
         for seq, n_new in items:
+            if seq.arena is not None:
+                continue  # a dense cache owns all its blocks already
             have = len(seq.block_table)
             need = -(-(seq.seq_len + n_new) // bs) - have
             cow = (seq.seq_len % bs != 0 and have > 0
@@ -135,8 +142,9 @@ class ModelLifecycle:
         if not 0 <= new_len <= seq.seq_len:
             raise InvalidArgument(f"rollback to {new_len} tokens: sequence {seq.seq_id} has "
                                   f"{seq.seq_len}")
-        keep = -(-new_len // self._pool.block_size)
-        self._pool.release(seq.block_table[keep:])
-        del seq.block_table[keep:]
+        if seq.arena is None:
+            keep = -(-new_len // self._pool.block_size)
+            self._pool.release(seq.block_table[keep:])
+            del seq.block_table[keep:]
         del seq.tokens[new_len:]
         seq.seq_len = new_len

@@ -45,9 +45,10 @@ class DecoderPasses:
         return [int(t) for t in toks]
 
     def _check_capacity(self, seq: SequenceState, n_new: int) -> None:
-        if seq.seq_len + n_new > self._max_seq_len:
+        limit = self._max_seq_len if seq.arena is None else seq.arena.max_seq_len
+        if seq.seq_len + n_new > limit:
             raise InvalidArgument(f"sequence {seq.seq_id}: {seq.seq_len} + {n_new} tokens exceed "
-                                  f"max_seq_len={self._max_seq_len}")
+                                  f"max_seq_len={limit}")
 
     # prefill -------------------------------------------------------------------------
     def _prefill_pass(self, seq: SequenceState, chunk: Sequence[int], stream: int,
@@ -73,7 +74,7 @@ class DecoderPasses:
             b.copy_h2d_async(np.ascontiguousarray(embeds, np.uint16), ws.residual, stream)
         out = ws.normed if hidden_out is None else hidden_out
         run_decoder(self, stream, n, decode=False, n_seqs=1, max_q_len=n, out_ptr=out,
-                    embeds_uploaded=embeds is not None)
+                    embeds_uploaded=embeds is not None, arena=seq.arena)
         seq.tokens.extend(int(t) for t in chunk)
         seq.seq_len += n
         if not want_logits:
@@ -84,12 +85,19 @@ class DecoderPasses:
 
     # decode --------------------------------------------------------------------------
     def _decode_rows(self, rows: Sequence[tuple[SequenceState, Sequence[int]]], stream: int,
-                     what: str) -> DevicePtr:
+                     what: str, embeds: np.ndarray | None = None) -> DevicePtr:
+        """Append each row's tokens to its sequence and leave one logits row per token at
+        `logits_buffer_ptr()`. `embeds` ([n_rows, hidden] bf16 bits) replaces the
+        embedding lookup (tensor API); then token ids are placeholders (-1)."""
         ws, bs = self._ws, self._block_size
         items = []
+        arenas = {id(seq.arena) for seq, _ in rows}
+        if len(arenas) > 1:
+            raise InvalidArgument(f"{what}: sequences of different caches in one batch")
         for seq, toks in rows:
             self._check_seq(seq)
-            toks = self._check_tokens(toks, what)
+            if embeds is None:
+                toks = self._check_tokens(toks, what)
             if seq.seq_len == 0:
                 raise InvalidArgument(f"{what}: sequence {seq.seq_id} is empty; prefill it first")
             self._check_capacity(seq, len(toks))
@@ -108,7 +116,9 @@ class DecoderPasses:
                 self._fill_table_row(r, seq.block_table)
                 ws.h_kv_lens[r] = p + 1
                 r += 1
-        padded = self._graph_rows(n)
+        arena = rows[0][0].arena
+        graphs = self._use_graphs and arena is None and embeds is None
+        padded = self._graph_rows(n) if graphs else n
         for r in range(n, padded):  # padding rows write into and read from the sink block
             ws.h_tokens[r] = 0
             ws.h_positions[r] = 0
@@ -117,23 +127,26 @@ class DecoderPasses:
             ws.h_kv_lens[r] = 1
         ws.h_indptr[: padded + 1] = np.arange(padded + 1)
         ws.upload_step(stream, padded, padded)
-        if self._use_graphs:
+        if embeds is not None:
+            self.backend.copy_h2d_async(np.ascontiguousarray(embeds, np.uint16), ws.residual,
+                                        stream)
+        if graphs:
             self._replay_decode_graph(padded, stream)
         else:
-            self._decode_body(padded, stream)
+            self._decode_body(padded, stream, embeds_uploaded=embeds is not None, arena=arena)
         for seq, toks in items:
             seq.tokens.extend(toks)
             seq.seq_len += len(toks)
         return ws.logits
 
-    def _decode_body(self, n: int, stream: int) -> None:
+    def _decode_body(self, n: int, stream: int, embeds_uploaded: bool = False,
+                     arena=None) -> None:
         ws = self._ws
-        run_decoder(self, stream, n, decode=True, n_seqs=n, max_q_len=1, out_ptr=ws.final_hidden)
+        run_decoder(self, stream, n, decode=True, n_seqs=n, max_q_len=1, out_ptr=ws.final_hidden,
+                    embeds_uploaded=embeds_uploaded, arena=arena)
         lm_head(self, stream, ws.final_hidden, n, ws.logits)
 
     def _graph_rows(self, n: int) -> int:
-        if not self._use_graphs:
-            return n
         from .transformer import GRAPH_BATCH_LADDER
         for rung in GRAPH_BATCH_LADDER:
             if rung >= n and rung <= self._ws.max_rows:
