@@ -80,10 +80,13 @@ class ModelLifecycle:
         if seq.freed and not allow_freed:
             raise InvalidArgument(f"sequence {seq.seq_id} was freed")
 
-    def _reuse_prefix(self, seq: SequenceState, tokens: Sequence[int]) -> int:
+    def reuse_prefix(self, seq: SequenceState, tokens: Sequence[int]) -> int:
         """For an empty sequence, take cached blocks covering the longest block-aligned
-        prefix of `tokens`, leaving at least one token to compute. Returns tokens reused."""
-        if seq.seq_len != 0 or self._pool.num_cached() == 0:
+        prefix of `tokens`, leaving at least one token to compute. Returns tokens reused
+        (the sequence's new `seq_len`); `prefill` does this itself, chunked schedulers call
+        it before their first `prefill_chunk`."""
+        self._check_seq(seq)
+        if seq.arena is not None or seq.seq_len != 0 or self._pool.num_cached() == 0:
             return 0
         bs = self._pool.block_size
         blocks = []

@@ -177,7 +177,7 @@ class TransformerModel(ModelLogits, ModelForward, ModelLifecycle, ModelVerify, M
             raise InvalidArgument(f"prefill: sequence {seq.seq_id} already holds {seq.seq_len} "
                                   "tokens; use prefill_chunk or decode to extend it")
         self._check_capacity(seq, len(tokens))
-        start = self._reuse_prefix(seq, tokens)
+        start = self.reuse_prefix(seq, tokens)
         out = NULL
         T = self._ws.max_tokens
         while start < len(tokens):

@@ -1,0 +1,95 @@
+"""Speculative decoding: a draft model proposes k tokens, the target verifies them in one
+`decode_verify` pass, rejected positions are rolled back in both models.
+
+Greedy only: the target's verify rows are computed exactly like its decode steps (same
+kernels, per-row reduction order), so the output equals `generate`'s greedy output token
+for token, whatever the draft proposes.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+from ..errors import InvalidArgument, Unsupported
+from ..model_engine.transformer import MAX_VERIFY_ROWS
+from .generate import GenerationResult, check_max_new, check_prompt, resolve_stops
+from .models import pointer_model
+from .sampling import SamplingParams
+
+
+def speculative_generate(target, draft, prompt_ids: Sequence[int], max_new_tokens: int,
+                         k: int = 4, sampling: SamplingParams | None = None,
+                         stop_token_ids=None,
+                         on_token: Callable[[int], None] | None = None) -> GenerationResult:
+    """Greedy generation of up to `max_new_tokens` tokens, `k` draft proposals per round.
+
+    `target` and `draft`: TransformerModels or decoder GenerativeModels sharing the
+    vocabulary. Returns a GenerationResult with `accepted` / `proposed` draft counts.
+    """
+    if sampling is not None and not (sampling.is_greedy and sampling.repetition_penalty == 1):
+        raise Unsupported("speculative_generate implements greedy verification only "
+                          "(temperature 0, no repetition penalty)")
+    tm, dm = pointer_model(target), pointer_model(draft)
+    if tm is None or dm is None:
+        raise Unsupported("speculative_generate needs decoder models with the pointer API")
+    if tm.vocab_size() != dm.vocab_size():
+        raise InvalidArgument(f"draft vocab_size {dm.vocab_size()} != target vocab_size "
+                              f"{tm.vocab_size()}: the draft must share the vocabulary")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k < MAX_VERIFY_ROWS:
+        raise InvalidArgument(f"k must be an int in [1, {MAX_VERIFY_ROWS - 1}], got {k!r}")
+    max_new = check_max_new(max_new_tokens)
+    prompt = check_prompt(prompt_ids, tm.vocab_size())
+    stops = resolve_stops(target, stop_token_ids)
+    ts, ds = tm.default_stream(), dm.default_stream()
+    tseq, dseq = tm.alloc_sequence(), None
+    out: list[int] = []
+    accepted = proposed = 0
+    reason = "length"
+    try:
+        dseq = dm.alloc_sequence()
+        t0 = time.perf_counter()
+        last = tm.argmax_on_device(tm.prefill(prompt, tseq, ts), ts)
+        ttft = time.perf_counter() - t0
+        dm.prefill(prompt, dseq, ds)
+        t1 = time.perf_counter()
+        pending = [last]          # chosen tokens not yet fed to the target
+        while True:
+            done = False
+            for tok in pending:
+                out.append(tok)
+                if on_token is not None:
+                    on_token(tok)
+                if tok in stops:
+                    reason, done = "stop", True
+                    break
+                if len(out) >= max_new:
+                    done = True
+                    break
+            if done:
+                break
+            last = out[-1]
+            # the draft proposes up to k tokens (never more than are still wanted)
+            kk = min(k, max_new - len(out))
+            proposals, feed = [], last
+            for _ in range(kk):
+                feed = dm.argmax_on_device(dm.decode(feed, dseq, ds), ds)
+                proposals.append(feed)
+            verdict = tm.decode_verify([last] + proposals, tseq, ts)  # kk + 1 argmax ids
+            j = 0
+            while j < kk and proposals[j] == verdict[j]:
+                j += 1
+            accepted += j
+            proposed += kk
+            tm.rollback(tseq, kk - j)              # keep last + accepted proposals
+            if j == kk:
+                dm.decode(proposals[-1], dseq, ds)   # the draft never consumed its last one
+            else:
+                dm.rollback(dseq, kk - 1 - j)
+            pending = proposals[:j] + [verdict[j]]
+        dt = time.perf_counter() - t1
+    finally:
+        tm.free_sequence(tseq)
+        if dseq is not None:
+            dm.free_sequence(dseq)
+    rate = (len(out) - 1) / dt if len(out) > 1 and dt > 0 else 0.0
+    return GenerationResult(out, reason, ttft, rate, accepted=accepted, proposed=proposed)
