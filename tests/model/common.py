@@ -1,0 +1,50 @@
+"""Loading fixture checkpoints and reading their golden HF outputs."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+import metrale
+from metrale.gpu_runtime import HostBackend
+from metrale.ops.bf16 import bf16_to_f32
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+DECODER_FIXTURES = ["llama_gqa", "llama_mqa_tied", "mistral", "qwen2", "qwen3"]
+
+
+def golden(name: str) -> dict:
+    with np.load(FIXTURES / name / "golden.npz") as g:
+        return {k: g[k] for k in g.files}
+
+
+def load(name: str, backend=None, **options):
+    return metrale.load(FIXTURES / name, backend or HostBackend(), progress=False, **options)
+
+
+def logits_rows(model, ptr, n: int = 1) -> np.ndarray:
+    """[n, vocab] float32 copy of logits rows at ptr."""
+    V = model.vocab_size()
+    if model.logits_ptr_is_fp32(ptr):
+        out = np.empty((n, V), np.float32)
+        model.copy_logits_to_host(ptr, out.view(np.uint8).reshape(-1))
+        return out
+    bits = np.empty((n, V), np.uint16)
+    model.copy_logits_to_host(ptr, bits.view(np.uint8).reshape(-1))
+    return bf16_to_f32(bits)
+
+
+def rel_err(a, e) -> float:
+    a, e = np.asarray(a, np.float64), np.asarray(e, np.float64)
+    return float(np.max(np.abs(a - e)) / np.max(np.abs(e)))
+
+
+def assert_matches_golden(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    """The issues' model-level bound: relative max error well under 4% of max |logit|, and
+    the same top-1 wherever the golden top-2 margin exceeds 0.05."""
+    got, want = np.atleast_2d(got), np.atleast_2d(want)
+    err = rel_err(got, want)
+    assert err < 0.03, f"{what}: relative max error {err:.4f}"
+    top2 = np.sort(want, axis=1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > 0.05
+    assert np.array_equal(got.argmax(1)[clear], want.argmax(1)[clear]), f"{what}: top-1 differs"

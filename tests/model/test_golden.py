@@ -1,0 +1,127 @@
+"""The whole decoder path on HostBackend against golden Hugging Face logits, through every
+forward method of the pointer API, for every fixture architecture."""
+import numpy as np
+import pytest
+
+from metrale.ops.argmax import argmax_rule
+from metrale.model_engine import PrefillChunk
+from tests.model.common import (DECODER_FIXTURES, assert_matches_golden, golden, load,
+                                logits_rows)
+
+
+@pytest.fixture(params=DECODER_FIXTURES)
+def case(request):
+    name = request.param
+    return name, load(name), golden(name)
+
+
+def test_prefill_last_logits(case):
+    name, m, g = case
+    ids = g["input_ids"][0].tolist()
+    seq = m.alloc_sequence()
+    ptr = m.prefill(ids, seq, m.default_stream())
+    assert seq.seq_len == len(ids) and len(seq.block_table) == -(-len(ids) // m.kv_block_size())
+    got = logits_rows(m, ptr)
+    assert_matches_golden(got, g["logits"][-1], f"{name} prefill")
+    # device argmax follows the rule on the very row it read
+    assert m.argmax_on_device(ptr, m.default_stream()) == int(argmax_rule(got)[0])
+
+
+@pytest.mark.parametrize("splits", [(1,), (5, 7), (3, 9, 15), (16, 17)])
+def test_prefill_chunks_then_teacher_forced_decode(case, splits):
+    name, m, g = case
+    ids = g["input_ids"][0].tolist()
+    s = m.default_stream()
+    seq = m.alloc_sequence()
+    bounds = [0, *splits]
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        last = b == bounds[-1]
+        p = m.prefill_chunk(ids[:bounds[-1]], seq, a, b - a, last, s)
+        assert p.is_null() != last
+    assert_matches_golden(logits_rows(m, p), g["logits"][bounds[-1] - 1], f"{name} chunked")
+    rows = []
+    for t in range(bounds[-1], len(ids)):
+        rows.append(logits_rows(m, m.decode(ids[t], seq, s))[0])
+    assert_matches_golden(np.stack(rows), g["logits"][bounds[-1]:], f"{name} decode")
+
+
+def test_decode_batch_mixed_lengths_is_batch_invariant(case):
+    name, m, g = case
+    ids = g["input_ids"][0].tolist()
+    s = m.default_stream()
+    lens = [3, 11, 1, 18, 7]
+    seqs = []
+    for L in lens:
+        seq = m.alloc_sequence()
+        m.prefill(ids[:L], seq, s)
+        seqs.append(seq)
+    ptr = m.decode_batch([ids[L] for L in lens], seqs, s)
+    batch_bits = np.empty((len(lens), m.vocab_size()), np.uint16)
+    m.copy_logits_to_host(ptr, batch_bits.view(np.uint8).reshape(-1))
+    got = logits_rows(m, ptr, len(lens))
+    assert_matches_golden(got, g["logits"][lens], f"{name} decode_batch")
+    assert m.argmax_batch(ptr, len(lens), s) == [int(x) for x in argmax_rule(got)]
+    # each row equals the same step run alone, bit for bit
+    for i, L in enumerate(lens):
+        solo = m.alloc_sequence()
+        m.prefill(ids[:L], solo, s)
+        p = m.decode(ids[L], solo, s)
+        bits = np.empty(m.vocab_size(), np.uint16)
+        m.copy_logits_to_host(p, bits.view(np.uint8))
+        assert np.array_equal(bits, batch_bits[i]), f"{name}: row {i} depends on the batch"
+
+
+def test_decode_verify_rows_equal_decode_steps(case):
+    name, m, g = case
+    ids = g["input_ids"][0].tolist()
+    s = m.default_stream()
+    seq = m.alloc_sequence()
+    m.prefill(ids[:10], seq, s)
+    out = m.decode_verify(ids[10:16], seq, s)
+    rows = logits_rows(m, m.logits_buffer_ptr(), 6)
+    assert out == [int(x) for x in argmax_rule(rows)]
+    assert_matches_golden(rows, g["logits"][10:16], f"{name} verify")
+    m.rollback(seq, 3)
+    assert seq.seq_len == 13 and seq.tokens == ids[:13]
+    ref = m.alloc_sequence()
+    m.prefill(ids[:10], ref, s)
+    for t in range(10, 16):
+        want = logits_rows(m, m.decode(ids[t], ref, s))[0]
+        assert np.array_equal(want, rows[t - 10]), f"{name}: verify row {t} != decode step"
+
+
+def test_batched_prefill_defaults_place_rows(case):
+    name, m, g = case
+    ids = g["input_ids"][0].tolist()
+    s = m.default_stream()
+    a, b, c = m.alloc_sequence(), m.alloc_sequence(), m.alloc_sequence()
+    m.prefill(ids[:4], c, s)
+    rows_ptr, ptrs = m.mixed_forward_batch(
+        [ids[4]], [c],
+        [PrefillChunk(ids[:9], a, 0, 9, True), PrefillChunk(ids[:20], b, 0, 8, False)], s)
+    assert ptrs[1].is_null() and not ptrs[0].is_null()
+    got = logits_rows(m, m.logits_buffer_ptr(), 2)
+    assert_matches_golden(got, g["logits"][[4, 8]], f"{name} mixed_forward_batch")
+
+
+def test_fp32_logits_and_graphs(case):
+    name, _, g = case
+    m = load(name, fp32_logits=True, graphs=True)
+    ids = g["input_ids"][0].tolist()
+    s = m.default_stream()
+    seq = m.alloc_sequence()
+    p = m.prefill(ids[:12], seq, s)
+    assert m.logits_ptr_is_fp32(p) and m.decode_logits_fp32()
+    rows = [logits_rows(m, p)[0]]
+    for t in range(12, 20):
+        p = m.decode(ids[t], seq, s)
+        assert p == m.decode_logits_ptr()
+        rows.append(logits_rows(m, p)[0])
+    assert_matches_golden(np.stack(rows), g["logits"][11:20], f"{name} fp32+graphs")
+    # graph replay equals eager bit for bit
+    eager = load(name, fp32_logits=True, graphs=False)
+    e_seq = eager.alloc_sequence()
+    eager.prefill(ids[:12], e_seq, s)
+    for t in range(12, 20):
+        pe = eager.decode(ids[t], e_seq, s)
+    assert np.array_equal(logits_rows(eager, pe), rows[-1][None])
