@@ -39,7 +39,8 @@ class DecoderWeights:
         H, KV, D, hid = meta.num_heads, meta.num_kv_heads, meta.head_dim, meta.hidden_size
         qkv_rows = (H + 2 * KV) * D
         try:
-            with WeightUploader(backend, source, self.nbytes, desc=source.description) as up:
+            with WeightUploader(backend, source, self.nbytes, desc=source.description,
+                                progress=progress) as up:
                 self.embed_tokens = self._own(up.upload("model.embed_tokens.weight"))
                 self.layers: list[LayerWeights] = []
                 for i in range(meta.num_layers):

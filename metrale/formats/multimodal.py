@@ -1,0 +1,171 @@
+"""Whisper and LLaVA metadata: the encoder-decoder and vision-language extras of config.json.
+
+`ModelMetadata.from_config` dispatches here; the decoder fields of both live at the top
+level of `ModelMetadata` (Whisper's decoder, LLaVA's text model) like any decoder-only model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Mapping
+
+from ..errors import FormatError, Unsupported
+from .metadata import (DECODER_ARCHS, ModelMetadata, _bos, _Cfg, _decoder, _dtype, _eos,
+                       _pick, _token_ids)
+
+
+@dataclass(frozen=True)
+class WhisperConfig:
+    """Whisper-only fields (config.json, plus the special ids of generation_config.json)."""
+
+    d_model: int
+    encoder_layers: int
+    encoder_attention_heads: int
+    encoder_ffn_dim: int
+    decoder_layers: int
+    decoder_attention_heads: int
+    decoder_ffn_dim: int
+    num_mel_bins: int
+    max_source_positions: int      # encoder positions; the encoder sees 2x as many mel frames
+    max_target_positions: int
+    decoder_start_token_id: int
+    pad_token_id: int | None
+    scale_embedding: bool
+    activation_function: str
+    layer_norm_eps: float = 1e-5   # nn.LayerNorm's default; Whisper configs do not store it
+    no_timestamps_token_id: int | None = None
+    suppress_tokens: tuple[int, ...] = ()
+    begin_suppress_tokens: tuple[int, ...] = ()
+    forced_decoder_ids: tuple[tuple[int, int | None], ...] = ()
+    lang_to_id: Mapping[str, int] = field(default_factory=dict, compare=False, hash=False)
+    task_to_id: Mapping[str, int] = field(default_factory=dict, compare=False, hash=False)
+    is_multilingual: bool = False
+
+    @property
+    def num_mel_frames(self) -> int:
+        """Mel frames the encoder takes (conv2 has stride 2)."""
+        return 2 * self.max_source_positions
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    """LLaVA: the CLIP vision tower, the projector and how image features are picked."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    image_size: int
+    patch_size: int
+    num_channels: int
+    layer_norm_eps: float
+    hidden_act: str                   # CLIP: "quick_gelu"
+    image_token_index: int
+    vision_feature_layer: int         # index into hidden_states (-2: the second-to-last)
+    vision_feature_select_strategy: str  # "default" drops the CLS token, "full" keeps it
+    projector_hidden_act: str
+    projector_bias: bool
+    text_hidden_size: int
+
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def num_image_tokens(self) -> int:
+        """Image-token positions one image fills in the prompt."""
+        return self.num_patches + (1 if self.vision_feature_select_strategy == "full" else 0)
+
+
+
+def whisper_metadata(config: dict, gen: dict | None, source: str) -> ModelMetadata:
+    """ModelMetadata of a Whisper config; decoder fields at the top, the rest in .whisper."""
+    c = _Cfg(config, source)
+    g = gen or {}
+    d = c.int("d_model", required=True)
+    heads = c.int("decoder_attention_heads", required=True)
+    if d % heads or d % c.int("encoder_attention_heads", required=True):
+        raise FormatError(f"{source}: d_model {d} is not a multiple of the attention heads")
+    start = _pick("decoder_start_token_id", config, gen)
+    if start is None:
+        raise FormatError(f"{source}: missing key 'decoder_start_token_id'")
+    forced = tuple(tuple(p) for p in (_pick("forced_decoder_ids", config, gen) or ()))
+    w = WhisperConfig(
+        d_model=d, encoder_layers=c.int("encoder_layers", required=True),
+        encoder_attention_heads=c.int("encoder_attention_heads", required=True),
+        encoder_ffn_dim=c.int("encoder_ffn_dim", required=True),
+        decoder_layers=c.int("decoder_layers", required=True),
+        decoder_attention_heads=heads,
+        decoder_ffn_dim=c.int("decoder_ffn_dim", required=True),
+        num_mel_bins=c.int("num_mel_bins", required=True),
+        max_source_positions=c.int("max_source_positions", required=True),
+        max_target_positions=c.int("max_target_positions", required=True),
+        decoder_start_token_id=_token_ids(start, "decoder_start_token_id", source)[0],
+        pad_token_id=c.int("pad_token_id", positive=False),
+        scale_embedding=c.bool("scale_embedding", False),
+        activation_function=config.get("activation_function", "gelu"),
+        no_timestamps_token_id=g.get("no_timestamps_token_id"),
+        suppress_tokens=_token_ids(_pick("suppress_tokens", config, gen), "suppress_tokens",
+                                   source),
+        begin_suppress_tokens=_token_ids(_pick("begin_suppress_tokens", config, gen),
+                                         "begin_suppress_tokens", source),
+        forced_decoder_ids=forced,
+        lang_to_id=MappingProxyType(dict(g.get("lang_to_id") or {})),
+        task_to_id=MappingProxyType(dict(g.get("task_to_id") or {})),
+        is_multilingual=bool(g.get("is_multilingual", False)),
+    )
+    return ModelMetadata(
+        architecture="whisper", vocab_size=c.int("vocab_size", required=True),
+        hidden_size=d, intermediate_size=w.decoder_ffn_dim, num_layers=w.decoder_layers,
+        num_heads=heads, num_kv_heads=heads, head_dim=d // heads,
+        rope_theta=0.0, rope_scaling=None,  # learned/sinusoidal positions, no rope
+        rms_norm_eps=w.layer_norm_eps, attention_bias=True, qk_norm=False,
+        tie_word_embeddings=c.bool("tie_word_embeddings", True),
+        sliding_window=None, max_position_embeddings=w.max_target_positions,
+        bos_token_id=_bos(config, gen, source), eos_token_ids=_eos(config, gen, source),
+        dtype=_dtype(config, source), whisper=w)
+
+
+def llava_metadata(config: dict, gen: dict | None, source: str) -> ModelMetadata:
+    """ModelMetadata of a LLaVA config: the text model's fields, plus .text and .vision."""
+    text_cfg, vis_cfg = config.get("text_config"), config.get("vision_config")
+    if not isinstance(text_cfg, dict) or not isinstance(vis_cfg, dict):
+        raise FormatError(f"{source}: llava needs text_config and vision_config objects")
+    text_cfg = {"model_type": "llama", **text_cfg}
+    if text_cfg["model_type"] not in DECODER_ARCHS:
+        raise Unsupported(f"{source}: llava text model {text_cfg['model_type']!r} is not "
+                          f"supported (supported: {', '.join(DECODER_ARCHS)})")
+    text = _decoder(text_cfg, None, f"{source} (text_config)", text_cfg["model_type"])
+    v = _Cfg(vis_cfg, f"{source} (vision_config)")
+    if vis_cfg.get("model_type", "clip_vision_model") != "clip_vision_model":
+        raise Unsupported(f"{source}: vision tower {vis_cfg.get('model_type')!r} is not "
+                          "supported (supported: clip_vision_model)")
+    strategy = config.get("vision_feature_select_strategy", "default")
+    if strategy not in ("default", "full"):
+        raise FormatError(f"{source}: vision_feature_select_strategy {strategy!r} must be "
+                          "'default' or 'full'")
+    layer = config.get("vision_feature_layer", -2)
+    if not isinstance(layer, int) or isinstance(layer, bool):
+        raise Unsupported(f"{source}: vision_feature_layer must be one int, got {layer!r}")
+    image_token = config.get("image_token_index", config.get("image_token_id"))
+    vision = VisionConfig(
+        hidden_size=v.int("hidden_size", 768), intermediate_size=v.int("intermediate_size", 3072),
+        num_layers=v.int("num_hidden_layers", 12), num_heads=v.int("num_attention_heads", 12),
+        image_size=v.int("image_size", 224), patch_size=v.int("patch_size", 32),
+        num_channels=v.int("num_channels", 3), layer_norm_eps=v.float("layer_norm_eps", 1e-5),
+        hidden_act=vis_cfg.get("hidden_act", "quick_gelu"),
+        image_token_index=_token_ids(image_token, "image_token_index", source)[0]
+        if image_token is not None else 32000,
+        vision_feature_layer=layer, vision_feature_select_strategy=strategy,
+        projector_hidden_act=config.get("projector_hidden_act", "gelu"),
+        projector_bias=bool(config.get("multimodal_projector_bias", True)),
+        text_hidden_size=text.hidden_size)
+    if vision.image_token_index >= text.vocab_size:
+        raise FormatError(f"{source}: image_token_index {vision.image_token_index} is not "
+                          f"below the text vocab_size {text.vocab_size}")
+    return replace(text, architecture="llava",
+                   bos_token_id=_bos(config, gen, source, text_cfg),
+                   eos_token_ids=_eos(config, gen, source, text_cfg),
+                   dtype=_dtype(config, source) if ("torch_dtype" in config or "dtype" in config)
+                   else text.dtype,
+                   text=text, vision=vision)

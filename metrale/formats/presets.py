@@ -1,0 +1,112 @@
+"""Preset `config.json` dicts for random-weight `MemorySource`s.
+
+`tiny` is for tests and the README demo (the CPU benchmark runs in seconds); the others are
+the real shapes of public checkpoints, for benchmarks without downloading weights.
+"""
+from __future__ import annotations
+
+import copy
+
+_LLAMA_31_8B = {
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "head_dim": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
+    "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009],
+    "torch_dtype": "bfloat16", "hidden_act": "silu",
+}
+
+_QWEN25_7B = {
+    "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
+    "vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
+    "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+    "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    "rope_scaling": None, "sliding_window": 131072, "use_sliding_window": False,
+    "max_window_layers": 28, "tie_word_embeddings": False,
+    "bos_token_id": 151643, "eos_token_id": [151645, 151643],
+    "torch_dtype": "bfloat16", "hidden_act": "silu",
+}
+
+_QWEN3_8B = {
+    "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
+    "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288,
+    "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "head_dim": 128, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0, "rope_scaling": None, "attention_bias": False,
+    "sliding_window": None, "use_sliding_window": False, "tie_word_embeddings": False,
+    "bos_token_id": 151643, "eos_token_id": [151645, 151643],
+    "torch_dtype": "bfloat16", "hidden_act": "silu",
+}
+
+_MISTRAL_7B = {  # Mistral-7B-Instruct-v0.3
+    "model_type": "mistral", "architectures": ["MistralForCausalLM"],
+    "vocab_size": 32768, "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "head_dim": 128, "max_position_embeddings": 32768, "rms_norm_eps": 1e-5,
+    "rope_theta": 1000000.0, "sliding_window": None, "tie_word_embeddings": False,
+    "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16", "hidden_act": "silu",
+}
+
+_WHISPER_SMALL = {
+    "model_type": "whisper", "architectures": ["WhisperForConditionalGeneration"],
+    "vocab_size": 51865, "d_model": 768, "num_mel_bins": 80,
+    "encoder_layers": 12, "encoder_attention_heads": 12, "encoder_ffn_dim": 3072,
+    "decoder_layers": 12, "decoder_attention_heads": 12, "decoder_ffn_dim": 3072,
+    "max_source_positions": 1500, "max_target_positions": 448,
+    "decoder_start_token_id": 50258, "bos_token_id": 50257, "eos_token_id": 50257,
+    "pad_token_id": 50257, "scale_embedding": False, "activation_function": "gelu",
+    "tie_word_embeddings": True, "torch_dtype": "float32",
+}
+
+_TINY = {
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 512, "hidden_size": 128, "intermediate_size": 344,
+    "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "rope_scaling": None, "tie_word_embeddings": False,
+    "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16", "hidden_act": "silu",
+}
+
+PRESETS: dict[str, dict] = {
+    "tiny": _TINY,
+    "llama-3.1-8b": _LLAMA_31_8B,
+    "qwen2.5-7b": _QWEN25_7B,
+    "qwen3-8b": _QWEN3_8B,
+    "mistral-7b": _MISTRAL_7B,
+    "whisper-small": _WHISPER_SMALL,
+}
+
+# generation_config.json of the presets that need one (Whisper's special ids).
+_LANGS = ["en", "zh", "de", "es", "ru", "ko", "fr", "ja", "pt", "tr", "pl", "ca", "nl"]
+PRESET_GENERATION: dict[str, dict] = {
+    "whisper-small": {
+        "decoder_start_token_id": 50258, "bos_token_id": 50257, "eos_token_id": 50257,
+        "pad_token_id": 50257, "no_timestamps_token_id": 50363, "is_multilingual": True,
+        "lang_to_id": {f"<|{c}|>": 50259 + i for i, c in enumerate(_LANGS)},
+        "task_to_id": {"translate": 50358, "transcribe": 50359},
+        "forced_decoder_ids": [[1, None], [2, 50359]],
+        "begin_suppress_tokens": [220, 50257],
+        "suppress_tokens": [1, 2, 7, 8, 9, 10, 14, 25, 26, 27, 28, 29, 31, 58, 59, 60, 61,
+                            62, 63, 90, 91, 92, 93, 359, 503, 522, 542, 873, 893, 902, 918,
+                            922, 931, 1350, 1853, 1982, 2460, 2627, 3246, 3253, 3268, 3536,
+                            3846, 3961, 4183, 4667, 6585, 6647, 7273, 9061, 9383, 10428,
+                            10929, 11938, 12033, 12331, 12562, 13793, 14157, 14635, 15265,
+                            15618, 16553, 16604, 18362, 18956, 20075, 21675, 22520, 26130,
+                            26161, 26435, 28279, 29464, 31650, 32302, 32470, 36865, 42863,
+                            47425, 49870, 50254, 50258, 50358, 50359, 50360, 50361, 50362],
+        "max_length": 448,
+    },
+}
+
+
+def preset_config(name: str) -> tuple[dict, dict | None]:
+    """(config.json dict, generation_config dict or None) of a preset; copies."""
+    from ..errors import InvalidArgument
+    if name not in PRESETS:
+        raise InvalidArgument(f"unknown preset {name!r} (known: {', '.join(PRESETS)})")
+    gen = PRESET_GENERATION.get(name)
+    return copy.deepcopy(PRESETS[name]), copy.deepcopy(gen) if gen is not None else None

@@ -1,0 +1,278 @@
+"""Where a model's config and weights come from: a local directory, or random weights in memory.
+
+`open_source` accepts a checkpoint directory, a `.safetensors` file next to a config.json,
+"preset:<name>", or any object implementing `ModelSource` (passed through).
+"""
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from functools import cached_property
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from ..errors import FormatError
+from ..ops.bf16 import f32_to_bf16
+from .layout import expected_tensors
+from .metadata import ModelMetadata
+from .presets import preset_config
+from .safetensors import SafetensorsFile
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+INDEX_NAME = "model.safetensors.index.json"
+
+
+@runtime_checkable
+class ModelSource(Protocol):
+    """A checkpoint: its config, its tensors by HF name, and BF16 reads of them."""
+
+    description: str
+
+    def config(self) -> dict: ...
+    def generation_config(self) -> dict | None: ...
+    def metadata(self) -> ModelMetadata: ...
+    def tensor_names(self) -> list[str]: ...
+    def tensor_shape(self, name: str) -> tuple[int, ...]: ...
+    def tensor_dtype(self, name: str) -> str: ...
+    def read_bf16(self, name: str) -> np.ndarray: ...
+    def tokenizer_path(self) -> Path | None: ...
+
+
+def open_source(path_or_source) -> ModelSource:
+    """A `ModelSource` for a directory, a .safetensors file, "preset:<name>", or a source."""
+    if not isinstance(path_or_source, (str, os.PathLike)):
+        if isinstance(path_or_source, ModelSource):
+            return path_or_source
+        raise FormatError(f"cannot open {path_or_source!r} as a model: expected a path, "
+                          "'preset:<name>' or a ModelSource")
+    if isinstance(path_or_source, str) and path_or_source.startswith("preset:"):
+        return MemorySource.preset(path_or_source[len("preset:"):])
+    p = Path(path_or_source)
+    if p.is_dir():
+        return DirectorySource(p)
+    if p.is_file():
+        if p.suffix == ".safetensors":
+            return DirectorySource(p.parent, files=[p.name])
+        if p.suffix in PICKLE_SUFFIXES:
+            raise FormatError(f"{p}: pickle checkpoints are never loaded; convert it to "
+                              "safetensors (e.g. save_pretrained(..., safe_serialization=True))")
+        raise FormatError(f"{p}: not a checkpoint directory or a .safetensors file")
+    raise FormatError(f"{p}: no such file or directory")
+
+
+def _read_json(path: Path, required: bool) -> dict | None:
+    if not path.is_file():
+        if required:
+            raise FormatError(f"{path}: missing (every checkpoint needs a config.json)")
+        return None
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise FormatError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise FormatError(f"{path}: must hold a JSON object")
+    return d
+
+
+class DirectorySource:
+    """A Hugging Face checkpoint directory: config.json (+ generation_config.json) and
+    model.safetensors, a sharded set named by model.safetensors.index.json, or other
+    *.safetensors files. Pickle weights are refused, never read."""
+
+    def __init__(self, path: str | os.PathLike, files: list[str] | None = None) -> None:
+        self.path = Path(path)
+        self.description = str(self.path)
+        self._config = _read_json(self.path / "config.json", required=True)
+        self._gen = _read_json(self.path / "generation_config.json", required=False)
+        names, self.weights_description = self._weight_files(files)
+        self._files = [SafetensorsFile(self.path / n) for n in names]
+        self._where: dict[str, tuple[SafetensorsFile, str]] = {}
+        for f in self._files:
+            for raw in f.tensors:
+                name = self._canonical(raw)
+                if name in self._where:
+                    raise FormatError(f"{f.path}: tensor {raw!r} also appears in "
+                                      f"{self._where[name][0].path}")
+                self._where[name] = (f, raw)
+        if files is None and (self.path / INDEX_NAME).is_file():
+            self._check_index()
+
+    def _weight_files(self, files: list[str] | None) -> tuple[list[str], str]:
+        if files is not None:
+            return files, str(self.path / files[0]) if len(files) == 1 else str(self.path)
+        index = self.path / INDEX_NAME
+        if index.is_file():
+            self._index = _read_json(index, required=True)
+            wm = self._index.get("weight_map")
+            if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+                raise FormatError(f"{index}: weight_map must map tensor names to file names")
+            for shard in set(wm.values()):
+                # shards live next to the index; a path would escape the checkpoint
+                if Path(shard).name != shard or not (self.path / shard).is_file():
+                    raise FormatError(f"{index}: shard {shard!r} is missing or not a plain "
+                                      "file name in the checkpoint directory")
+            return sorted(set(wm.values())), str(index)
+        if (self.path / "model.safetensors").is_file():
+            return ["model.safetensors"], str(self.path / "model.safetensors")
+        found = sorted(p.name for p in self.path.glob("*.safetensors"))
+        if found:
+            return found, str(self.path)
+        pickles = sorted(p.name for p in self.path.iterdir() if p.suffix in PICKLE_SUFFIXES)
+        if pickles:
+            raise FormatError(f"{self.path}: holds only pickle weights ({', '.join(pickles)}); "
+                              "metrale never loads pickle: convert the checkpoint to "
+                              "safetensors (save_pretrained(..., safe_serialization=True))")
+        raise FormatError(f"{self.path}: no model.safetensors or *.safetensors weights")
+
+    def _check_index(self) -> None:
+        index = self.path / INDEX_NAME
+        for raw, shard in self._index["weight_map"].items():
+            f, _ = self._where.get(self._canonical(raw), (None, None))
+            if f is None or f.path.name != shard:
+                raise FormatError(f"{index}: tensor {raw!r} is listed in {shard} but "
+                                  f"{self.path / shard} does not hold it")
+
+    def _canonical(self, raw: str) -> str:
+        """Map newer transformers LLaVA key layouts onto the llava-hf one (layout.py)."""
+        if self._config.get("model_type") != "llava":
+            return raw
+        for old, new in (("model.language_model.", "language_model.model."),
+                         ("model.vision_tower.", "vision_tower."),
+                         ("model.multi_modal_projector.", "multi_modal_projector.")):
+            if raw.startswith(old):
+                raw = new + raw[len(old):]
+        if raw == "lm_head.weight":
+            raw = "language_model.lm_head.weight"
+        if raw.startswith("vision_tower.") and not raw.startswith("vision_tower.vision_model."):
+            raw = "vision_tower.vision_model." + raw[len("vision_tower."):]
+        return raw
+
+    # ModelSource ------------------------------------------------------------------
+    def config(self) -> dict:
+        return json.loads(json.dumps(self._config))
+
+    def generation_config(self) -> dict | None:
+        return None if self._gen is None else json.loads(json.dumps(self._gen))
+
+    @cached_property
+    def _meta(self) -> ModelMetadata:
+        return ModelMetadata.from_config(self._config, self._gen,
+                                         source=str(self.path / "config.json"))
+
+    def metadata(self) -> ModelMetadata:
+        return self._meta
+
+    def tensor_names(self) -> list[str]:
+        return list(self._where)
+
+    def _lookup(self, name: str) -> tuple[SafetensorsFile, str]:
+        try:
+            return self._where[name]
+        except KeyError:
+            raise FormatError(f"{self.weights_description}: missing tensor {name!r}") from None
+
+    def tensor_file(self, name: str) -> str:
+        return str(self._lookup(name)[0].path)
+
+    def tensor_shape(self, name: str) -> tuple[int, ...]:
+        f, raw = self._lookup(name)
+        return f.info(raw).shape
+
+    def tensor_dtype(self, name: str) -> str:
+        f, raw = self._lookup(name)
+        return f.info(raw).dtype
+
+    def read_bf16(self, name: str) -> np.ndarray:
+        """uint16 BF16 bits, shaped: a read-only mmap view for BF16, converted otherwise."""
+        f, raw = self._lookup(name)
+        return f.read_bf16(raw)
+
+    def tokenizer_path(self) -> Path | None:
+        p = self.path / "tokenizer.json"
+        return p if p.is_file() else None
+
+    def close(self) -> None:
+        for f in self._files:
+            f.close()
+
+
+# Tensors above this many elements repeat a per-name random block of _BLOCK elements (a
+# prime, so rows of power-of-two length do not line up): real-shape presets hold ~8e9
+# parameters, and drawing each one from a normal distribution takes minutes.
+_FULL_RANDOM_MAX = 1 << 20
+_BLOCK = 1_048_573
+
+
+class MemorySource:
+    """Random BF16 weights at a config's shapes, generated lazily and deterministically.
+
+    Tensor `name` is drawn from a generator seeded by `(seed, crc32(name))`: std-0.02 normal
+    values, norm weights `1 + 0.02 * normal`. Nothing is held in memory between reads.
+    """
+
+    def __init__(self, config: dict, generation_config: dict | None = None, seed: int = 0,
+                 description: str | None = None) -> None:
+        self._config = json.loads(json.dumps(config))
+        self._gen = None if generation_config is None else json.loads(json.dumps(generation_config))
+        self.seed = int(seed)
+        self.description = description or f"memory:{config.get('model_type')}"
+        self._meta = ModelMetadata.from_config(self._config, self._gen, source=self.description)
+        self._shapes = expected_tensors(self._meta)
+
+    @staticmethod
+    def preset(name: str, seed: int = 0) -> "MemorySource":
+        """Random weights at a preset's shapes ("tiny", "llama-3.1-8b", ...; see PRESETS)."""
+        cfg, gen = preset_config(name)
+        return MemorySource(cfg, gen, seed=seed, description=f"preset:{name}")
+
+    @staticmethod
+    def from_config(config: dict, seed: int = 0) -> "MemorySource":
+        return MemorySource(config, None, seed=seed)
+
+    def config(self) -> dict:
+        return json.loads(json.dumps(self._config))
+
+    def generation_config(self) -> dict | None:
+        return None if self._gen is None else json.loads(json.dumps(self._gen))
+
+    def metadata(self) -> ModelMetadata:
+        return self._meta
+
+    def tensor_names(self) -> list[str]:
+        return list(self._shapes)
+
+    def tensor_shape(self, name: str) -> tuple[int, ...]:
+        try:
+            return self._shapes[name]
+        except KeyError:
+            raise FormatError(f"{self.description}: missing tensor {name!r}") from None
+
+    def tensor_dtype(self, name: str) -> str:
+        self.tensor_shape(name)
+        return "BF16"
+
+    def read_bf16(self, name: str) -> np.ndarray:
+        """uint16 BF16 bits of tensor `name`, shaped; the same bits on every call."""
+        shape = self.tensor_shape(name)
+        n = int(np.prod(shape, dtype=np.int64))
+        rng = np.random.default_rng([self.seed, zlib.crc32(name.encode())])
+        x = rng.standard_normal(min(n, _BLOCK) if n > _FULL_RANDOM_MAX else n,
+                                dtype=np.float32)
+        x *= 0.02
+        if _is_norm_weight(name):
+            x += 1.0
+        bits = f32_to_bf16(x)
+        if bits.size != n:
+            bits = np.resize(bits, n)  # tiles the block
+        return bits.reshape(shape)
+
+    def tokenizer_path(self) -> Path | None:
+        return None
+
+
+def _is_norm_weight(name: str) -> bool:
+    parts = name.split(".")
+    return len(parts) >= 2 and parts[-1] == "weight" and "norm" in parts[-2]
