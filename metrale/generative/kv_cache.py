@@ -36,11 +36,11 @@ class KVCache:
             if cfg.max_seq_len > limit:
                 raise InvalidArgument(f"CacheConfig.max_seq_len {cfg.max_seq_len} exceeds the "
                                       f"model's max_seq_len {limit}")
-            for s in self.seqs:
-                a = ContiguousArena(m.backend, meta.num_layers, meta.num_kv_heads,
-                                    meta.head_dim, cfg.max_seq_len, cfg.block_size)
-                self.arenas.append(a)
-                s.arena, s.block_table = a, list(a.block_table)
+            a = ContiguousArena(m.backend, meta.num_layers, meta.num_kv_heads, meta.head_dim,
+                                cfg.max_seq_len, cfg.block_size, n_seqs=self.batch)
+            self.arenas.append(a)
+            for i, s in enumerate(self.seqs):
+                s.arena, s.block_table = a, a.block_table(i)
 
     def kind(self) -> str:
         return self.config.kind

@@ -11,20 +11,24 @@ from ..errors import InvalidArgument
 
 
 class ContiguousArena:
-    """A dense KV buffer for one sequence of up to `max_seq_len` tokens."""
+    """A dense KV buffer for `n_seqs` sequences of up to `max_seq_len` tokens each; sequence
+    i owns blocks [i * n_blocks, (i + 1) * n_blocks)."""
 
     def __init__(self, backend, num_layers: int, num_kv_heads: int, head_dim: int,
-                 max_seq_len: int, block_size: int) -> None:
+                 max_seq_len: int, block_size: int, n_seqs: int = 1) -> None:
         if max_seq_len < 1:
             raise InvalidArgument(f"contiguous cache: max_seq_len must be >= 1, got {max_seq_len}")
         self.backend = backend
         self.max_seq_len = max_seq_len
         self.n_blocks = -(-max_seq_len // block_size)
         self.block_bytes = block_size * num_kv_heads * head_dim * 2
-        self.layer_bytes = self.n_blocks * self.block_bytes
+        self.layer_bytes = n_seqs * self.n_blocks * self.block_bytes
         self.nbytes = num_layers * 2 * self.layer_bytes
         self.base = backend.alloc(self.nbytes)
-        self.block_table = list(range(self.n_blocks))
+
+    def block_table(self, i: int) -> list[int]:
+        """The identity block table of sequence i."""
+        return list(range(i * self.n_blocks, (i + 1) * self.n_blocks))
 
     def k_cache(self, layer: int):
         return self.base.offset(2 * layer * self.layer_bytes)

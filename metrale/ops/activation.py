@@ -1,0 +1,99 @@
+"""Activations (kernels/activation.cu): launchers and numpy twins. FP32 math, one BF16
+rounding per stored element.
+
+  silu_mul: out[r, c] = bf16(silu(g) * u), gate_up [n_rows, 2*I] = [gate | up], out [n_rows, I]
+  gelu:     out = bf16(gelu(x)); approximate "none" (erf), "tanh", "quick" (x*sigmoid(1.702x))
+
+HF computes silu(gate) in BF16 before the multiply (two roundings); the fused kernel rounds
+once (within one BF16 ulp of HF). Any sizes >= 1 (128-bit accesses when aligned).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import InvalidArgument
+from ..gpu_runtime.types import DevicePtr
+from .bf16 import bf16_to_f32, f32_to_bf16
+from .registry import twin
+
+MODULE = "activation"
+THREADS = 256
+_MAX_BLOCKS = 8192
+GELU_MODES = {"none": 0, "tanh": 1, "quick": 2}
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def _check_sizes(what: str, **sizes) -> None:
+    for name, v in sizes.items():
+        if not 1 <= int(v) < 2**31:
+            raise InvalidArgument(f"{what}: {name} must be in [1, 2^31), got {v}")
+
+
+def _check_ptrs(what: str, **ptrs) -> None:
+    for name, p in ptrs.items():
+        if int(p) == 0:
+            raise InvalidArgument(f"{what}: {name} is NULL")
+
+
+def silu_mul(backend, stream: int, out_ptr, gate_up_ptr, n_rows: int, intermediate: int) -> None:
+    """out = silu(gate) * up. gate_up: [n_rows, 2*intermediate] bf16 (gate columns first);
+    out: [n_rows, intermediate] bf16."""
+    _check_sizes("silu_mul", n_rows=n_rows, intermediate=intermediate)
+    if 2 * int(intermediate) >= 2**31:
+        raise InvalidArgument(f"silu_mul: 2*intermediate must be < 2^31, got {2 * intermediate}")
+    _check_ptrs("silu_mul", out_ptr=out_ptr, gate_up_ptr=gate_up_ptr)
+    backend.launch(backend.kernel(MODULE, "silu_mul"), (int(n_rows),), (THREADS,), 0, stream,
+                   (DevicePtr(out_ptr), DevicePtr(gate_up_ptr), np.int32(n_rows),
+                    np.int32(intermediate)))
+
+
+def gelu(backend, stream: int, out_ptr, x_ptr, n: int, approximate: str = "none") -> None:
+    """out = gelu(x). x, out: [n] bf16 (out may equal x). approximate: "none" | "tanh" |
+    "quick"."""
+    if approximate not in GELU_MODES:
+        raise InvalidArgument(f"gelu: approximate must be one of {sorted(GELU_MODES)}, "
+                              f"got {approximate!r}")
+    _check_sizes("gelu", n=n)
+    _check_ptrs("gelu", out_ptr=out_ptr, x_ptr=x_ptr)
+    chunks = -(-int(n) // 8)
+    grid = max(1, min(-(-chunks // THREADS), _MAX_BLOCKS))
+    backend.launch(backend.kernel(MODULE, "gelu"), (grid,), (THREADS,), 0, stream,
+                   (DevicePtr(out_ptr), DevicePtr(x_ptr), np.int32(n),
+                    np.int32(GELU_MODES[approximate])))
+
+
+def silu_f32(g: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return (g / (np.float32(1.0) + np.exp(-g))).astype(np.float32)
+
+
+def gelu_f32(x: np.ndarray, mode: int) -> np.ndarray:
+    x = np.asarray(x, np.float32)
+    if mode == 0:
+        e = _erf(x.astype(np.float64) * np.float64(0.7071067811865476)).astype(np.float32)
+        return (np.float32(0.5) * x * (np.float32(1.0) + e)).astype(np.float32)
+    if mode == 1:
+        inner = np.float32(0.7978845608028654) * (x + np.float32(0.044715) * x * x * x)
+        return (np.float32(0.5) * x * (np.float32(1.0) + np.tanh(inner))).astype(np.float32)
+    if mode == 2:
+        with np.errstate(over="ignore"):
+            return (x / (np.float32(1.0) + np.exp(np.float32(-1.702) * x))).astype(np.float32)
+    raise InvalidArgument(f"gelu: unknown mode {mode}")
+
+
+@twin(MODULE, "silu_mul")
+def silu_mul_twin(ctx, out_ptr, gate_up_ptr, n_rows, intermediate) -> None:
+    r, i = int(n_rows), int(intermediate)
+    gu = bf16_to_f32(ctx.view(gate_up_ptr, r * 2 * i, np.uint16)).reshape(r, 2 * i)
+    y = silu_f32(gu[:, :i]) * gu[:, i:]
+    ctx.view(out_ptr, r * i, np.uint16).reshape(r, i)[:] = f32_to_bf16(y)
+
+
+@twin(MODULE, "gelu")
+def gelu_twin(ctx, out_ptr, x_ptr, n, mode) -> None:
+    n = int(n)
+    x = bf16_to_f32(ctx.view(x_ptr, n, np.uint16))
+    ctx.view(out_ptr, n, np.uint16)[:] = f32_to_bf16(gelu_f32(x, int(mode)))

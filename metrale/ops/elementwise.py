@@ -1,0 +1,66 @@
+"""In-place BF16 elementwise updates (kernels/elementwise.cu): launchers and numpy twins.
+
+  add_bias:    x[r, :] = bf16(x[r, :] + bias)   (FP32 math, one rounding)
+  add_inplace: x       = bf16(x + y)
+
+Any sizes >= 1: the kernels use 128-bit accesses when the pointers are 16-byte aligned (and,
+for add_bias, width % 8 == 0) and fall back to one element per access otherwise.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import InvalidArgument
+from ..gpu_runtime.types import DevicePtr
+from .bf16 import bf16_to_f32, f32_to_bf16
+from .registry import twin
+
+MODULE = "elementwise"
+THREADS = 256
+_MAX_BLOCKS = 8192
+
+
+def _check_sizes(what: str, **sizes) -> None:
+    for name, v in sizes.items():
+        if not 1 <= int(v) < 2**31:
+            raise InvalidArgument(f"{what}: {name} must be in [1, 2^31), got {v}")
+
+
+def _check_ptrs(what: str, **ptrs) -> None:
+    for name, p in ptrs.items():
+        if int(p) == 0:
+            raise InvalidArgument(f"{what}: {name} is NULL")
+
+
+def add_bias(backend, stream: int, x_ptr, bias_ptr, n_rows: int, width: int) -> None:
+    """x[r, :] += bias in place. x: [n_rows, width] bf16; bias: [width] bf16."""
+    _check_sizes("add_bias", n_rows=n_rows, width=width)
+    _check_ptrs("add_bias", x_ptr=x_ptr, bias_ptr=bias_ptr)
+    backend.launch(backend.kernel(MODULE, "add_bias"), (int(n_rows),), (THREADS,), 0, stream,
+                   (DevicePtr(x_ptr), DevicePtr(bias_ptr), np.int32(n_rows), np.int32(width)))
+
+
+def add_inplace(backend, stream: int, x_ptr, y_ptr, n: int) -> None:
+    """x += y in place. x, y: [n] bf16."""
+    _check_sizes("add_inplace", n=n)
+    _check_ptrs("add_inplace", x_ptr=x_ptr, y_ptr=y_ptr)
+    chunks = -(-int(n) // 8)
+    grid = max(1, min(-(-chunks // THREADS), _MAX_BLOCKS))
+    backend.launch(backend.kernel(MODULE, "add_inplace"), (grid,), (THREADS,), 0, stream,
+                   (DevicePtr(x_ptr), DevicePtr(y_ptr), np.int32(n)))
+
+
+@twin(MODULE, "add_bias")
+def add_bias_twin(ctx, x_ptr, bias_ptr, n_rows, width) -> None:
+    r, w = int(n_rows), int(width)
+    x = ctx.view(x_ptr, r * w, np.uint16).reshape(r, w)
+    b = bf16_to_f32(ctx.view(bias_ptr, w, np.uint16))
+    x[:] = f32_to_bf16(bf16_to_f32(x) + b[None, :])
+
+
+@twin(MODULE, "add_inplace")
+def add_inplace_twin(ctx, x_ptr, y_ptr, n) -> None:
+    n = int(n)
+    x = ctx.view(x_ptr, n, np.uint16)
+    y = bf16_to_f32(ctx.view(y_ptr, n, np.uint16))  # a copy: safe when y aliases x
+    x[:] = f32_to_bf16(bf16_to_f32(x) + y)

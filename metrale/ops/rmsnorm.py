@@ -1,0 +1,104 @@
+"""The norm family (kernels/rmsnorm.cu, module "rmsnorm"): RMSNorm with an optional fused
+residual add, and LayerNorm. Launchers and numpy twins.
+
+RMSNorm order (HF LlamaRMSNorm / Qwen2RMSNorm with BF16 weights, `weight *
+hidden_states.to(input_dtype)`): normalize in FP32, round to BF16, multiply by the BF16
+weight in FP32, round to BF16. With `residual_ptr`: residual = bf16(residual + x) is stored
+back first and the stored row is normalized (HF's BF16 `residual + hidden_states`).
+LayerNorm: FP32 mean and variance (two-pass), (x - mu) * rsqrt(var + eps) * w + b, one
+rounding (torch's LayerNorm kernel for BF16 input).
+
+One CTA per row; any hidden >= 1 (128-bit accesses when hidden % 8 == 0 and every pointer
+is 16-byte aligned, one element per access otherwise). out may equal x.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import InvalidArgument
+from ..gpu_runtime.types import NULL, DevicePtr
+from .bf16 import bf16_to_f32, f32_to_bf16, round_bf16
+from .registry import twin
+
+MODULE = "rmsnorm"
+
+
+def _threads(hidden: int) -> int:
+    """About one 8-element vector (or one element on the scalar path) per thread."""
+    units = hidden // 8 if hidden % 8 == 0 else hidden
+    return int(min(1024, max(32, -(-units // 32) * 32)))
+
+
+def _check(what: str, n_rows: int, hidden: int, eps: float, **ptrs) -> None:
+    if not 1 <= int(n_rows) < 2**31:
+        raise InvalidArgument(f"{what}: n_rows must be in [1, 2^31), got {n_rows}")
+    if not 1 <= int(hidden) < 2**31:
+        raise InvalidArgument(f"{what}: hidden must be in [1, 2^31), got {hidden}")
+    if not (math.isfinite(float(eps)) and float(eps) >= 0.0):
+        raise InvalidArgument(f"{what}: eps must be finite and >= 0, got {eps}")
+    for name, p in ptrs.items():
+        if int(p) == 0:
+            raise InvalidArgument(f"{what}: {name} is NULL")
+
+
+def rmsnorm(backend, stream: int, out_ptr, x_ptr, weight_ptr, n_rows: int, hidden: int,
+            eps: float, residual_ptr=NULL) -> None:
+    """out = bf16(bf16(x * rsqrt(mean(x^2) + eps)) * w), row by row.
+
+    x, out: [n_rows, hidden] bf16; weight: [hidden] bf16. With residual_ptr ([n_rows,
+    hidden] bf16): residual = bf16(residual + x) in place, then out = rmsnorm(residual) * w.
+    """
+    _check("rmsnorm", n_rows, hidden, eps, out_ptr=out_ptr, x_ptr=x_ptr, weight_ptr=weight_ptr)
+    if residual_ptr is None:
+        residual_ptr = NULL
+    backend.launch(backend.kernel(MODULE, "rmsnorm"), (int(n_rows),), (_threads(int(hidden)),),
+                   0, stream,
+                   (DevicePtr(out_ptr), DevicePtr(x_ptr), DevicePtr(weight_ptr),
+                    DevicePtr(residual_ptr), np.int32(n_rows), np.int32(hidden),
+                    np.float32(eps)))
+
+
+def layernorm(backend, stream: int, out_ptr, x_ptr, weight_ptr, bias_ptr, n_rows: int,
+              hidden: int, eps: float) -> None:
+    """out = bf16((x - mean) * rsqrt(var + eps) * w + b), row by row (biased variance).
+
+    x, out: [n_rows, hidden] bf16; weight, bias: [hidden] bf16.
+    """
+    _check("layernorm", n_rows, hidden, eps, out_ptr=out_ptr, x_ptr=x_ptr,
+           weight_ptr=weight_ptr, bias_ptr=bias_ptr)
+    backend.launch(backend.kernel(MODULE, "layernorm"), (int(n_rows),),
+                   (_threads(int(hidden)),), 0, stream,
+                   (DevicePtr(out_ptr), DevicePtr(x_ptr), DevicePtr(weight_ptr),
+                    DevicePtr(bias_ptr), np.int32(n_rows), np.int32(hidden), np.float32(eps)))
+
+
+@twin(MODULE, "rmsnorm")
+def rmsnorm_twin(ctx, out_ptr, x_ptr, weight_ptr, residual_ptr, n_rows, hidden, eps) -> None:
+    r, h = int(n_rows), int(hidden)
+    x = bf16_to_f32(ctx.view(x_ptr, r * h, np.uint16)).reshape(r, h)
+    w = bf16_to_f32(ctx.view(weight_ptr, h, np.uint16))
+    if int(residual_ptr) != 0:
+        res = ctx.view(residual_ptr, r * h, np.uint16).reshape(r, h)
+        s = f32_to_bf16(bf16_to_f32(res) + x)
+        res[:] = s
+        x = bf16_to_f32(s)
+    ss = np.sum(x * x, axis=1, dtype=np.float32)
+    inv = (np.float32(1.0) / np.sqrt(ss / np.float32(h) + np.float32(eps))).astype(np.float32)
+    normed = round_bf16(x * inv[:, None])
+    ctx.view(out_ptr, r * h, np.uint16).reshape(r, h)[:] = f32_to_bf16(normed * w[None, :])
+
+
+@twin(MODULE, "layernorm")
+def layernorm_twin(ctx, out_ptr, x_ptr, weight_ptr, bias_ptr, n_rows, hidden, eps) -> None:
+    r, h = int(n_rows), int(hidden)
+    x = bf16_to_f32(ctx.view(x_ptr, r * h, np.uint16)).reshape(r, h)
+    w = bf16_to_f32(ctx.view(weight_ptr, h, np.uint16))
+    b = bf16_to_f32(ctx.view(bias_ptr, h, np.uint16))
+    mu = (np.sum(x, axis=1, dtype=np.float32) / np.float32(h)).astype(np.float32)
+    d = x - mu[:, None]
+    var = (np.sum(d * d, axis=1, dtype=np.float32) / np.float32(h)).astype(np.float32)
+    inv = (np.float32(1.0) / np.sqrt(var + np.float32(eps))).astype(np.float32)
+    y = (d * inv[:, None]) * w[None, :] + b[None, :]
+    ctx.view(out_ptr, r * h, np.uint16).reshape(r, h)[:] = f32_to_bf16(y)
