@@ -70,10 +70,10 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int,
     sampling = sampling or SamplingParams()
     if not isinstance(sampling, SamplingParams):
         raise InvalidArgument(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+    pm = pointer_model(model)   # raises InvalidArgument for anything but a metrale model
     max_new = check_max_new(max_new_tokens)
     prompt = check_prompt(prompt_ids, model.metadata().vocab_size)
     stops = resolve_stops(model, stop_token_ids)
-    pm = pointer_model(model)
     if pm is None:
         return _generate_tensor(generative_model(model), prompt, max_new, sampling, stops,
                                 on_token)

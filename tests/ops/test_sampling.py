@@ -1,0 +1,591 @@
+"""sampling family: twin against the float64 definition, Philox KATs, chi-square fits, and
+(on a GPU) the kernel against the twin."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from metrale import MetraleError
+from metrale.engine.sampling import SamplingParams, filtered_distribution
+from metrale.errors import KernelError
+from metrale.ops import argmax
+from metrale.ops import sampling as S
+from metrale.ops.bf16 import bf16_to_f32, f32_to_bf16
+from tests.helpers import Buffers
+
+SP = SamplingParams
+
+
+# --------------------------------------------------------------------------- helpers
+def run(backend, rows, params, seeds, steps, penalty=None, fp32=True):
+    """Launch sample_rows on `backend`. rows: [n, vocab] float32 (rounded through BF16 by
+    the caller when fp32=False matters); params: list of SamplingParams or a PARAMS_DTYPE
+    array; penalty: list (one per row) of id lists, or None. Returns [n] uint32."""
+    rows = np.asarray(rows, np.float32)
+    n, v = rows.shape
+    packed = params if isinstance(params, np.ndarray) else S.pack_params(params)
+    seeds = np.broadcast_to(np.asarray(seeds, np.uint64), (n,)).copy()
+    steps = np.broadcast_to(np.asarray(steps, np.uint64), (n,)).copy()
+    with Buffers(backend) as b:
+        lp = b.put(rows if fp32 else f32_to_bf16(rows))
+        op = b.empty((n,), np.uint32)
+        pp, sp, tp = b.put(packed), b.put(seeds), b.put(steps)
+        wp = b.empty((S.workspace_bytes(n, v),), np.uint8)
+        m, ip, cp = 0, 0, 0
+        if penalty is not None:
+            m = max(1, max(len(p) for p in penalty))
+            ids = np.full((n, m), -1, np.int32)
+            for r, p in enumerate(penalty):
+                ids[r, :len(p)] = p
+            ip = b.put(ids)
+            cp = b.put(np.array([len(p) for p in penalty], np.int32))
+        S.sample_rows(backend, backend.default_stream(), op, lp, fp32, n, v, pp, sp, tp,
+                      ip, cp, m, wp)
+        return b.get(op, (n,), np.uint32)
+
+
+def draw(backend, row, params, n, seed=1234, prev=None, fp32=True, chunk=2000,
+         vary_seed=True):
+    """n draws from one logits row: rows with steps 0..n-1 and seeds seed + 0..n-1 (or
+    one seed)."""
+    out = []
+    for s0 in range(0, n, chunk):
+        c = min(chunk, n - s0)
+        rows = np.repeat(np.asarray(row, np.float32)[None], c, 0)
+        pen = None if prev is None else [list(prev)] * c
+        steps = np.arange(s0, s0 + c, dtype=np.uint64)
+        seeds = np.uint64(seed) + (steps if vary_seed else np.uint64(0))
+        out.append(run(backend, rows, [params] * c, seeds, steps, pen, fp32))
+    return np.concatenate(out)
+
+
+def gammaincc(a: float, x: float) -> float:
+    """Regularized upper incomplete gamma Q(a, x) (series / Lentz continued fraction)."""
+    if x <= 0:
+        return 1.0
+    lg = a * math.log(x) - x - math.lgamma(a)
+    if x < a + 1:
+        term = total = 1.0 / a
+        ap = a
+        for _ in range(10000):
+            ap += 1
+            term *= x / ap
+            total += term
+            if abs(term) < abs(total) * 1e-15:
+                break
+        return max(0.0, 1.0 - total * math.exp(lg))
+    tiny = 1e-300
+    b = x + 1 - a
+    c = 1 / tiny
+    d = 1 / b
+    h = d
+    for i in range(1, 10000):
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        d = tiny if abs(d) < tiny else d
+        c = b + an / c
+        c = tiny if abs(c) < tiny else c
+        d = 1 / d
+        delta = d * c
+        h *= delta
+        if abs(delta - 1) < 1e-15:
+            break
+    return math.exp(lg) * h
+
+
+def chi2_sf(x: float, df: int) -> float:
+    return gammaincc(df / 2.0, x / 2.0)
+
+
+def chi2_pvalue(tokens: np.ndarray, probs: np.ndarray) -> float:
+    """Goodness of fit of tokens to probs; bins with expected count < 5 are pooled. Any
+    draw outside the support gives p = 0."""
+    n = len(tokens)
+    counts = np.bincount(tokens, minlength=len(probs)).astype(np.float64)
+    if counts[probs == 0].sum() > 0:
+        return 0.0
+    exp = probs * n
+    big = exp >= 5
+    obs_b, exp_b = list(counts[big]), list(exp[big])
+    small = (~big) & (probs > 0)
+    if small.any():
+        obs_b.append(counts[small].sum())
+        exp_b.append(exp[small].sum())
+    obs_b, exp_b = np.array(obs_b), np.array(exp_b)
+    df = len(exp_b) - 1
+    if df < 1:
+        return 1.0
+    stat = float(((obs_b - exp_b) ** 2 / exp_b).sum())
+    return chi2_sf(stat, df)
+
+
+def peaked_row(rng, vocab, n_head=12, boost=10.0):
+    """Normal logits plus a few boosted 'head' tokens, so filtered supports stay small."""
+    row = rng.normal(size=vocab).astype(np.float32)
+    head = rng.choice(vocab, size=min(n_head, vocab), replace=False)
+    row[head] += np.float32(boost) + rng.normal(size=head.size).astype(np.float32)
+    return row
+
+
+# --------------------------------------------------------------------------- Philox
+KATS = [
+    ([0, 0, 0, 0], [0, 0], [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]),
+    ([0xFFFFFFFF] * 4, [0xFFFFFFFF] * 2, [0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD]),
+    ([0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344], [0xA4093822, 0x299F31D0],
+     [0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1]),
+]
+
+
+@pytest.mark.parametrize("ctr,key,expected", KATS)
+def test_philox_known_answers(ctr, key, expected):
+    assert list(S.philox4x32_10(ctr, key)) == expected
+
+
+def test_philox_vectorised_and_draw_word_layout():
+    ctrs = np.array([k[0] for k in KATS], np.uint64)
+    keys = np.array([k[1] for k in KATS], np.uint64)
+    got = S.philox4x32_10(ctrs, keys)
+    assert got.dtype == np.uint32 and got.shape == (3, 4)
+    assert got.tolist() == [k[2] for k in KATS]
+    # draw_word: counter (step lo, step hi, 0, 0), key (seed lo, seed hi), word 0
+    seed, step = 0x299F31D0A4093822, 0x85A308D3243F6A88
+    w = S.draw_word([seed], [step])[0]
+    assert int(w) == int(S.philox4x32_10([0x243F6A88, 0x85A308D3, 0, 0],
+                                         [0xA4093822, 0x299F31D0])[0])
+    assert S.draw_word([0], [0])[0] == 0x6627E8D5
+
+
+def test_uniforms_look_independent_across_steps_and_seeds():
+    steps = np.arange(200_000, dtype=np.uint64)
+    u = S.uniform(np.full(steps.size, 42, np.uint64), steps)
+    assert np.all((u >= 0) & (u < 1))
+    assert abs(u.mean() - 0.5) < 0.005
+    assert abs(np.corrcoef(u[:-1], u[1:])[0, 1]) < 0.01
+    v = S.uniform(np.full(steps.size, 43, np.uint64), steps)
+    assert abs(np.corrcoef(u, v)[0, 1]) < 0.01
+    # 16-bin uniformity of the words
+    p = chi2_pvalue((u * 16).astype(np.int64), np.full(16, 1 / 16))
+    assert p > 1e-3
+
+
+# --------------------------------------------------------------------------- exp, keys
+def test_exp_det_is_accurate_and_exact_at_zero():
+    d = np.linspace(-80, 0, 400_001).astype(np.float32)
+    e = S.exp_det(d)
+    ref = np.exp(d.astype(np.float64))
+    assert np.max(np.abs(e - ref) / ref) < 2.5e-7  # ~2 ulp
+    assert S.exp_det(np.float32([0.0]))[0] == 1.0
+    assert list(S.exp_det(np.float32([-80.5, -1e30, -np.inf]))) == [0, 0, 0]
+
+
+def test_order_key_orders_floats():
+    x = np.float32([-np.inf, -1e30, -2.5, -1e-30, -0.0, 0.0, 1e-30, 3.0, np.inf])
+    k = S.order_key(x)
+    assert np.all(np.diff(k.astype(np.int64)[[0, 1, 2, 3, 5, 6, 7, 8]]) > 0)
+    assert k[4] == k[5]
+
+
+def test_params_layout():
+    assert S.PARAMS_DTYPE.itemsize == 32
+    rec = S.pack_params([SP(temperature=0.5, top_k=7, top_p=0.9, min_p=0.1,
+                            repetition_penalty=1.3)])
+    raw = rec.tobytes()
+    assert len(raw) == 32
+    f = np.frombuffer(raw[:16], np.float32)
+    assert np.allclose(f, [0.5, 0.9, 0.1, 1.3])
+    assert np.frombuffer(raw[16:32], np.int32).tolist() == [7, 0, 0, 0]
+
+
+# --------------------------------------------------------------------------- support
+def _cases(vocab):
+    cases = [SP(temperature=1.0, top_k=min(5, vocab)),
+             SP(temperature=1.0, top_p=0.6),
+             SP(temperature=1.0, min_p=0.1),
+             SP(temperature=0.7, top_k=10, top_p=0.9, min_p=0.05, repetition_penalty=1.3)]
+    if vocab <= 19:
+        cases.append(SP(temperature=1.5))
+    return cases
+
+
+@pytest.mark.parametrize("vocab", [1, 7, 19, 111, 4097, 32000])
+def test_twin_support_equals_definition(host, vocab):
+    rng = np.random.default_rng(vocab)
+    row = peaked_row(rng, vocab) if vocab > 19 else rng.normal(size=vocab).astype(np.float32)
+    prev = list(rng.choice(vocab, size=min(6, vocab), replace=False)) + [0, 0, vocab + 5, -3]
+    n = 400 if vocab >= 4097 else 3000
+    for i, p in enumerate(_cases(vocab)):
+        pv = prev if p.repetition_penalty != 1 else None
+        probs = filtered_distribution(row, p, pv or ())
+        support = set(np.nonzero(probs)[0].tolist())
+        # the draws below can see every token of the support
+        assert min(probs[list(support)]) > 10 / n, (vocab, p)
+        got = draw(host, row, p, n, seed=1000 + 7919 * i, prev=pv, chunk=300)
+        assert set(got.tolist()) == support, (vocab, p)
+
+
+@pytest.mark.parametrize("vocab", [7, 111, 4097])
+def test_bf16_and_fp32_inputs_agree(host, rng, vocab):
+    rows = bf16_to_f32(f32_to_bf16(rng.normal(size=(64, vocab)).astype(np.float32) * 3))
+    params = [SP(temperature=[0.0, 0.6, 1.0, 1.7][r % 4], top_k=[0, 3, 40, 0][r % 4],
+                 top_p=[1.0, 0.8, 0.95, 0.5][(r // 4) % 4], min_p=[0.0, 0.02][r % 2],
+                 repetition_penalty=[1.0, 1.2][(r // 2) % 2]) for r in range(64)]
+    prev = [list(rng.integers(0, vocab, size=5)) for _ in range(64)]
+    steps = np.arange(64, dtype=np.uint64) * 7919
+    a = run(host, rows, params, 99, steps, prev, fp32=True)
+    b = run(host, rows, params, 99, steps, prev, fp32=False)
+    assert np.array_equal(a, b)
+    for r in range(64):
+        assert filtered_distribution(rows[r], params[r], prev[r])[a[r]] > 0
+
+
+# --------------------------------------------------------------------------- greedy
+def tie_row(vocab, positions, base=-3.0, peak=5.0):
+    row = np.full(vocab, base, np.float32)
+    row[list(positions)] = peak
+    return row
+
+
+@pytest.mark.parametrize("fp32", [True, False])
+def test_greedy_is_the_argmax_rule_bit_for_bit(host, rng, fp32):
+    rows = [tie_row(2048, (1, 2)), tie_row(2048, (5, 1030)), tie_row(2048, (3, 1027))]
+    rows += list(rng.integers(-8, 9, size=(5, 2048)).astype(np.float32))
+    nan_row = np.full(2048, np.nan, np.float32)
+    nan_row[[700, 1200]] = [-2.0, -1.0]
+    rows += [nan_row, np.full(2048, -np.inf, np.float32)]
+    rows = np.stack(rows)
+    n = len(rows)
+    # top_k / top_p / min_p / seeds are irrelevant at temperature 0
+    params = [SP(temperature=0.0, top_k=r % 3, top_p=[1.0, 0.3][r % 2], seed=r)
+              for r in range(n)]
+    got = run(host, rows, params, np.arange(n), np.arange(n) * 3, fp32=fp32)
+    with Buffers(host) as b:
+        lp = b.put(rows if fp32 else f32_to_bf16(rows))
+        op = b.empty((n,), np.uint32)
+        if fp32:
+            argmax.argmax_fp32(host, 0, lp, op, n, 2048)
+        else:
+            argmax.argmax_bf16_batch(host, 0, lp, op, n, 2048)
+        ref = b.get(op, (n,), np.uint32)
+    assert got.tolist() == ref.tolist()
+    assert got[:3].tolist() == [2, 1030, 3]
+    assert got[-2:].tolist() == [1200, 0]
+    for r in range(n):
+        assert filtered_distribution(rows[r], params[r])[got[r]] == 1.0
+
+
+def test_repetition_penalty_rule(host):
+    # once: 2.0 / 1.02 = 1.96 > 1.9 -> 0; applied three times it would be 1.885 < 1.9
+    row = np.float32([2.0, 1.9, -1.0, -1.05])
+    g = SP(repetition_penalty=1.02)
+    assert run(host, row[None], [g], 0, 0, [[0, 0, 0, 99, -1]])[0] == 0
+    assert run(host, row[None], [SP(repetition_penalty=1.1)], 0, 0, [[0]])[0] == 1
+    # negative logits are multiplied: -1.0 * 1.1 = -1.1 < -1.05
+    row2 = np.float32([-1.0, -1.05, -5.0])
+    assert run(host, row2[None], [SP(repetition_penalty=1.1)], 0, 0, [[0]])[0] == 1
+    assert run(host, row2[None], [SP(repetition_penalty=1.1)], 0, 0, [[]])[0] == 0
+    assert filtered_distribution(row, g, [0, 0, 0])[0] == 1.0
+    assert filtered_distribution(row2, SP(repetition_penalty=1.1), [0])[1] == 1.0
+
+
+# --------------------------------------------------------------------------- seeding
+def test_seeded_reproducibility(host, rng):
+    vocab = 111
+    row = rng.normal(size=vocab).astype(np.float32)
+    p = SP(temperature=1.0)
+    rows = np.repeat(row[None], 400, 0)
+    steps = np.arange(400, dtype=np.uint64)
+    a = run(host, rows, [p] * 400, 5, steps)
+    b = run(host, rows, [p] * 400, 5, steps)
+    assert np.array_equal(a, b)
+    # the same (seed, step) gives the same token at any batch position
+    c = run(host, rows[:50], [p] * 50, 5, steps[::-1][:50])
+    assert np.array_equal(c, a[::-1][:50])
+    # different steps: many distinct tokens, and consecutive draws are not tied together
+    assert len(set(a.tolist())) > 60
+    probs = filtered_distribution(row, p)
+    same = np.mean(a[1:] == a[:-1])
+    assert same < 3 * float((probs ** 2).sum()) + 0.02
+    # another seed gives a different sequence
+    d = run(host, rows, [p] * 400, 6, steps)
+    assert np.mean(a == d) < 0.2
+
+
+def test_all_masked_row_and_infinities(host):
+    ninf = np.full((1, 9), -np.inf, np.float32)
+    assert run(host, ninf, [SP(temperature=1.0)], 1, 1)[0] == 0
+    row = np.float32([0.0, np.inf, 3.0, np.inf, np.nan])
+    got = {int(run(host, row[None], [SP(temperature=1.0)], 3, s)[0]) for s in range(64)}
+    assert got == {1, 3}
+    nanrow = np.float32([np.nan, 1.0, np.nan, 1.0])
+    got = {int(run(host, nanrow[None], [SP(temperature=1.0)], 3, s)[0]) for s in range(64)}
+    assert got == {1, 3}
+
+
+def test_graph_replay_reads_buffers(host, rng):
+    """Per-step values come from device buffers: a captured launch picks up new steps."""
+    vocab, n = 97, 8
+    rows = rng.normal(size=(n, vocab)).astype(np.float32)
+    params = S.pack_params([SP(temperature=1.0, top_p=0.9)] * n)
+    seeds = np.arange(n, dtype=np.uint64)
+    with Buffers(host) as b:
+        lp, op = b.put(rows), b.empty((n,), np.uint32)
+        pp, sp = b.put(params), b.put(seeds)
+        tp = b.put(np.zeros(n, np.uint64))
+        wp = b.empty((S.workspace_bytes(n, vocab),), np.uint8)
+        host.begin_capture(0)
+        S.sample_rows(host, 0, op, lp, True, n, vocab, pp, sp, tp, 0, 0, 0, wp)
+        g = host.end_capture(0)
+        for step in (3, 11):
+            host.copy_h2d(np.full(n, step, np.uint64), tp)
+            host.launch_graph(g, 0)
+            got = b.get(op, (n,), np.uint32)
+            assert np.array_equal(got, S.sample_host(rows, params, seeds,
+                                                     np.full(n, step, np.uint64)))
+        host.destroy_graph(g)
+
+
+def test_bad_arguments_raise_before_launch(host):
+    with pytest.raises(MetraleError, match="vocab"):
+        S.sample_rows(host, 0, 8, 8, True, 1, 0, 8, 8, 8, 0, 0, 0, 8)
+    with pytest.raises(MetraleError, match="vocab"):
+        S.sample_rows(host, 0, 8, 8, True, 1, S.MAX_VOCAB + 1, 8, 8, 8, 0, 0, 0, 8)
+    with pytest.raises(MetraleError, match="n_rows"):
+        S.sample_rows(host, 0, 8, 8, True, 0, 10, 8, 8, 8, 0, 0, 0, 8)
+    with pytest.raises(MetraleError, match="penalty_ids_ptr"):
+        S.sample_rows(host, 0, 8, 8, True, 1, 10, 8, 8, 8, 0, 0, 4, 8)
+    with pytest.raises(MetraleError, match="workspace_ptr"):
+        S.sample_rows(host, 0, 8, 8, True, 1, 10, 8, 8, 8, 0, 0, 0, 0)
+
+
+def test_short_workspace_fails_loudly(host):
+    with Buffers(host) as b:
+        lp, op = b.put(np.zeros((2, 50), np.float32)), b.empty((2,), np.uint32)
+        pp = b.put(S.pack_params([SP(temperature=1.0)] * 2))
+        sp, tp = b.put(np.zeros(2, np.uint64)), b.put(np.zeros(2, np.uint64))
+        wp = b.empty((S.workspace_bytes(2, 50) - 4,), np.uint8)
+        with pytest.raises(KernelError):
+            S.sample_rows(host, 0, op, lp, True, 2, 50, pp, sp, tp, 0, 0, 0, wp)
+
+
+# --------------------------------------------------------------------------- chi-square
+def test_chi2_sf_against_table():
+    # upper critical values of the chi-square distribution (standard tables)
+    for x, df, p in [(10.828, 1, 1e-3), (3.841, 1, 0.05), (11.070, 5, 0.05),
+                     (29.588, 10, 1e-3), (59.703, 30, 1e-3), (2.558, 10, 0.99),
+                     (124.342, 100, 0.05)]:
+        assert chi2_sf(x, df) == pytest.approx(p, rel=2e-3, abs=1e-6)
+
+
+DIST_VOCAB = 50
+DIST_CASES = {
+    "temperature_0.5": SP(temperature=0.5),
+    "temperature_2": SP(temperature=2.0),
+    "top_k": SP(temperature=1.0, top_k=8),
+    "top_p": SP(temperature=1.0, top_p=0.7),
+    "min_p": SP(temperature=1.0, min_p=0.15),
+    "penalty": SP(temperature=1.0, repetition_penalty=1.8),
+    "combo": SP(temperature=0.8, top_k=20, top_p=0.9, min_p=0.02, repetition_penalty=1.3),
+}
+
+
+def _dist_row():
+    return (np.random.default_rng(2024).normal(size=DIST_VOCAB) * 1.5).astype(np.float32)
+
+
+PREV = [3, 3, 17, 41, 0, 49]
+
+
+@pytest.mark.parametrize("name", list(DIST_CASES))
+def test_twin_distribution_chi_square(host, name):
+    p = DIST_CASES[name]
+    row = _dist_row()
+    prev = PREV if p.repetition_penalty != 1 else None
+    tokens = draw(host, row, p, 20_000, seed=77, prev=prev, chunk=20_000)
+    probs = filtered_distribution(row, p, prev or ())
+    assert 3 <= np.count_nonzero(probs)  # a real distribution, not a point mass
+    assert chi2_pvalue(tokens, probs) > 1e-3, name
+
+
+@pytest.mark.parametrize("wrong", ["other_temperature", "no_penalty", "no_top_p"])
+def test_chi_square_rejects_a_wrong_distribution(host, wrong):
+    """Negative control: the same test must reject a close but wrong distribution."""
+    row = _dist_row()
+    if wrong == "other_temperature":
+        p, q, prev = SP(temperature=1.0), SP(temperature=1.15), None
+    elif wrong == "no_penalty":
+        p, q, prev = SP(temperature=1.0, repetition_penalty=1.3), SP(temperature=1.0), PREV
+    else:
+        p, q, prev = SP(temperature=1.0, top_p=0.9), SP(temperature=1.0), None
+    tokens = draw(host, row, p, 20_000, seed=78, prev=prev, chunk=20_000)
+    assert chi2_pvalue(tokens, filtered_distribution(row, p, prev or ())) > 1e-3
+    assert chi2_pvalue(tokens, filtered_distribution(row, q, ())) < 1e-3
+
+
+def test_chi_square_rejects_numpy_draws_from_wrong_probs():
+    rng = np.random.default_rng(5)
+    probs = filtered_distribution(_dist_row(), SP(temperature=1.0))
+    good = rng.choice(DIST_VOCAB, size=20_000, p=probs)
+    assert chi2_pvalue(good, probs) > 1e-3
+    bent = probs.copy()
+    bent[np.argmax(probs)] *= 0.85
+    bent /= bent.sum()
+    bad = rng.choice(DIST_VOCAB, size=20_000, p=bent)
+    assert chi2_pvalue(bad, probs) < 1e-3
+
+
+# --------------------------------------------------------------------------- GPU
+def _gpu_case(rng, vocab, n):
+    rows = (rng.normal(size=(n, vocab)) * 2.5).astype(np.float32)
+    heads = rng.integers(0, vocab, size=(n, 16))
+    for r in range(n):
+        rows[r, heads[r]] += 8
+    rows = bf16_to_f32(f32_to_bf16(rows))
+    params = []
+    for r in range(n):
+        kind = r % 8
+        params.append([
+            SP(temperature=0.0),
+            SP(temperature=1.0),
+            SP(temperature=0.7, top_k=40),
+            SP(temperature=1.0, top_p=0.9),
+            SP(temperature=1.2, min_p=0.05),
+            SP(temperature=0.8, top_k=50, top_p=0.95, min_p=0.01, repetition_penalty=1.2),
+            SP(temperature=0.0, repetition_penalty=1.5),
+            SP(temperature=1.0, top_k=vocab - 1, top_p=0.999),
+        ][kind])
+    prev = [list(rng.integers(0, vocab, size=int(rng.integers(0, 40)))) + list(heads[r, :2])
+            for r in range(n)]
+    return rows, params, prev
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vocab", [32000, 128256, 151936])
+@pytest.mark.parametrize("fp32", [True, False])
+def test_gpu_matches_twin(cuda, host, rng, vocab, fp32):
+    n = 48
+    rows, params, prev = _gpu_case(rng, vocab, n)
+    seeds = rng.integers(0, 2**63, size=n, dtype=np.uint64)
+    steps = rng.integers(0, 2**40, size=n, dtype=np.uint64)
+    greedy = np.array([p.is_greedy for p in params])
+    for trial in range(2):
+        st = steps + np.uint64(trial)
+        g = run(cuda, rows, params, seeds, st, prev, fp32)
+        h = run(host, rows, params, seeds, st, prev, fp32)
+        assert np.array_equal(g[greedy], h[greedy])
+        assert np.mean(g != h) <= 1e-3, np.nonzero(g != h)
+
+
+@pytest.mark.gpu
+def test_gpu_distribution_matches_twin(cuda, host):
+    row = _dist_row()
+    p = DIST_CASES["combo"]
+    g = draw(cuda, row, p, 20_000, seed=9, prev=PREV, chunk=20_000)
+    h = draw(host, row, p, 20_000, seed=9, prev=PREV, chunk=20_000)
+    assert np.mean(g != h) <= 1e-3
+    assert chi2_pvalue(g, filtered_distribution(row, p, PREV)) > 1e-3
+
+
+# --------------------------------------------------------------------------- kernel algorithm
+def kernel_transcription(logits, p, seed, step, prev=()):
+    """The kernel's own algorithms for one row, step by step: 8-bit radix select for top_k,
+    binary search with block sums for top_p, per-warp segments and a walk for the draw. The
+    twin uses sorts instead; both must pick the same token."""
+    l = np.asarray(logits, np.float32)
+    vocab = l.size
+    t = np.float32(p.temperature)
+    greedy = not t > 0
+    x = l.copy() if greedy else l / t
+    pen = np.float32(p.repetition_penalty)
+    if pen != 1:
+        for i in prev:
+            if 0 <= i < vocab:
+                lp = l[i] / pen if l[i] > 0 else l[i] * pen
+                x[i] = lp if greedy else np.float32(lp) / t
+    x = np.where(np.isnan(x), np.float32(-np.inf), x).astype(np.float32)
+    if greedy:
+        return int(argmax.argmax_rule(x[None])[0])
+    xmax = x.max()
+    if xmax == -np.inf:
+        return 0
+    keys = S.order_key(x).astype(np.int64)
+    kkey = 0
+    k = min(p.top_k, 2**31 - 1)
+    if 0 < k < vocab:
+        prefix, mask, remaining = 0, 0, k
+        for shift in (24, 16, 8, 0):
+            match = (keys & mask) == prefix
+            hist = np.bincount((keys[match] >> shift) & 255, minlength=256)
+            above = 0
+            for d in range(255, -1, -1):
+                if above + hist[d] >= remaining:
+                    break
+                above += hist[d]
+            prefix |= d << shift
+            mask |= 255 << shift
+            remaining -= above
+        kkey = prefix
+    e = np.zeros(vocab, np.float32)
+    kept_k = keys >= kkey
+    e[kept_k] = S.exp_det((x[kept_k] - xmax).astype(np.float32))
+    e[kept_k & (x == xmax)] = 1
+    q = (e * np.float32(2.0 ** 44)).astype(np.uint64)
+    bits = e.view(np.uint32).astype(np.int64)
+    z = int(q.sum())
+    pkey = 0
+    if np.float32(p.top_p) < 1:
+        limit = float(z) * float(np.float32(p.top_p))
+        lo, hi = 0, 0x3F800001
+        while hi - lo > 1:
+            mid = lo + ((hi - lo) >> 1)
+            f = int(q[bits >= mid].sum())
+            if float(f) < limit:
+                hi = mid
+            else:
+                lo = mid
+        pkey = lo
+    mp = min(np.float32(p.min_p), np.float32(1)) if p.min_p > 0 else np.float32(0)
+    w = np.where((bits >= pkey) & (e >= mp), q, np.uint64(0))
+    seg = ((vocab + 31) // 32 + 31) & ~31
+    sums = [int(w[i * seg:(i + 1) * seg].sum()) for i in range(32)]
+    zf = sum(sums)
+    rnd = int(S.draw_word([seed], [step])[0])
+    target = (zf * rnd) >> 32
+    before = 0
+    for wi in range(32):
+        if before <= target < before + sums[wi]:
+            acc = before
+            for base in range(wi * seg, min(vocab, (wi + 1) * seg), 32):
+                chunk = [int(v) for v in w[base:min(base + 32, vocab, (wi + 1) * seg)]]
+                incl = np.cumsum(chunk)
+                hit = np.nonzero(acc + incl > target)[0]
+                if hit.size:
+                    return base + int(hit[0])
+                acc += int(incl[-1])
+        before += sums[wi]
+    raise AssertionError("no token found")
+
+
+@pytest.mark.parametrize("vocab", [1, 7, 33, 1500, 5000])
+def test_kernel_algorithms_match_twin(host, vocab):
+    rng = np.random.default_rng(vocab + 11)
+    n = 40
+    rows = rng.integers(-6, 7, size=(n, vocab)).astype(np.float32)  # many exact ties
+    rows[::3] = rng.normal(size=(len(rows[::3]), vocab)).astype(np.float32) * 4
+    rows[5, : vocab // 2] = -np.inf
+    params = []
+    for r in range(n):
+        params.append(SP(temperature=[0.0, 0.5, 1.0, 2.0, 1e-3][r % 5],
+                         top_k=[0, 1, 3, 17, vocab, 2**40][r % 6],
+                         top_p=[1.0, 0.5, 0.9, 1e-6, 0.999][(r // 2) % 5],
+                         min_p=[0.0, 0.3, 1.0, 0.01][(r // 3) % 4],
+                         repetition_penalty=[1.0, 1.5, 0.7][(r // 4) % 3]))
+    prev = [list(rng.integers(-2, vocab + 2, size=int(rng.integers(0, 9)))) for _ in range(n)]
+    seeds = rng.integers(0, 2**63, size=n, dtype=np.uint64)
+    steps = rng.integers(0, 2**63, size=n, dtype=np.uint64)
+    got = run(host, rows, params, seeds, steps, prev)
+    for r in range(n):
+        ref = kernel_transcription(rows[r], params[r], seeds[r], steps[r], prev[r])
+        assert got[r] == ref, (r, params[r])
