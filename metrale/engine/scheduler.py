@@ -62,6 +62,9 @@ class Scheduler:
         self._ids = itertools.count()
         self.steps = 0
         self.preemptions = 0
+        # after a preemption, admit nothing until a request leaves: re-admitting the
+        # victim at once would only preempt it again (thrashing)
+        self._hold = False
 
     # requests -----------------------------------------------------------------------
     def add_request(self, prompt_ids: Sequence[int], max_new_tokens: int,
@@ -85,6 +88,7 @@ class Scheduler:
             for r in q:
                 if r.request_id == request_id:
                     q.remove(r)
+                    self._hold = False
                     self._release(r)
                     r.finish_reason = "cancelled"
                     self.finished[r.request_id] = r
@@ -102,57 +106,91 @@ class Scheduler:
 
     # one step -----------------------------------------------------------------------
     def step(self) -> None:
-        """Admit, plan one batch that fits the pool (preempting if it must), run it."""
+        """Admit, plan one batch that fits the pool (preempting only when the decode rows
+        alone do not fit), run it."""
         self._admit()
+        m = self.model
         while True:
-            plan = self._plan()
-            short = self._blocks_needed(plan) - self.model.num_free_blocks()
+            decode, replays = self._plan_decode()
+            short = self._blocks_needed([(r.seq, 1) for r in decode] +
+                                        [(r.seq, k) for r, k in replays]) - m.num_free_blocks()
             if short > 0:
-                short -= self.model.reclaim_prefix_blocks(short)
+                short -= m.reclaim_prefix_blocks(short)
             if short <= 0:
-                break
+                chunks = self._plan_chunks(m.num_free_blocks() - self._blocks_needed(
+                    [(r.seq, 1) for r in decode] + [(r.seq, k) for r, k in replays]))
+                if decode or replays or chunks:
+                    break
+                if m.reclaim_prefix_blocks(-(-self.chunk_tokens // m.kv_block_size())):
+                    continue   # cached prefixes gave way; plan again
             if not self._preempt_one():
-                raise CacheFull(f"the KV pool ({self.model.num_total_blocks()} blocks) cannot "
-                                "hold even one running request's next step")
-        self._execute(plan)
+                raise CacheFull(f"the KV pool ({m.num_total_blocks()} blocks) cannot hold "
+                                "even one running request's next step")
+        try:
+            self._execute((decode, chunks, replays))
+        except BaseException:
+            self._recover()
+            raise
         self.steps += 1
 
     def _admit(self) -> None:
+        """Admit waiting requests, oldest first, while the pool can hold every admitted
+        prompt whole plus one block of growth per running request (a watermark that keeps
+        admission from thrashing with preemption)."""
         m = self.model
         bs = m.kv_block_size()
-        while self.waiting and len(self.running) < self.max_batch:
+
+        def blocks_for(r):
+            return -(-len(r.prompt) // bs) - (len(r.seq.block_table) if r.seq else 0)
+        committed = sum(max(0, blocks_for(r)) for r in self.running if r.prefilled < len(r.prompt))
+        while self.waiting and len(self.running) < self.max_batch and not self._hold:
             r = self.waiting[0]
-            need = -(-min(self.chunk_tokens, len(r.prompt)) // bs)
-            if self.running and m.num_free_blocks() < need + len(self.running):
-                break  # keep a block of headroom per running request for its decode
+            want = committed + blocks_for(r) + len(self.running)
+            short = want - m.num_free_blocks()
+            if short > 0:
+                m.reclaim_prefix_blocks(short)   # cached prefixes yield to live requests
+            if self.running and m.num_free_blocks() < want:
+                break
             self.waiting.pop(0)
             r.seq = m.alloc_sequence()
             r.prefilled = m.reuse_prefix(r.seq, r.prompt)
             r.fed = 0
+            committed += max(0, blocks_for(r))
             self.running.append(r)
 
-    def _plan(self):
-        """(decode requests, prefill chunks, replays): what this step feeds."""
-        decode, chunks, replays, budget = [], [], [], self.chunk_tokens
+    def _plan_decode(self):
+        """Running requests that feed generated tokens this step: (decode, replays)."""
+        decode, replays = [], []
         for r in self.running:
             if r.prefilled < len(r.prompt):
-                if budget <= 0:
-                    continue
-                n = min(budget, len(r.prompt) - r.prefilled)
-                budget -= n
-                chunks.append((r, PrefillChunk(r.prompt, r.seq, r.prefilled, n,
-                                               r.prefilled + n == len(r.prompt))))
-            elif r.fed < len(r.output) - 1:
+                continue
+            if r.fed < len(r.output) - 1:
                 replays.append((r, min(MAX_VERIFY_ROWS, len(r.output) - 1 - r.fed)))
             else:
                 decode.append(r)
-        return decode, chunks, replays
+        return decode, replays
 
-    def _blocks_needed(self, plan) -> int:
+    def _plan_chunks(self, free_blocks: int):
+        """Prefill chunks within `chunk_tokens` and the blocks left after the decode rows."""
         bs = self.model.kv_block_size()
-        decode, chunks, replays = plan
-        grow = [(r.seq, 1) for r in decode] + [(c.seq, c.chunk_len) for _, c in chunks] + \
-            [(r.seq, k) for r, k in replays]
+        chunks, budget = [], self.chunk_tokens
+        for r in self.running:
+            if r.prefilled >= len(r.prompt) or budget <= 0:
+                continue
+            s = r.seq
+            room = (len(s.block_table) + max(free_blocks, 0)) * bs - s.seq_len
+            n = min(budget, len(r.prompt) - r.prefilled, room)
+            if n <= 0:
+                continue
+            free_blocks -= self._blocks_needed([(s, n)])
+            budget -= n
+            chunks.append((r, PrefillChunk(r.prompt, s, r.prefilled, n,
+                                           r.prefilled + n == len(r.prompt))))
+        return chunks
+
+    def _blocks_needed(self, grow) -> int:
+        """New blocks that growing each `(seq, n_tokens)` takes."""
+        bs = self.model.kv_block_size()
         return sum(max(0, -(-(s.seq_len + n) // bs) - len(s.block_table)) for s, n in grow)
 
     def _execute(self, plan) -> None:
@@ -184,6 +222,7 @@ class Scheduler:
         elif len(r.output) >= r.max_new_tokens:
             r.finish_reason = "length"
         if r.done:
+            self._hold = False
             self.running.remove(r)
             self._release(r)
             self.finished[r.request_id] = r
@@ -194,6 +233,24 @@ class Scheduler:
             self.model.free_sequence(r.seq)
             r.seq = None
 
+    def _recover(self) -> None:
+        """After an exception inside a step (an interrupt, a device error): every running
+        request gives its blocks back and will be recomputed, so the pool's accounting is
+        exact and, if the caller keeps stepping, every output is still the solo one."""
+        for r in reversed(self.running):
+            self._release(r)
+            r.prefilled = r.fed = 0
+            self.waiting.insert(0, r)
+        self.running.clear()
+
+    def abort(self) -> None:
+        """Drop every unfinished request and free its blocks."""
+        self._recover()
+        for r in self.waiting:
+            r.finish_reason = "cancelled"
+            self.finished[r.request_id] = r
+        self.waiting.clear()
+
     def _preempt_one(self) -> bool:
         if len(self.running) <= 1:
             return False
@@ -203,4 +260,5 @@ class Scheduler:
         r.preemptions += 1
         self.preemptions += 1
         self.waiting.insert(0, r)
+        self._hold = True
         return True

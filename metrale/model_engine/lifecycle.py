@@ -7,6 +7,7 @@ sequence and the pool exactly as they were.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Sequence
 
 from ..errors import CacheFull, InvalidArgument
@@ -115,7 +116,7 @@ class ModelLifecycle:
             if seq.arena is not None:
                 continue  # a dense cache owns all its blocks already
             have = len(seq.block_table)
-            need = -(-(seq.seq_len + n_new) // bs) - have
+            need = max(0, -(-(seq.seq_len + n_new) // bs) - have)
             cow = (seq.seq_len % bs != 0 and have > 0
                    and self._pool.refcount(seq.block_table[seq.seq_len // bs]) > 1)
             total = need + int(cow)
@@ -139,6 +140,26 @@ class ModelLifecycle:
                 self._pool.release([old])
                 seq.block_table[idx] = copy
             seq.block_table.extend(new)
+
+    @contextmanager
+    def _growth_guard(self, seqs: Sequence[SequenceState]):
+        """Undo a pass's block growth if it raises (an interrupt, a kernel error): each
+        sequence goes back to exactly ceil(seq_len / block_size) blocks and its
+        reservation, so the pool's accounting stays exact and the sequence usable."""
+        saved = [(s, s.reserved_blocks) for s in seqs]
+        try:
+            yield
+        except BaseException:
+            for seq, reserved in saved:
+                if seq.arena is not None or seq.freed:
+                    continue
+                keep = -(-seq.seq_len // self._pool.block_size)
+                self._pool.release(seq.block_table[keep:])
+                del seq.block_table[keep:]
+                if reserved > seq.reserved_blocks:
+                    self._pool.reserve(reserved - seq.reserved_blocks)
+                    seq.reserved_blocks = reserved
+            raise
 
     def _truncate(self, seq: SequenceState, new_len: int) -> None:
         """Drop cached positions >= new_len and the blocks no longer needed."""

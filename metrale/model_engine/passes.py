@@ -60,21 +60,22 @@ class DecoderPasses:
         ws, bs, b = self._ws, self._block_size, self.backend
         n = len(chunk)
         start = seq.seq_len
-        self._reserve_for_writes([(seq, n)], stream)
-        pos = np.arange(start, start + n, dtype=np.int64)
-        table = np.asarray(seq.block_table, np.int64)
-        ws.h_tokens[:n] = chunk
-        ws.h_positions[:n] = pos
-        ws.h_slots[:n] = table[pos // bs] * bs + pos % bs
-        self._fill_table_row(0, seq.block_table)
-        ws.h_kv_lens[0] = start + n
-        ws.h_indptr[:2] = (0, n)
-        ws.upload_step(stream, n, 1)
-        if embeds is not None:
-            b.copy_h2d_async(np.ascontiguousarray(embeds, np.uint16), ws.residual, stream)
-        out = ws.normed if hidden_out is None else hidden_out
-        run_decoder(self, stream, n, decode=False, n_seqs=1, max_q_len=n, out_ptr=out,
-                    embeds_uploaded=embeds is not None, arena=seq.arena)
+        with self._growth_guard([seq]):
+            self._reserve_for_writes([(seq, n)], stream)
+            pos = np.arange(start, start + n, dtype=np.int64)
+            table = np.asarray(seq.block_table, np.int64)
+            ws.h_tokens[:n] = chunk
+            ws.h_positions[:n] = pos
+            ws.h_slots[:n] = table[pos // bs] * bs + pos % bs
+            self._fill_table_row(0, seq.block_table)
+            ws.h_kv_lens[0] = start + n
+            ws.h_indptr[:2] = (0, n)
+            ws.upload_step(stream, n, 1)
+            if embeds is not None:
+                b.copy_h2d_async(np.ascontiguousarray(embeds, np.uint16), ws.residual, stream)
+            out = ws.normed if hidden_out is None else hidden_out
+            run_decoder(self, stream, n, decode=False, n_seqs=1, max_q_len=n, out_ptr=out,
+                        embeds_uploaded=embeds is not None, arena=seq.arena)
         seq.tokens.extend(int(t) for t in chunk)
         seq.seq_len += n
         if not want_logits:
@@ -105,35 +106,36 @@ class DecoderPasses:
         n = sum(len(t) for _, t in items)
         if n > ws.max_rows:
             raise InvalidArgument(f"{what}: {n} rows exceed the workspace's {ws.max_rows}")
-        self._reserve_for_writes([(s, len(t)) for s, t in items], stream)
-        r = 0
-        for seq, toks in items:
-            for j, tok in enumerate(toks):
-                p = seq.seq_len + j
-                ws.h_tokens[r] = tok
-                ws.h_positions[r] = p
-                ws.h_slots[r] = seq.block_table[p // bs] * bs + p % bs
-                self._fill_table_row(r, seq.block_table)
-                ws.h_kv_lens[r] = p + 1
-                r += 1
-        arena = rows[0][0].arena
-        graphs = self._use_graphs and arena is None and embeds is None
-        padded = self._graph_rows(n) if graphs else n
-        for r in range(n, padded):  # padding rows write into and read from the sink block
-            ws.h_tokens[r] = 0
-            ws.h_positions[r] = 0
-            ws.h_slots[r] = ws.pad_block * bs
-            self._fill_table_row(r, [ws.pad_block])
-            ws.h_kv_lens[r] = 1
-        ws.h_indptr[: padded + 1] = np.arange(padded + 1)
-        ws.upload_step(stream, padded, padded)
-        if embeds is not None:
-            self.backend.copy_h2d_async(np.ascontiguousarray(embeds, np.uint16), ws.residual,
-                                        stream)
-        if graphs:
-            self._replay_decode_graph(padded, stream)
-        else:
-            self._decode_body(padded, stream, embeds_uploaded=embeds is not None, arena=arena)
+        with self._growth_guard([s for s, _ in items]):
+            self._reserve_for_writes([(s, len(t)) for s, t in items], stream)
+            r = 0
+            for seq, toks in items:
+                for j, tok in enumerate(toks):
+                    p = seq.seq_len + j
+                    ws.h_tokens[r] = tok
+                    ws.h_positions[r] = p
+                    ws.h_slots[r] = seq.block_table[p // bs] * bs + p % bs
+                    self._fill_table_row(r, seq.block_table)
+                    ws.h_kv_lens[r] = p + 1
+                    r += 1
+            arena = rows[0][0].arena
+            graphs = self._use_graphs and arena is None and embeds is None
+            padded = self._graph_rows(n) if graphs else n
+            for r in range(n, padded):  # padding rows write into and read from the sink block
+                ws.h_tokens[r] = 0
+                ws.h_positions[r] = 0
+                ws.h_slots[r] = ws.pad_block * bs
+                self._fill_table_row(r, [ws.pad_block])
+                ws.h_kv_lens[r] = 1
+            ws.h_indptr[: padded + 1] = np.arange(padded + 1)
+            ws.upload_step(stream, padded, padded)
+            if embeds is not None:
+                self.backend.copy_h2d_async(np.ascontiguousarray(embeds, np.uint16), ws.residual,
+                                            stream)
+            if graphs:
+                self._replay_decode_graph(padded, stream)
+            else:
+                self._decode_body(padded, stream, embeds_uploaded=embeds is not None, arena=arena)
         for seq, toks in items:
             seq.tokens.extend(toks)
             seq.seq_len += len(toks)
@@ -162,9 +164,10 @@ class DecoderPasses:
             self.backend.begin_capture(stream)
             try:
                 self._decode_body(padded, stream)
-            finally:
-                g = self.backend.end_capture(stream)
-            self._graphs[padded] = g
+            except BaseException:
+                self.backend.destroy_graph(self.backend.end_capture(stream))
+                raise
+            self._graphs[padded] = self.backend.end_capture(stream)
             return
         self.backend.launch_graph(g, stream)
 

@@ -22,6 +22,7 @@ from ..gpu_runtime.types import NULL, DevicePtr
 from ..kv.block_pool import BlockPool
 from ..ops import argmax as argmax_ops
 from ..ops import rope
+from .args import bool_arg, int_arg, ptr_arg
 from .forward import ModelForward
 from .guard import CallGuard, exclusive
 from .layers import lm_head, run_decoder
@@ -131,8 +132,7 @@ class TransformerModel(ModelLogits, ModelForward, ModelLifecycle, ModelVerify, M
 
     @exclusive
     def argmax_batch(self, logits_ptr: DevicePtr, n: int, stream: int) -> list[int]:
-        if not 1 <= n <= self._ws.max_rows:
-            raise InvalidArgument(f"argmax_batch: n must be in [1, {self._ws.max_rows}], got {n}")
+        n = int_arg("argmax_batch", "n", n, 1, self._ws.logits_rows)
         return self._argmax(logits_ptr, n, stream)
 
     def _argmax(self, logits_ptr, n: int, stream: int) -> list[int]:
@@ -156,6 +156,7 @@ class TransformerModel(ModelLogits, ModelForward, ModelLifecycle, ModelVerify, M
         return None
 
     def _check_rows(self, ptr, rows: int, what: str) -> None:
+        ptr = ptr_arg(what, "logits_ptr", ptr)
         region = self._logits_region(ptr)
         row = self._meta.vocab_size * self._ws.logit_bytes
         if region is None:
@@ -192,6 +193,9 @@ class TransformerModel(ModelLogits, ModelForward, ModelLifecycle, ModelVerify, M
                       chunk_len: int, is_last_chunk: bool, stream: int) -> DevicePtr:
         tokens = self._check_tokens(tokens, "prefill_chunk")
         self._check_seq(seq)
+        chunk_start = int_arg("prefill_chunk", "chunk_start", chunk_start, 0)
+        chunk_len = int_arg("prefill_chunk", "chunk_len", chunk_len)
+        is_last_chunk = bool_arg("prefill_chunk", "is_last_chunk", is_last_chunk)
         if chunk_start != seq.seq_len:
             raise InvalidArgument(f"prefill_chunk: chunk_start {chunk_start} != seq_len "
                                   f"{seq.seq_len} of sequence {seq.seq_id}")

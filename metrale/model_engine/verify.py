@@ -16,5 +16,7 @@ class ModelVerify(ABC):
 
     def rollback(self, seq: SequenceState, n_tokens: int) -> None:
         """Drop the last `n_tokens` positions of `seq` (their blocks go back to the pool)."""
+        from .args import int_arg
         self._check_seq(seq)
-        self._truncate(seq, seq.seq_len - int(n_tokens))
+        n = int_arg("rollback", "n_tokens", n_tokens, 0, seq.seq_len)
+        self._truncate(seq, seq.seq_len - n)

@@ -41,7 +41,7 @@ class Workspace:
             self.block_tables = a(R * max_blocks_per_seq * 4)  # [R, max_blocks_per_seq]
             self.kv_lens = a(R * 4)
             self.qo_indptr = a((R + 1) * 4)
-            self.argmax_out = a(R * 4)
+            self.argmax_out = a(2 * R * 4)      # one id per logits row
             self.max_splits = attention.decode_max_splits(max_blocks_per_seq * block_size)
             self.decode_ws = a(attention.decode_workspace_bytes(R, H, D, self.max_splits))
             # logits: decode / verify / batched-prefill rows, and a staging row for prefill
@@ -101,7 +101,7 @@ class Workspace:
         hid, inter, V = meta.hidden_size, meta.intermediate_size, meta.vocab_size
         T, R = max_tokens, max_rows
         act = T * (3 * hid + (H + 2 * KV) * D + H * D + 3 * inter) * 2 + max(T, R) * hid * 2
-        md = T * 12 + R * max_blocks_per_seq * 4 + R * 12 + 4
+        md = T * 12 + R * max_blocks_per_seq * 4 + R * 16 + 4
         splits = attention.decode_max_splits(max_blocks_per_seq * block_size)
         dec = attention.decode_workspace_bytes(R, H, D, splits)
         lb = 4 if fp32_logits else 2

@@ -8,14 +8,14 @@ from metrale.engine import Scheduler, generate
 from tests.model.common import load
 
 
-def random_requests(rng, n, vocab=256, shared_prefix=None):
+def random_requests(rng, n, vocab=256, shared_prefix=None, max_new=12):
     reqs = []
     for _ in range(n):
         plen = int(rng.integers(1, 40))
         prompt = rng.integers(4, vocab, plen).tolist()
         if shared_prefix is not None and rng.random() < 0.3:
             prompt = shared_prefix + prompt
-        reqs.append((prompt, int(rng.integers(1, 12))))
+        reqs.append((prompt, int(rng.integers(1, max_new))))
     return reqs
 
 
@@ -38,10 +38,10 @@ def test_batch_of_16_mixed_requests_equals_solo_runs():
 
 
 def test_200_requests_through_a_small_pool_with_preemption_and_prefix_reuse():
-    m = load("llama_gqa", kv_blocks=40, block_size=4, max_batch=12)
+    m = load("llama_gqa", kv_blocks=24, block_size=4, max_batch=12)
     rng = np.random.default_rng(2)
     shared = rng.integers(4, 256, 12).tolist()
-    reqs = random_requests(rng, 200, shared_prefix=shared)
+    reqs = random_requests(rng, 200, shared_prefix=shared, max_new=30)
     sched = Scheduler(m, chunk_tokens=32)
     ids = []
     for i, (p, n) in enumerate(reqs):   # requests keep arriving while others run
