@@ -1,0 +1,447 @@
+#!/usr/bin/env python3
+"""Every kernel family of metrale/ops at real model sizes, against the device's peak.
+
+    python benchmarks/bench_kernels.py [--device auto|cpu|cuda:N] [--small] [--json FILE]
+
+Shapes are Llama-3.1-8B's (hidden 4096, intermediate 14336, 32 heads / 8 kv heads x 128,
+vocab 128256; 2048-token prefill chunks; decode batches 1, 8, 64 at 4096 cached tokens),
+Whisper-small's conv stem and a CLIP ViT-L/14-336 patch embed. `--small` shrinks every
+shape so the whole run takes seconds on the CPU (HostBackend runs the numpy twins; the
+numbers then only show that every launcher still runs).
+
+Each record has the median time of one launch (events around `--inner` back-to-back
+launches, `--reps` times, after warm-up), the bytes it must move and the FLOPs it must do,
+achieved GB/s and TFLOP/s, and `fraction_of_peak` against the peaks measured in the same
+run: GB/s / the device-to-device copy bandwidth for memory-bound kernels, TFLOP/s / the
+cuBLAS BF16 GEMM (8192^3, `backend.gemm_bf16`) for compute-bound ones. Buffers hold
+memset patterns (small normal BF16/FP32 values) and valid indices; values do not change
+the work of these kernels.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pkgutil
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from metrale.bench import roofline  # noqa: E402
+from metrale.bench.env import environment  # noqa: E402
+from metrale.gpu_runtime import backend as pick_backend  # noqa: E402
+
+FULL = dict(hidden=4096, inter=14336, H=32, KV=8, D=128, vocab=128256, tokens=2048,
+            rows=(1, 8, 64), kv_len=4096, block=16, mel=80, d_model=768, frames=3000,
+            image=336, patch=14, vit_hidden=1024, cast_n=1 << 26, enc_len=1500, enc_heads=12)
+SMALL = dict(hidden=256, inter=512, H=4, KV=2, D=64, vocab=2048, tokens=64, rows=(1, 4),
+             kv_len=256, block=16, mel=16, d_model=64, frames=64, image=56, patch=14,
+             vit_hidden=64, cast_n=1 << 14, enc_len=64, enc_heads=4)
+
+
+class Bench:
+    def __init__(self, be, reps: int, warmup: int, inner: int) -> None:
+        self.be, self.reps, self.warmup, self.inner = be, reps, warmup, inner
+        self.bufs: list = []
+        self.results: list[dict] = []
+        self.copy_gb_s = roofline.copy_bandwidth(be)
+        self.gemm_tflops = roofline.gemm_peak_tflops(be)
+
+    # buffers --------------------------------------------------------------------------
+    def buf(self, nbytes: int, fill: int = 0x3C):
+        """A device buffer memset to `fill` (0x3C: BF16 0x3C3C and FP32 0x3C3C3C3C are
+        small normal numbers)."""
+        p = self.be.alloc(int(nbytes))
+        self.bufs.append(p)
+        s = self.be.default_stream()  # the kernels' stream (CUDA: a non-blocking one)
+        self.be.memset_async(p, fill, int(nbytes), s)
+        self.be.synchronize(s)
+        return p
+
+    def upload(self, arr: np.ndarray):
+        arr = np.ascontiguousarray(arr)
+        p = self.be.alloc(arr.nbytes)
+        self.bufs.append(p)
+        self.be.copy_h2d(arr, p)
+        return p
+
+    def free_all(self) -> None:
+        self.be.synchronize(self.be.default_stream())
+        for p in self.bufs:
+            self.be.free(p)
+        self.bufs = []
+
+    # timing ---------------------------------------------------------------------------
+    def run(self, family: str, kernel: str, shape: dict, fn, nbytes: int = 0,
+            flops: int = 0, bound: str = "memory") -> None:
+        be, s = self.be, self.be.default_stream()
+        rec = {"family": family, "kernel": kernel, "shape": shape, "bound": bound,
+               "bytes": int(nbytes), "flops": int(flops)}
+        try:
+            for _ in range(self.warmup):
+                fn(s)
+            be.synchronize(s)
+            start, end = be.create_event(), be.create_event()
+            times = []
+            for _ in range(self.reps):
+                be.record_event(start, s)
+                for _ in range(self.inner):
+                    fn(s)
+                be.record_event(end, s)
+                be.event_synchronize(end)
+                times.append(be.event_elapsed_ms(start, end) / self.inner)
+            for e in (start, end):
+                getattr(be, "destroy_event", lambda _e: None)(e)
+            t = statistics.median(times) / 1e3
+            rec["time_us"] = t * 1e6
+            rec["gb_s"] = nbytes / t / 1e9 if nbytes and t > 0 else None
+            rec["tflop_s"] = flops / t / 1e12 if flops and t > 0 else None
+            peak = self.copy_gb_s if bound == "memory" else self.gemm_tflops
+            got = rec["gb_s"] if bound == "memory" else rec["tflop_s"]
+            rec["fraction_of_peak"] = got / peak if got and peak else None
+        except Exception as e:  # one kernel failing must not stop the others
+            rec["error"] = f"{type(e).__name__}: {e}"
+            rec["traceback"] = traceback.format_exc(limit=4)
+        self.results.append(rec)
+
+
+# the families ------------------------------------------------------------------------------
+def bench_embedding(B, S):
+    from metrale.ops import embedding
+    T, hid, V = S["tokens"], S["hidden"], S["vocab"]
+    table, out = B.buf(V * hid * 2), B.buf(T * hid * 2)
+    ids = B.upload(np.random.default_rng(0).integers(0, V, T).astype(np.int32))
+    B.run("embedding", "embedding", dict(n_tokens=T, hidden=hid, vocab=V),
+          lambda s: embedding.embedding(B.be, s, out, table, ids, T, hid, V),
+          nbytes=2 * T * hid * 2 + T * 4)
+
+
+def bench_rmsnorm(B, S):
+    from metrale.ops import rmsnorm
+    T, hid = S["tokens"], S["hidden"]
+    x, out, res, w, bias = (B.buf(T * hid * 2), B.buf(T * hid * 2), B.buf(T * hid * 2),
+                            B.buf(hid * 2), B.buf(hid * 2))
+    B.run("rmsnorm", "rmsnorm", dict(n_rows=T, hidden=hid),
+          lambda s: rmsnorm.rmsnorm(B.be, s, out, x, w, T, hid, 1e-5), nbytes=2 * T * hid * 2)
+    B.run("rmsnorm", "rmsnorm+residual", dict(n_rows=T, hidden=hid),
+          lambda s: rmsnorm.rmsnorm(B.be, s, out, x, w, T, hid, 1e-5, residual_ptr=res),
+          nbytes=4 * T * hid * 2)
+    B.run("rmsnorm", "layernorm", dict(n_rows=T, hidden=hid),
+          lambda s: rmsnorm.layernorm(B.be, s, out, x, w, bias, T, hid, 1e-5),
+          nbytes=2 * T * hid * 2)
+
+
+def bench_activation(B, S):
+    from metrale.ops import activation
+    T, I = S["tokens"], S["inter"]
+    gu, out = B.buf(T * 2 * I * 2), B.buf(T * I * 2)
+    B.run("activation", "silu_mul", dict(n_rows=T, intermediate=I),
+          lambda s: activation.silu_mul(B.be, s, out, gu, T, I), nbytes=3 * T * I * 2)
+    n = T * I
+    B.run("activation", "gelu", dict(n=n),
+          lambda s: activation.gelu(B.be, s, out, out, n, "none"), nbytes=2 * n * 2)
+
+
+def bench_cast(B, S):
+    from metrale.ops import cast
+    n = S["cast_n"]
+    b16, f32 = B.buf(n * 2), B.buf(n * 4)
+    B.run("cast", "bf16_to_f32", dict(n=n), lambda s: cast.bf16_to_f32(B.be, s, f32, b16, n),
+          nbytes=6 * n)
+    B.run("cast", "f32_to_bf16", dict(n=n), lambda s: cast.f32_to_bf16(B.be, s, b16, f32, n),
+          nbytes=6 * n)
+
+
+def bench_elementwise(B, S):
+    from metrale.ops import elementwise
+    T, hid, qkv = S["tokens"], S["hidden"], (S["H"] + 2 * S["KV"]) * S["D"]
+    x, bias = B.buf(T * qkv * 2), B.buf(qkv * 2)
+    B.run("elementwise", "add_bias", dict(n_rows=T, width=qkv),
+          lambda s: elementwise.add_bias(B.be, s, x, bias, T, qkv), nbytes=2 * T * qkv * 2)
+    a, b = B.buf(T * hid * 2), B.buf(T * hid * 2)
+    n = T * hid
+    B.run("elementwise", "add_inplace", dict(n=n),
+          lambda s: elementwise.add_inplace(B.be, s, a, b, n), nbytes=3 * n * 2)
+
+
+def bench_gemv(B, S):
+    from metrale.ops import gemm
+    hid, I, V = S["hidden"], S["inter"], S["vocab"]
+    qkv = (S["H"] + 2 * S["KV"]) * S["D"]
+    m_max = max(S["rows"])
+    x = B.buf(m_max * max(hid, I) * 2)
+    y = B.buf(m_max * max(2 * I, V) * 4)
+    for name, n, k in (("qkv_proj", qkv, hid), ("gate_up_proj", 2 * I, hid),
+                       ("down_proj", hid, I), ("lm_head", V, hid)):
+        w = B.buf(n * k * 2)
+        for m in S["rows"]:
+            B.run("gemv", f"gemv_bf16 {name}", dict(m=m, n=n, k=k),
+                  lambda s, w=w, m=m, n=n, k=k: gemm.gemv(B.be, s, y, x, w, m, n, k),
+                  nbytes=(n * k + m * k + m * n) * 2, flops=2 * m * n * k)
+        if name == "lm_head":
+            m = m_max
+            B.run("gemv", f"gemv_fp32 {name}", dict(m=m, n=n, k=k),
+                  lambda s, w=w, m=m, n=n, k=k: gemm.gemv(B.be, s, y, x, w, m, n, k,
+                                                           out_fp32=True),
+                  nbytes=(n * k + m * k) * 2 + m * n * 4, flops=2 * m * n * k)
+        B.be.free(w)
+        B.bufs.remove(w)
+
+
+def bench_gemm(B, S):
+    from metrale.ops import gemm
+    T, hid, I = S["tokens"], S["hidden"], S["inter"]
+    qkv = (S["H"] + 2 * S["KV"]) * S["D"]
+    x = B.buf(T * max(hid, I) * 2)
+    y = B.buf(T * 2 * I * 2)
+    for name, n, k in (("qkv_proj", qkv, hid), ("o_proj", hid, S["H"] * S["D"]),
+                       ("gate_up_proj", 2 * I, hid), ("down_proj", hid, I)):
+        w = B.buf(n * k * 2)
+        B.run("gemm", f"gemm_bf16 {name}", dict(m=T, n=n, k=k),
+              lambda s, w=w, n=n, k=k: gemm.gemm(B.be, s, y, x, w, T, n, k),
+              nbytes=(n * k + T * k + T * n) * 2, flops=2 * T * n * k, bound="compute")
+        B.be.free(w)
+        B.bufs.remove(w)
+
+
+def bench_rope(B, S):
+    from metrale.ops import rope
+    T, H, KV, D = S["tokens"], S["H"], S["KV"], S["D"]
+    maxp = max(S["kv_len"], T)
+    qkv = B.buf(T * (H + 2 * KV) * D * 2)
+    table = B.upload(rope.rope_table(D, maxp, 500000.0, None))
+    pos = B.upload(np.arange(T, dtype=np.int32) % maxp)
+    B.run("rope", "apply_rope", dict(n_tokens=T, heads=H, kv_heads=KV, head_dim=D),
+          lambda s: rope.apply_rope(B.be, s, qkv, pos, table, T, H, KV, D, maxp),
+          nbytes=2 * T * (H + KV) * D * 2 + T * D * 4 + T * 4)
+    qn, kn = B.buf(D * 2), B.buf(D * 2)
+    B.run("rope", "apply_rope+qk_norm", dict(n_tokens=T, heads=H, kv_heads=KV, head_dim=D),
+          lambda s: rope.apply_rope(B.be, s, qkv, pos, table, T, H, KV, D, maxp, qn, kn, 1e-6),
+          nbytes=2 * T * (H + KV) * D * 2 + T * D * 4 + T * 4)
+
+
+def _paged(B, S, n_seqs, kv_len):
+    bs, KV, D = S["block"], S["KV"], S["D"]
+    mb = -(-kv_len // bs)
+    nblocks = n_seqs * mb
+    kc, vc = B.buf(nblocks * bs * KV * D * 2), B.buf(nblocks * bs * KV * D * 2)
+    tables = B.upload(np.arange(nblocks, dtype=np.int32).reshape(n_seqs, mb))
+    return kc, vc, tables, mb
+
+
+def bench_kv_cache(B, S):
+    from metrale.ops import kv_cache
+    T, H, KV, D = S["tokens"], S["H"], S["KV"], S["D"]
+    qkv = B.buf(T * (H + 2 * KV) * D * 2)
+    kc, vc, _, _ = _paged(B, S, 1, T)
+    slots = B.upload(np.arange(T, dtype=np.int32))
+    B.run("kv_cache", "write_kv", dict(n_tokens=T, kv_heads=KV, head_dim=D),
+          lambda s: kv_cache.write_kv(B.be, s, qkv, kc, vc, slots, T, H, KV, D),
+          nbytes=2 * 2 * T * KV * D * 2 + T * 4)
+
+
+def bench_attention(B, S):
+    from metrale.ops import attention
+    H, KV, D, bs = S["H"], S["KV"], S["D"], S["block"]
+    scale = 1.0 / D ** 0.5
+    T = S["tokens"]
+    qkv = B.buf(T * (H + 2 * KV) * D * 2)
+    out = B.buf(T * H * D * 2)
+    kc, vc, tables, mb = _paged(B, S, 1, T)
+    lens = B.upload(np.array([T], np.int32))
+    indptr = B.upload(np.array([0, T], np.int32))
+    B.run("attention", "prefill_attention", dict(n_tokens=T, heads=H, kv_heads=KV, head_dim=D),
+          lambda s: attention.prefill_attention(B.be, s, out, qkv, kc, vc, tables, lens, indptr,
+                                                1, T, T, H, KV, D, bs, mb, scale),
+          flops=4 * H * D * (T * (T + 1) // 2), bound="compute")
+    L = S["kv_len"]
+    for n in S["rows"]:
+        kc, vc, tables, mb = _paged(B, S, n, L)
+        lens = B.upload(np.full(n, L, np.int32))
+        splits = attention.decode_max_splits(mb * bs)
+        ws = B.buf(attention.decode_workspace_bytes(n, H, D, splits))
+        B.run("attention", "decode_attention", dict(n_seqs=n, kv_len=L, heads=H, kv_heads=KV,
+                                                    head_dim=D),
+              lambda s, kc=kc, vc=vc, tables=tables, lens=lens, mb=mb, ws=ws, n=n, sp=splits:
+              attention.decode_attention(B.be, s, out, qkv, kc, vc, tables, lens, n, H, KV, D,
+                                         bs, mb, scale, ws, sp),
+              nbytes=n * L * 2 * KV * D * 2 + 2 * n * H * D * 2, flops=4 * n * H * D * L)
+        for p in (kc, vc, ws):
+            B.be.free(p)
+            B.bufs.remove(p)
+
+
+def bench_argmax(B, S):
+    from metrale.ops import argmax
+    V, n = S["vocab"], max(S["rows"])
+    logits, out = B.buf(n * V * 4), B.buf(n * 4)
+    B.run("argmax", "argmax_bf16", dict(vocab=V),
+          lambda s: argmax.argmax_bf16(B.be, s, logits, out, V), nbytes=V * 2)
+    B.run("argmax", "argmax_bf16_batch", dict(n_rows=n, vocab=V),
+          lambda s: argmax.argmax_bf16_batch(B.be, s, logits, out, n, V), nbytes=n * V * 2)
+    B.run("argmax", "argmax_fp32", dict(n_rows=n, vocab=V),
+          lambda s: argmax.argmax_fp32(B.be, s, logits, out, n, V), nbytes=n * V * 4)
+
+
+def bench_sampling(B, S):
+    from metrale.engine.sampling import SamplingParams
+    from metrale.ops import sampling
+    V, n = S["vocab"], max(S["rows"])
+    logits, out = B.buf(n * V * 2), B.buf(n * 4)
+    params = B.upload(sampling.pack_params(
+        [SamplingParams(temperature=0.8, top_k=50, top_p=0.9)] * n))
+    seeds = B.upload(np.arange(n, dtype=np.uint64))
+    steps = B.upload(np.zeros(n, np.uint64))
+    ws = B.buf(sampling.workspace_bytes(n, V))
+    B.run("sampling", "sample_rows", dict(n_rows=n, vocab=V, top_k=50, top_p=0.9),
+          lambda s: sampling.sample_rows(B.be, s, out, logits, False, n, V, params, seeds,
+                                         steps, 0, 0, 0, ws),
+          nbytes=n * V * (2 + 4))
+
+
+def bench_conv1d(B, S):
+    from metrale.ops import conv1d
+    L, c_in, c_out = S["frames"], S["mel"], S["d_model"]
+    x, h = B.buf(L * max(c_in, c_out) * 2), B.buf(L * c_out * 2)
+    w1, w2, b = B.buf(c_out * 3 * c_in * 2), B.buf(c_out * 3 * c_out * 2), B.buf(c_out * 2)
+    B.run("conv1d", "conv1 (k3 s1)", dict(length=L, c_in=c_in, c_out=c_out),
+          lambda s: conv1d.conv1d(B.be, s, h, x, w1, b, c_in, c_out, L, 3, 1, 1, True),
+          flops=2 * L * c_out * 3 * c_in, bound="compute")
+    lo = conv1d.output_length(L, 3, 2, 1)
+    B.run("conv1d", "conv2 (k3 s2)", dict(length=L, c_in=c_out, c_out=c_out),
+          lambda s: conv1d.conv1d(B.be, s, x, h, w2, b, c_out, c_out, L, 3, 2, 1, True),
+          flops=2 * lo * c_out * 3 * c_out, bound="compute")
+
+
+def bench_dense_attention(B, S):
+    from metrale.ops import dense_attention as da
+    n, H, d = S["enc_len"], S["enc_heads"], S["d_model"]
+    D = d // H
+    scale = 1.0 / D ** 0.5
+    qkv = B.buf(n * 3 * d * 2)
+    out = B.buf(n * d * 2)
+    k, v = qkv.offset(d * 2), qkv.offset(2 * d * 2)
+    B.run("dense_attention", "encoder self-attention", dict(n=n, heads=H, head_dim=D),
+          lambda s: da.dense_attention(B.be, s, out, qkv, k, v, n, n, H, H, D, 3 * d, 3 * d,
+                                       scale, False),
+          flops=4 * H * D * n * n, bound="compute")
+    q = B.buf(d * 2)
+    kv = B.buf(n * 2 * d * 2)
+    B.run("dense_attention", "cross-attention decode", dict(n_q=1, n_kv=n, heads=H,
+                                                            head_dim=D),
+          lambda s: da.dense_attention(B.be, s, out, q, kv, kv.offset(d * 2), 1, n, H, H, D,
+                                       d, 2 * d, scale, False),
+          nbytes=2 * n * d * 2 + 2 * d * 2, flops=4 * H * D * n)
+
+
+def bench_vision(B, S):
+    from metrale.ops import vision
+    img, p, hid = S["image"], S["patch"], S["vit_hidden"]
+    n = vision.num_patches(img, img, p)
+    pix, out = B.buf(3 * img * img * 4), B.buf(n * 3 * p * p * 2)
+    B.run("vision", "patchify", dict(channels=3, image=img, patch=p),
+          lambda s: vision.patchify(B.be, s, out, pix, 3, img, img, p),
+          nbytes=3 * img * img * 4 + n * 3 * p * p * 2)
+    x, cls, pos = B.buf((n + 1) * hid * 2), B.buf(hid * 2), B.buf((n + 1) * hid * 2)
+    B.run("vision", "class_pos_embed", dict(n_rows=n + 1, hidden=hid),
+          lambda s: vision.class_pos_embed(B.be, s, x, cls, pos, n + 1, hid),
+          nbytes=3 * (n + 1) * hid * 2)
+
+
+# ops module -> its benchmark (the gemm module's kernels are "gemv"; cuBLAS is "gemm")
+FAMILIES = {
+    "embedding": [bench_embedding], "rmsnorm": [bench_rmsnorm],
+    "activation": [bench_activation], "cast": [bench_cast],
+    "elementwise": [bench_elementwise], "gemm": [bench_gemv, bench_gemm],
+    "rope": [bench_rope], "kv_cache": [bench_kv_cache], "attention": [bench_attention],
+    "argmax": [bench_argmax], "sampling": [bench_sampling], "conv1d": [bench_conv1d],
+    "dense_attention": [bench_dense_attention],
+    "vision": [bench_vision],
+}
+NOT_KERNELS = {"bf16", "registry"}  # helpers of metrale/ops, no kernel of their own
+
+
+def ops_modules() -> list[str]:
+    import metrale.ops as ops
+    return sorted(m.name for m in pkgutil.iter_modules(ops.__path__) if not m.ispkg)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] (default auto)")
+    ap.add_argument("--small", action="store_true",
+                    help="small shapes (CPU smoke test); default on the CPU")
+    ap.add_argument("--json", metavar="FILE", help="write the records as JSON")
+    ap.add_argument("--reps", type=int, default=None, help="timed repetitions (default 10, "
+                    "2 on the CPU)")
+    ap.add_argument("--inner", type=int, default=None,
+                    help="launches per timed repetition (default 5, 1 on the CPU)")
+    ap.add_argument("--only", action="append", help="ops module(s) to run (repeatable)")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    be = pick_backend(args.device)
+    on_gpu = roofline.is_device(be)
+    small = args.small or not on_gpu
+    S = SMALL if small else FULL
+    B = Bench(be, reps=args.reps or (10 if on_gpu else 2), warmup=2 if on_gpu else 1,
+              inner=args.inner or (5 if on_gpu else 1))
+    modules = ops_modules()
+    wanted = args.only or modules
+    unknown = [m for m in wanted if m not in modules]
+    if unknown:
+        ap.error(f"unknown ops module(s) {unknown} (have {modules})")
+    missing = []
+    for mod in modules:
+        if mod in NOT_KERNELS or mod not in wanted:
+            continue
+        fns = FAMILIES.get(mod)
+        if not fns:
+            missing.append(mod)
+            continue
+        for fn in fns:
+            try:
+                fn(B, S)
+            except Exception as e:
+                B.results.append({"family": mod, "kernel": fn.__name__,
+                                  "error": f"{type(e).__name__}: {e}",
+                                  "traceback": traceback.format_exc(limit=4)})
+            finally:
+                B.free_all()
+    report = environment(be)
+    report.update({
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]) if argv is None
+        else "bench_kernels.py " + " ".join(argv),
+        "shapes": "small" if small else "llama-3.1-8b",
+        "sizes": {k: list(v) if isinstance(v, tuple) else v for k, v in S.items()},
+        "peaks": {"copy_gb_s": B.copy_gb_s, "gemm_bf16_tflops": B.gemm_tflops},
+        "families": sorted(set(r["family"] for r in B.results)),
+        "families_without_benchmark": missing,
+        "results": B.results,
+        "errors": sum(1 for r in B.results if "error" in r),
+        "wall_s": time.perf_counter() - t0,
+    })
+    for r in B.results:
+        if "error" in r:
+            print(f"{r['family']:<12} {str(r['kernel']):<28} ERROR {r['error']}")
+            continue
+        perf = (f"{r['gb_s']:10.1f} GB/s" if r["bound"] == "memory" and r["gb_s"] is not None
+                else f"{r['tflop_s']:10.2f} TFLOP/s" if r["tflop_s"] is not None else "")
+        frac = "" if r["fraction_of_peak"] is None else f"  {r['fraction_of_peak']:.2f} of peak"
+        print(f"{r['family']:<12} {r['kernel']:<28} {r['time_us']:12.1f} us {perf}{frac}")
+    for mod in missing:
+        print(f"WARNING: metrale/ops/{mod}.py has no benchmark in this script yet")
+    print(f"peaks: copy {B.copy_gb_s} GB/s, BF16 GEMM {B.gemm_tflops} TFLOP/s; "
+          f"{report['errors']} error(s); {report['wall_s']:.1f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    return 1 if report["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

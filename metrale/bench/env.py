@@ -1,0 +1,62 @@
+"""Facts about the machine a benchmark ran on: device, GPU name, driver, CuPy and CUDA.
+
+Every benchmark JSON of the project (`metrale bench`, `benchmarks/*.py`) starts with these
+keys; GPU-only facts are None on the host backend.
+"""
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+import sys
+
+
+def _cupy_version() -> str | None:
+    try:
+        import cupy
+        return str(cupy.__version__)
+    except Exception:
+        return None
+
+
+def _cuda_version(v: int) -> str:
+    return f"{v // 1000}.{(v % 1000) // 10}"
+
+
+def nvidia_driver() -> str | None:
+    """The NVIDIA driver version from nvidia-smi, or the CUDA driver API version from CuPy
+    when nvidia-smi is missing; None without a GPU."""
+    exe = shutil.which("nvidia-smi")
+    if exe:
+        try:
+            out = subprocess.run([exe, "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20)
+            line = out.stdout.strip().splitlines()
+            if out.returncode == 0 and line:
+                return line[0].strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    try:
+        import cupy
+        return f"cuda-driver-api {_cuda_version(int(cupy.cuda.runtime.driverGetVersion()))}"
+    except Exception:
+        return None
+
+
+def environment(backend) -> dict:
+    """{"device", "gpu_name", "driver", "cupy", "cuda", "python", "platform"}."""
+    env = {"device": getattr(backend, "name", "cpu"), "gpu_name": None, "driver": None,
+           "cupy": _cupy_version(), "cuda": None,
+           "python": sys.version.split()[0], "platform": platform.platform()}
+    if env["device"].startswith("cuda"):
+        try:
+            env["gpu_name"] = backend.device_name()
+        except Exception:
+            pass
+        env["driver"] = nvidia_driver()
+        try:
+            import cupy
+            env["cuda"] = _cuda_version(int(cupy.cuda.runtime.runtimeGetVersion()))
+        except Exception:
+            pass
+    return env

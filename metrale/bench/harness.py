@@ -1,0 +1,313 @@
+"""`run_bench`: prefill and decode throughput, latency and memory per batch size.
+
+For each batch size B, after `warmup` untimed rounds (which compile kernels and capture the
+decode graph of B's padded size), `reps` repetitions of:
+
+1. open B sequences (paged: from the model's pool; contiguous: one dense `KVCache` arena
+   for all B rows) and prefill each with its own random prompt of `prompt_len` tokens,
+   timing each prefill up to its first token (device argmax, which synchronizes). The
+   first sequence's time is the TTFT; prefill tokens/s = timed tokens / their total time.
+2. `gen_len` steps of `decode_batch` over all B rows, each followed by the device argmax of
+   every row (the greedy next tokens, a synchronizing copy); the wall time of each step is
+   one inter-token latency. decode tokens/s = B * steps / total decode time.
+
+Throughputs, TTFT and bandwidth are medians over repetitions; ITL percentiles pool every
+step of every repetition. Peak memory is `backend.peak_bytes()` after `reset_peak()` at
+the start of the batch size (it includes the weights and the preallocated pool).
+
+On a GPU, `hbm_gb_s` = bytes the decode steps had to read (`roofline.decode_step_bytes`) /
+their time, and `roofline_fraction` = that / the device copy bandwidth measured in the same
+run. Both are None on the host backend.
+
+Time budget (`max_seconds`, default 40 s on the CPU, none on a GPU): the CPU twins are slow,
+so when a batch size's share of the budget runs out the remaining prompts of that batch are
+copies of the first prefilled sequence (`fork_sequence`, or a copy of its dense cache rows)
+instead of fresh prefills, and decode stops after the steps done so far (at least 2). The
+result rows say how many sequences and steps were timed (`prefill_seqs_timed`,
+`decode_steps`).
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ..errors import InvalidArgument
+from . import roofline
+from .env import environment
+
+CPU_DEFAULT_SECONDS = 40.0
+_MIN_DECODE_STEPS = 2
+
+
+@dataclass
+class BenchConfig:
+    model: str = "preset:tiny"          # "preset:NAME", a checkpoint directory or a source
+    device: str = "auto"
+    batches: tuple = (1, 8, 32, 64)
+    prompt_len: int = 512
+    gen_len: int = 128
+    cache: str = "paged"                # "paged" | "contiguous"
+    graphs: bool | None = None          # None: the model's default (on for CUDA)
+    reps: int | None = None             # None: 3 on a GPU, 1 on the CPU
+    warmup: int = 1
+    max_seconds: float | None = None    # None: 40 s on the CPU, unlimited on a GPU
+    seed: int = 0
+    progress: bool | None = None        # None: a bar when stderr is a terminal
+    extra: dict = field(default_factory=dict)
+
+    def check(self) -> None:
+        if not self.batches or any(isinstance(b, bool) or not isinstance(b, int) or
+                                   not 1 <= b <= 1024 for b in self.batches):
+            raise InvalidArgument(f"batch sizes must be ints in [1, 1024], got {self.batches!r}")
+        for name in ("prompt_len", "gen_len"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InvalidArgument(f"{name} must be an int >= 1, got {v!r}")
+        if self.cache not in ("paged", "contiguous"):
+            raise InvalidArgument(f"cache must be 'paged' or 'contiguous', got {self.cache!r}")
+        if self.reps is not None and (not isinstance(self.reps, int) or self.reps < 1):
+            raise InvalidArgument(f"reps must be an int >= 1, got {self.reps!r}")
+        if not isinstance(self.warmup, int) or self.warmup < 0:
+            raise InvalidArgument(f"warmup must be an int >= 0, got {self.warmup!r}")
+        if self.max_seconds is not None and not self.max_seconds > 0:
+            raise InvalidArgument(f"max_seconds must be > 0, got {self.max_seconds!r}")
+
+
+class _Rows:
+    """B sequences of one cache kind, opened and closed together."""
+
+    def __init__(self, model, kind: str, batch: int, max_seq_len: int) -> None:
+        self.model, self.kind, self.cache = model, kind, None
+        if kind == "paged":
+            self.seqs = [model.alloc_sequence() for _ in range(batch)]
+        else:
+            from ..generative.kv_cache import KVCache
+            from ..kv.config import CacheConfig
+            cfg = CacheConfig(kind="contiguous", max_seq_len=max_seq_len,
+                              block_size=model.kv_block_size())
+            self.cache = KVCache(model, cfg, batch)
+            self.seqs = self.cache.seqs
+
+    def replicate(self, src: int, dst: int, stream: int) -> None:
+        """Make sequence `dst` hold the same cached prompt as `src` without a prefill."""
+        m, s = self.model, self.seqs[src]
+        if self.kind == "paged":
+            m.free_sequence(self.seqs[dst])
+            self.seqs[dst] = m.fork_sequence(s)
+            return
+        d = self.seqs[dst]
+        bs = m.kv_block_size()
+        for j in range(-(-s.seq_len // bs)):
+            for layer in range(m.metadata().num_layers):
+                for a, b in ((s.arena.k_cache(layer), d.arena.k_cache(layer)),
+                             (s.arena.v_cache(layer), d.arena.v_cache(layer))):
+                    nb = s.arena.block_bytes
+                    m.backend.copy_d2d_async(a.offset(s.block_table[j] * nb),
+                                             b.offset(d.block_table[j] * nb), nb, stream)
+        d.tokens, d.seq_len = list(s.tokens), s.seq_len
+
+    def close(self) -> None:
+        if self.cache is not None:
+            self.cache.free()
+        else:
+            for s in self.seqs:
+                self.model.free_sequence(s)
+        self.seqs = []
+
+
+def _progress(enabled, total, desc):
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        return None
+    return tqdm(total=total, desc=desc, unit="step", disable=not enabled, file=sys.stderr,
+                leave=False, dynamic_ncols=True)
+
+
+def _source_label(source) -> str:
+    d = getattr(source, "description", str(source))
+    if d.startswith("preset:"):
+        return d[len("preset:"):]
+    return str(d).rstrip("/").split("/")[-1] or str(d)
+
+
+def run_bench(cfg: BenchConfig, backend=None) -> dict:
+    """Run the benchmark described by `cfg`; returns the JSON-ready report dict."""
+    cfg.check()
+    from ..formats import open_source
+    from ..gpu_runtime import backend as pick_backend
+    from ..model_engine import TransformerModel
+    t_start = time.perf_counter()
+    be = backend if backend is not None else pick_backend(cfg.device)
+    on_gpu = roofline.is_device(be)
+    reps = cfg.reps if cfg.reps is not None else (3 if on_gpu else 1)
+    budget = cfg.max_seconds if cfg.max_seconds is not None else \
+        (None if on_gpu else CPU_DEFAULT_SECONDS)
+    source = open_source(cfg.model)
+    meta = source.metadata()
+    if meta.architecture not in ("llama", "mistral", "qwen2", "qwen3"):
+        raise InvalidArgument(f"{source.description}: bench runs decoder-only models, not "
+                              f"{meta.architecture!r}")
+    warm_len = min(cfg.prompt_len, 32)
+    seq_cap = cfg.prompt_len + cfg.gen_len + 2
+    if seq_cap > meta.max_position_embeddings:
+        raise InvalidArgument(f"prompt_len + gen_len = {cfg.prompt_len + cfg.gen_len} exceeds "
+                              f"the model's max_position_embeddings "
+                              f"{meta.max_position_embeddings}")
+    block_size = 16
+    per_seq = -(-seq_cap // block_size) + 1
+    bmax = max(cfg.batches)
+    kv_blocks = bmax * per_seq + 8 if cfg.cache == "paged" else per_seq + 8
+    env = environment(be)
+    copy_gb_s = roofline.copy_bandwidth(be)
+    t0 = time.perf_counter()
+    model = TransformerModel(be, source, kv_blocks=kv_blocks, block_size=block_size,
+                             max_batch=bmax, max_prefill_tokens=min(max(cfg.prompt_len, 16),
+                                                                    4096),
+                             max_seq_len=per_seq * block_size, graphs=cfg.graphs,
+                             progress=bool(cfg.progress) if cfg.progress is not None
+                             else sys.stderr.isatty())
+    load_s = time.perf_counter() - t0
+    results = []
+    label = _source_label(source)
+    bar = _progress(cfg.progress, len(cfg.batches) * reps * (1 + cfg.gen_len), f"bench {label}")
+    try:
+        t_meas = time.perf_counter()
+        for i, batch in enumerate(cfg.batches):
+            share = None
+            if budget is not None:
+                left = budget - (time.perf_counter() - t_start)
+                share = max(left, 0.0) / (len(cfg.batches) - i)
+            if bar is not None:
+                bar.set_postfix_str(f"batch {batch}")
+            results.append(_run_batch(model, cfg, label, batch, reps, warm_len, seq_cap, share,
+                                      copy_gb_s, bar, np.random.default_rng([cfg.seed, batch])))
+        measure_s = time.perf_counter() - t_meas
+    finally:
+        if bar is not None:
+            bar.close()
+        model.teardown()
+    report = dict(env)
+    report.update({
+        "model": getattr(source, "description", str(cfg.model)),
+        "results": results,
+        "architecture": meta.architecture,
+        "parameters": int(meta.num_parameters()),
+        "copy_bandwidth_gb_s": copy_gb_s,
+        "settings": {"batches": list(cfg.batches), "prompt_len": cfg.prompt_len,
+                     "gen_len": cfg.gen_len, "cache": cfg.cache,
+                     "graphs": bool(model._use_graphs), "reps": reps, "warmup": cfg.warmup,
+                     "max_seconds": budget, "seed": cfg.seed},
+        "load_s": load_s,
+        "measure_s": measure_s,
+        "wall_s": time.perf_counter() - t_start,
+    })
+    report.update(cfg.extra)
+    return report
+
+
+def _run_batch(model, cfg, label, batch, reps, warm_len, seq_cap, share, copy_gb_s, bar,
+               rng) -> dict:
+    be, meta = model.backend, model.metadata()
+    stream = model.default_stream()
+    on_gpu = roofline.is_device(be)
+    t_batch = time.perf_counter()
+    V = meta.vocab_size
+
+    def prompt(n):
+        return rng.integers(0, V, n).tolist()
+
+    for _ in range(cfg.warmup):
+        rows = _Rows(model, cfg.cache, batch, seq_cap)
+        try:
+            first = model.argmax_on_device(model.prefill(prompt(warm_len), rows.seqs[0], stream),
+                                           stream)
+            for j in range(1, batch):
+                if on_gpu:
+                    model.prefill(prompt(warm_len), rows.seqs[j], stream)
+                else:
+                    rows.replicate(0, j, stream)
+            toks = [first] * batch
+            for _ in range(min(2, cfg.gen_len)):
+                toks = model.argmax_batch(model.decode_batch(toks, rows.seqs, stream), batch,
+                                          stream)
+        finally:
+            rows.close()
+    be.synchronize(stream)
+    be.reset_peak()
+    if share is not None:
+        share = max(share - (time.perf_counter() - t_batch), 0.0)
+    per_rep = None if share is None else share / reps
+
+    prefill_tps, ttft, decode_tps, hbm, itl, steps_done, timed_seqs = [], [], [], [], [], [], []
+    for _ in range(reps):
+        rows = _Rows(model, cfg.cache, batch, seq_cap)
+        try:
+            t_rep = time.perf_counter()
+            pre_times, toks = [], []
+            for j in range(batch):
+                if j and per_rep is not None and \
+                        time.perf_counter() - t_rep > 0.35 * per_rep:
+                    rows.replicate(0, j, stream)
+                    toks.append(toks[0])
+                    continue
+                t0 = time.perf_counter()
+                ptr = model.prefill(prompt(cfg.prompt_len), rows.seqs[j], stream)
+                toks.append(model.argmax_on_device(ptr, stream))
+                pre_times.append(time.perf_counter() - t0)
+            if bar is not None:
+                bar.update(1)
+            be.synchronize(stream)
+            prefill_tps.append(len(pre_times) * cfg.prompt_len / sum(pre_times))
+            ttft.append(pre_times[0] * 1e3)
+            timed_seqs.append(len(pre_times))
+            step_times, step_bytes = [], 0
+            for step in range(cfg.gen_len):
+                t0 = time.perf_counter()
+                ptr = model.decode_batch(toks, rows.seqs, stream)
+                toks = model.argmax_batch(ptr, batch, stream)
+                step_times.append(time.perf_counter() - t0)
+                step_bytes += roofline.decode_step_bytes(meta, [s.seq_len for s in rows.seqs])
+                if bar is not None:
+                    bar.update(1)
+                if per_rep is not None and step + 1 >= _MIN_DECODE_STEPS and \
+                        time.perf_counter() - t_rep > per_rep:
+                    if bar is not None:
+                        bar.update(cfg.gen_len - step - 1)
+                    break
+            total = sum(step_times)
+            itl.extend(t * 1e3 for t in step_times)
+            steps_done.append(len(step_times))
+            decode_tps.append(batch * len(step_times) / total)
+            if on_gpu and copy_gb_s:
+                hbm.append(step_bytes / total / 1e9)
+        finally:
+            rows.close()
+    hbm_gb_s = roofline.median(hbm) if on_gpu else None
+    return {
+        "preset": label,
+        "batch": batch,
+        "prompt_len": cfg.prompt_len,
+        "gen_len": cfg.gen_len,
+        "prefill_tokens_per_s": roofline.median(prefill_tps),
+        "decode_tokens_per_s": roofline.median(decode_tps),
+        "ttft_ms": roofline.median(ttft),
+        "itl_ms_p50": roofline.percentile(itl, 50),
+        "itl_ms_p99": roofline.percentile(itl, 99),
+        "peak_memory_bytes": int(be.peak_bytes()),
+        "hbm_gb_s": hbm_gb_s,
+        "roofline_fraction": (hbm_gb_s / copy_gb_s) if hbm_gb_s and copy_gb_s else None,
+        "cache": cfg.cache,
+        "reps": reps,
+        "prefill_seqs_timed": int(min(timed_seqs)),
+        "decode_steps": int(min(steps_done)),
+    }
+
+
+def config_dict(cfg: BenchConfig) -> dict:
+    return asdict(cfg)

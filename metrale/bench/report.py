@@ -1,0 +1,85 @@
+"""Reading and writing benchmark reports: the `--json` schema and the end-of-run table."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ..errors import InvalidArgument
+
+# The keys tests outside the project read (`metrale bench --json`).
+TOP_KEYS = ("device", "gpu_name", "driver", "cupy", "cuda", "model", "results")
+RESULT_KEYS = ("preset", "batch", "prompt_len", "gen_len", "prefill_tokens_per_s",
+               "decode_tokens_per_s", "ttft_ms", "itl_ms_p50", "itl_ms_p99",
+               "peak_memory_bytes", "hbm_gb_s", "roofline_fraction")
+GPU_ONLY_RESULT_KEYS = ("hbm_gb_s", "roofline_fraction")
+
+
+def check_schema(report: dict) -> None:
+    """Raise InvalidArgument when `report` lacks a key of the documented schema."""
+    missing = [k for k in TOP_KEYS if k not in report]
+    if missing:
+        raise InvalidArgument(f"bench report lacks {missing}")
+    if not isinstance(report["results"], list):
+        raise InvalidArgument("bench report: results must be a list")
+    for i, r in enumerate(report["results"]):
+        missing = [k for k in RESULT_KEYS if k not in r]
+        if missing:
+            raise InvalidArgument(f"bench report: results[{i}] lacks {missing}")
+
+
+def write_json(report: dict, path) -> Path:
+    """Write `report` to `path` atomically (a temporary file renamed over it)."""
+    p = Path(path)
+    if p.parent and not p.parent.exists():
+        raise InvalidArgument(f"--json {p}: directory {p.parent} does not exist")
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=1, sort_keys=False) + "\n", encoding="utf-8")
+    os.replace(tmp, p)
+    return p
+
+
+def _fmt(v, spec: str) -> str:
+    if v is None:
+        return "-"
+    return format(v, spec)
+
+
+def _mib(n) -> str:
+    return "-" if n is None else f"{n / 2**20:,.1f}"
+
+
+def format_table(report: dict) -> str:
+    """A fixed-width table of the results, with a header naming model and device."""
+    dev = report.get("gpu_name") or report.get("device")
+    head = (f"model {report.get('model')}  device {dev}  "
+            f"cache {report.get('settings', {}).get('cache', '-')}")
+    bw = report.get("copy_bandwidth_gb_s")
+    if bw:
+        head += f"  copy bandwidth {bw:,.0f} GB/s"
+    cols = [("batch", 5), ("prefill tok/s", 13), ("decode tok/s", 12), ("TTFT ms", 9),
+            ("ITL p50 ms", 10), ("ITL p99 ms", 10), ("peak MiB", 10), ("HBM GB/s", 9),
+            ("roofline", 8)]
+    lines = [head, "  ".join(f"{name:>{w}}" for name, w in cols)]
+    lines.append("  ".join("-" * w for _, w in cols))
+    for r in report.get("results", []):
+        vals = [str(r["batch"]), _fmt(r["prefill_tokens_per_s"], ",.1f"),
+                _fmt(r["decode_tokens_per_s"], ",.1f"), _fmt(r["ttft_ms"], ",.2f"),
+                _fmt(r["itl_ms_p50"], ",.2f"), _fmt(r["itl_ms_p99"], ",.2f"),
+                _mib(r["peak_memory_bytes"]), _fmt(r["hbm_gb_s"], ",.0f"),
+                _fmt(r["roofline_fraction"], ".2f")]
+        lines.append("  ".join(f"{v:>{w}}" for v, (_, w) in zip(vals, cols)))
+    notes = []
+    for r in report.get("results", []):
+        if r.get("decode_steps", r["gen_len"]) < r["gen_len"] or \
+                r.get("prefill_seqs_timed", r["batch"]) < r["batch"]:
+            notes.append(f"batch {r['batch']}: time budget: {r.get('prefill_seqs_timed')} of "
+                         f"{r['batch']} prefills and {r.get('decode_steps')} of {r['gen_len']} "
+                         "decode steps timed")
+    if notes:
+        lines += ["", *notes]
+    s = report.get("settings", {})
+    lines.append(f"prompt {s.get('prompt_len')} tokens, {s.get('gen_len')} generated, "
+                 f"{s.get('reps')} rep(s) after {s.get('warmup')} warm-up; medians; "
+                 f"wall {report.get('wall_s', 0):.1f} s")
+    return "\n".join(lines)

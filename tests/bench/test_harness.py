@@ -1,0 +1,129 @@
+"""The benchmark harness (`metrale.bench`) and `benchmarks/bench_kernels.py` on the CPU."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from metrale.bench import (RESULT_KEYS, TOP_KEYS, BenchConfig, check_schema, format_table,
+                           run_bench, write_json)
+from metrale.bench import roofline
+from metrale.errors import InvalidArgument
+from metrale.formats import MemorySource
+from metrale.gpu_runtime import HostBackend
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_paged_report_schema_and_table(tmp_path):
+    be = HostBackend()
+    r = run_bench(BenchConfig(model="preset:tiny", batches=(1, 3), prompt_len=20, gen_len=3,
+                              progress=False), backend=be)
+    check_schema(r)
+    assert [x["batch"] for x in r["results"]] == [1, 3]
+    for x in r["results"]:
+        assert set(RESULT_KEYS) <= set(x)
+        assert x["decode_steps"] == 3 and x["prefill_seqs_timed"] == x["batch"]
+        assert x["peak_memory_bytes"] >= r["parameters"] * 2  # weights are live
+        assert x["hbm_gb_s"] is None and x["roofline_fraction"] is None
+    assert r["device"] == "cpu" and r["copy_bandwidth_gb_s"] is None
+    assert be.live_bytes() == 0  # torn down
+    p = write_json(r, tmp_path / "r.json")
+    assert set(TOP_KEYS) <= set(json.loads(p.read_text()))
+    table = format_table(r)
+    assert "decode tok/s" in table and "\n    3 " in table
+
+
+def test_contiguous_cache_under_a_time_budget_copies_prompts():
+    be = HostBackend()
+    r = run_bench(BenchConfig(model="preset:tiny", batches=(3,), prompt_len=20, gen_len=6,
+                              cache="contiguous", max_seconds=0.01, warmup=0,
+                              progress=False), backend=be)
+    x = r["results"][0]
+    assert x["prefill_seqs_timed"] == 1          # the rest were copied, not prefilled
+    assert x["decode_steps"] == 2                # the minimum under an exhausted budget
+    assert x["cache"] == "contiguous" and x["decode_tokens_per_s"] > 0
+    assert "time budget" in format_table(r)
+    assert be.live_bytes() == 0
+
+
+def test_paged_budget_forks_and_matches_fresh_decode():
+    # A forked row decodes exactly like a freshly prefilled one (same prompt, same tokens).
+    import metrale
+    from metrale.bench.harness import _Rows
+    m = metrale.load("preset:tiny", HostBackend(), max_batch=4, progress=False)
+    s = m.default_stream()
+    rows = _Rows(m, "paged", 2, 64)
+    fresh = _Rows(m, "paged", 1, 64)
+    try:
+        prompt = list(range(1, 21))
+        t0 = m.argmax_on_device(m.prefill(prompt, rows.seqs[0], s), s)
+        rows.replicate(0, 1, s)
+        m.prefill(prompt, fresh.seqs[0], s)
+        a = m.argmax_batch(m.decode_batch([t0, t0], rows.seqs, s), 2, s)
+        b = m.argmax_batch(m.decode_batch([t0], fresh.seqs, s), 1, s)
+        assert a[0] == a[1] == b[0]
+    finally:
+        rows.close()
+        fresh.close()
+        m.teardown()
+
+
+def test_bad_config_is_invalid_argument():
+    for kw in ({"batches": ()}, {"batches": (0,)}, {"prompt_len": 0}, {"gen_len": True},
+               {"cache": "dense"}, {"reps": 0}, {"max_seconds": 0}):
+        with pytest.raises(InvalidArgument):
+            BenchConfig(**kw).check()
+
+
+def test_decode_step_bytes():
+    meta = MemorySource.preset("llama-3.1-8b").metadata()
+    kv_tok = 32 * 2 * 8 * 128 * 2
+    assert roofline.kv_bytes_per_token(meta) == kv_tok
+    w = 2 * meta.num_parameters()
+    table = meta.vocab_size * meta.hidden_size * 2
+    # untied: the embedding table is read only for the gathered rows
+    assert roofline.decode_step_bytes(meta, [513, 100]) == \
+        w - table + 2 * meta.hidden_size * 2 + 613 * kv_tok
+    tiny = MemorySource.preset("tiny").metadata()
+    assert roofline.weight_read_bytes(tiny, 1) < 2 * tiny.num_parameters()
+
+
+def test_percentile_and_median():
+    assert roofline.percentile([], 50) is None
+    assert roofline.percentile([3.0], 99) == 3.0
+    assert roofline.percentile([1, 2, 3, 4], 50) == 2.5
+    assert roofline.percentile(range(101), 99) == pytest.approx(99.0)
+    assert roofline.median([None, 1.0, 3.0]) == 2.0
+    assert roofline.copy_bandwidth(HostBackend()) is None
+    assert roofline.gemm_peak_tflops(HostBackend()) is None
+
+
+def test_check_schema_names_what_is_missing():
+    with pytest.raises(InvalidArgument, match="results"):
+        check_schema({k: None for k in TOP_KEYS if k != "results"})
+    with pytest.raises(InvalidArgument, match="ttft_ms"):
+        check_schema({**{k: None for k in TOP_KEYS},
+                      "results": [{k: 1 for k in RESULT_KEYS if k != "ttft_ms"}]})
+
+
+def test_bench_kernels_small_on_cpu(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_kernels",
+                                                  ROOT / "benchmarks" / "bench_kernels.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "k.json"
+    rc = mod.main(["--device", "cpu", "--small", "--json", str(out), "--reps", "1"])
+    d = json.loads(out.read_text())
+    assert rc == 0, [r for r in d["results"] if "error" in r]
+    assert d["errors"] == 0 and d["shapes"] == "small"
+    # every kernel module of metrale/ops has a benchmark
+    assert d["families_without_benchmark"] == []
+    for fam in ("embedding", "rmsnorm", "activation", "cast", "elementwise", "gemv", "gemm",
+                "rope", "kv_cache", "attention", "argmax", "sampling"):
+        assert fam in d["families"]
+    for r in d["results"]:
+        assert r["time_us"] > 0 and r["fraction_of_peak"] is None  # no peaks on the CPU
+        assert r["gb_s"] is not None or r["tflop_s"] is not None
