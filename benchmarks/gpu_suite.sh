@@ -52,14 +52,14 @@ else
     HF_SIZE=(--batch 1,8 --gen-len 64 --compile-batches 1)
 fi
 
-# Budget (seconds; 465 worst case, leaving room for start-up and the merge below).
-run gpu_tests 110 "$PY" -m pytest -m gpu -q -p no:cacheprovider \
+# Budget (seconds; 455 worst case, leaving room for start-up and the merge below).
+run gpu_tests 150 "$PY" -m pytest -m gpu -q -p no:cacheprovider \
     --junitxml "$OUT/pytest_gpu.xml" tests
 run bench_kernels 55 "$PY" benchmarks/bench_kernels.py "${DEV[@]}" "${KSMALL[@]}" \
     --json "$OUT/bench_kernels.json"
-run bench 150 "$PY" -m metrale.cli bench --preset "$PRESET" "${DEV[@]}" "${BENCH_SIZE[@]}" \
+run bench 130 "$PY" -m metrale.cli bench --preset "$PRESET" "${DEV[@]}" "${BENCH_SIZE[@]}" \
     --json "$OUT/bench.json"
-run compare_hf 150 "$PY" benchmarks/compare_hf.py --preset "$PRESET" "${DEV[@]}" \
+run compare_hf 120 "$PY" benchmarks/compare_hf.py --preset "$PRESET" "${DEV[@]}" \
     "${HF_SIZE[@]}" --json "$OUT/compare_hf.json"
 
 # Merge: environment, command, rc/error and the GPU test counts into every tool's JSON.
