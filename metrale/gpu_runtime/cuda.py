@@ -54,7 +54,7 @@ class CudaBackend:
         self._lock = threading.Lock()
         self._default = cp.cuda.Stream(non_blocking=True)
         self._streams[self._default.ptr] = self._default
-        self._cublas = None
+        self._has_cublas: bool | None = None
         self._one = np.array(1.0, np.float32)
         self._zero = np.array(0.0, np.float32)
 
@@ -190,6 +190,21 @@ class CudaBackend:
                           self._one.ctypes.data, int(w_ptr), 14, int(k), int(x_ptr), 14,
                           int(k), self._zero.ctypes.data, int(y_ptr), 14, int(n),
                           cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
+
+    def has_gemm(self) -> bool:
+        """Whether cuBLAS can be loaded (CuPy finds libcublas lazily; a driver-only machine
+        without the CUDA libraries has none, and GEMMs then fall back to the GEMV kernel)."""
+        if self._has_cublas is None:
+            try:
+                from cupy_backends.cuda.libs import cublas  # noqa: F401
+                self._has_cublas = True
+            except ImportError as e:
+                import logging
+                logging.getLogger("metrale").warning(
+                    "metrale: cuBLAS not loadable (%s); GEMMs use the GEMV kernel "
+                    "(install cupy-cuda12x[ctk] or a CUDA toolkit for speed)", e)
+                self._has_cublas = False
+        return self._has_cublas
 
     # streams, events, graphs ----------------------------------------------------------
     def default_stream(self) -> int:

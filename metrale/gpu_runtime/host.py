@@ -198,6 +198,9 @@ class HostBackend:
         from ..ops.gemm import gemm_twin
         self._run(lambda: gemm_twin(self, m, n, k, x_ptr, w_ptr, y_ptr))
 
+    def has_gemm(self) -> bool:
+        return True
+
     # streams, events, graphs ----------------------------------------------------------
     def default_stream(self) -> int:
         return 0

@@ -41,6 +41,11 @@ def _check(what: str, m: int, n: int, k: int, **ptrs) -> None:
 def gemm(backend, stream: int, y_ptr, x_ptr, w_ptr, m: int, n: int, k: int) -> None:
     """Y[m, n] = X[m, k] @ W[n, k]^T, BF16 in/out, FP32 accumulation (cuBLAS on CUDA)."""
     _check("gemm", m, n, k, y_ptr=y_ptr, x_ptr=x_ptr, w_ptr=w_ptr)
+    if not backend.has_gemm():
+        # No cuBLAS library on this machine: the GEMV kernel computes the same product
+        # (memory-bound, so slow for long prompts, but correct).
+        gemv(backend, stream, y_ptr, x_ptr, w_ptr, m, n, k)
+        return
     backend.gemm_bf16(int(m), int(n), int(k), DevicePtr(x_ptr), DevicePtr(w_ptr),
                       DevicePtr(y_ptr), stream)
 
