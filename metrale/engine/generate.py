@@ -80,80 +80,76 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int,
     return _generate_pointer(pm, prompt, max_new, sampling, stops, on_token)
 
 
+def _decode_loop(first, advance, max_new: int, stops, on_token) -> GenerationResult:
+    """The loop both paths share. first() -> the first new token (after the prompt);
+    advance(tok, out) -> the next token after feeding `tok` (out: tokens so far)."""
+    out: list[int] = []
+    t0 = time.perf_counter()
+    tok = first()
+    ttft = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    reason = "length"
+    while True:
+        out.append(tok)
+        if on_token is not None:
+            on_token(tok)
+        if tok in stops:
+            reason = "stop"
+            break
+        if len(out) >= max_new:
+            break
+        tok = advance(tok, out)
+    dt = time.perf_counter() - t1
+    rate = (len(out) - 1) / dt if len(out) > 1 and dt > 0 else 0.0
+    return GenerationResult(out, reason, ttft, rate)
+
+
 def _generate_pointer(m, prompt, max_new, sampling, stops, on_token) -> GenerationResult:
     stream = m.default_stream()
     seed = resolve_seed(sampling)
     sampler = DeviceSampler(m)
     seq = m.alloc_sequence()
-    out: list[int] = []
+
+    def pick(ptr, step, history):
+        return sampler.pick(ptr, [sampling], [seed], [step], [history], stream)[0]
     try:
-        t0 = time.perf_counter()
-        ptr = m.prefill(prompt, seq, stream)
-        tok = sampler.pick(ptr, [sampling], [seed], [0], [prompt], stream)[0]
-        ttft = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        reason = "length"
-        while True:
-            out.append(tok)
-            if on_token is not None:
-                on_token(tok)
-            if tok in stops:
-                reason = "stop"
-                break
-            if len(out) >= max_new:
-                break
-            ptr = m.decode(tok, seq, stream)
-            tok = sampler.pick(ptr, [sampling], [seed], [len(out)], [prompt + out], stream)[0]
-        dt = time.perf_counter() - t1
+        return _decode_loop(lambda: pick(m.prefill(prompt, seq, stream), 0, prompt),
+                            lambda tok, out: pick(m.decode(tok, seq, stream), len(out),
+                                                  prompt + out),
+                            max_new, stops, on_token)
     finally:
         m.free_sequence(seq)
         sampler.free()
-    return GenerationResult(out, reason, ttft, (len(out) - 1) / dt if len(out) > 1 and dt > 0
-                            else 0.0)
 
 
 def _generate_tensor(gm, prompt, max_new, sampling, stops, on_token) -> GenerationResult:
+    """For GenerativeModels without the pointer API: the same sampling rule, applied by the
+    kernel's numpy twin to the logits the model returns."""
     from ..generative import to_numpy
     from ..ops import sampling as sampling_ops
+    from ..ops.argmax import argmax_rule
     seed = resolve_seed(sampling)
     params = sampling_ops.pack_params([sampling])
 
-    def pick(logits_row, step, history):
+    def pick(logits, step, history):
+        row = to_numpy(logits)[0][None]
         if sampling.is_greedy and sampling.repetition_penalty == 1.0:
-            from ..ops.argmax import argmax_rule
-            return int(argmax_rule(logits_row[None])[0])
-        ids = np.asarray([history], np.int32)
-        return int(sampling_ops.sample_host(logits_row[None], params, [seed], [step], ids,
+            return int(argmax_rule(row)[0])
+        return int(sampling_ops.sample_host(row, params, [seed], [step],
+                                            np.asarray([history], np.int32),
                                             np.asarray([len(history)], np.int32))[0])
 
     cache = gm.create_kv_cache(CacheConfig(max_seq_len=len(prompt) + max_new,
                                            block_size=_block_size(gm)))
-    out: list[int] = []
     try:
-        t0 = time.perf_counter()
         ids = np.asarray([prompt], np.int32)
-        logits = to_numpy(gm.prefill(gm.embed(ids), cache, range(0, len(prompt))))[0]
-        tok = pick(logits, 0, prompt)
-        ttft = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        reason = "length"
-        while True:
-            out.append(tok)
-            if on_token is not None:
-                on_token(tok)
-            if tok in stops:
-                reason = "stop"
-                break
-            if len(out) >= max_new:
-                break
-            emb = gm.embed(np.asarray([[tok]], np.int32))
-            logits = to_numpy(gm.decode(emb, cache))[0]
-            tok = pick(logits, len(out), prompt + out)
-        dt = time.perf_counter() - t1
+        return _decode_loop(
+            lambda: pick(gm.prefill(gm.embed(ids), cache, range(0, len(prompt))), 0, prompt),
+            lambda tok, out: pick(gm.decode(gm.embed(np.asarray([[tok]], np.int32)), cache),
+                                  len(out), prompt + out),
+            max_new, stops, on_token)
     finally:
         cache.free()
-    return GenerationResult(out, reason, ttft, (len(out) - 1) / dt if len(out) > 1 and dt > 0
-                            else 0.0)
 
 
 def _block_size(gm) -> int:

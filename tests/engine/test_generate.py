@@ -7,6 +7,7 @@ import pytest
 import metrale
 from metrale import InvalidArgument, Unsupported
 from metrale.engine import SamplingParams, embed, generate, perplexity, speculative_generate
+from metrale.generative import GenerativeModel
 from metrale.gpu_runtime import HostBackend
 from metrale.ops.argmax import argmax_rule
 from tests.model.common import FIXTURES, golden, load, logits_rows
@@ -134,3 +135,39 @@ def test_embeddings_equal_normalised_golden_hidden(target):
     assert np.max(np.abs(mean - g["hidden"].mean(0))) / np.abs(g["hidden"]).max() < 0.03
     with pytest.raises(InvalidArgument):
         embed(target, [ids.tolist()], pooling="max")
+
+
+class TensorOnly(GenerativeModel):
+    """A GenerativeModel that offers only the tensor contract (delegating to a decoder)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def metadata(self):
+        return self.inner.metadata()
+
+    @classmethod
+    def load(cls, source, device="auto", **options):
+        return cls(metrale.load_generative(source, device, **options))
+
+    def create_kv_cache(self, config, batch=1):
+        return self.inner.create_kv_cache(config, batch)
+
+    def embed(self, tokens):
+        return self.inner.embed(tokens)
+
+    def prefill(self, input, cache, pos):
+        return self.inner.prefill(input, cache, pos)
+
+    def decode(self, input, cache):
+        return self.inner.decode(input, cache)
+
+
+def test_tensor_only_models_generate_the_same_tokens(target, prompt):
+    gm = TensorOnly(metrale.load_generative(FIXTURES / "llama_gqa", HostBackend(),
+                                            progress=False))
+    want = generate(target, prompt, 8, stop_token_ids=[]).tokens
+    assert generate(gm, prompt, 8, stop_token_ids=[]).tokens == want
+    sp = SamplingParams(temperature=0.8, top_p=0.9, repetition_penalty=1.2, seed=3)
+    assert generate(gm, prompt, 8, sampling=sp, stop_token_ids=[]).tokens == \
+        generate(target, prompt, 8, sampling=sp, stop_token_ids=[]).tokens
