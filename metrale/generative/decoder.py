@@ -36,7 +36,7 @@ class DecoderGenerativeModel(GenerativeModel):
             config = CacheConfig(max_seq_len=self.model._max_seq_len,
                                  block_size=self.model.kv_block_size())
         if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 1024:
-            raise InvalidArgument(f"create_kv_cache: batch must be an int in [1, 1024]")
+            raise InvalidArgument(f"create_kv_cache: batch must be an int in [1, 1024], got {batch!r}")
         return KVCache(self.model, config, batch)
 
     def supports_decode_all_logits(self) -> bool:

@@ -25,7 +25,6 @@ from ..ops import rope
 from .args import bool_arg, int_arg, ptr_arg
 from .forward import ModelForward
 from .guard import CallGuard, exclusive
-from .layers import lm_head, run_decoder
 from .lifecycle import ModelLifecycle
 from .logits import ModelLogits
 from .passes import DecoderPasses

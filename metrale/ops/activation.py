@@ -16,6 +16,8 @@ import numpy as np
 from ..errors import InvalidArgument
 from ..gpu_runtime.types import DevicePtr
 from .bf16 import bf16_to_f32, f32_to_bf16
+from .checks import check_ptrs as _check_ptrs
+from .checks import check_sizes as _check_sizes
 from .registry import twin
 
 MODULE = "activation"
@@ -24,18 +26,6 @@ _MAX_BLOCKS = 8192
 GELU_MODES = {"none": 0, "tanh": 1, "quick": 2}
 
 _erf = np.frompyfunc(math.erf, 1, 1)
-
-
-def _check_sizes(what: str, **sizes) -> None:
-    for name, v in sizes.items():
-        if not 1 <= int(v) < 2**31:
-            raise InvalidArgument(f"{what}: {name} must be in [1, 2^31), got {v}")
-
-
-def _check_ptrs(what: str, **ptrs) -> None:
-    for name, p in ptrs.items():
-        if int(p) == 0:
-            raise InvalidArgument(f"{what}: {name} is NULL")
 
 
 def silu_mul(backend, stream: int, out_ptr, gate_up_ptr, n_rows: int, intermediate: int) -> None:

@@ -24,6 +24,7 @@ import numpy as np
 from ..errors import InvalidArgument, KernelError
 from ..gpu_runtime.types import DevicePtr
 from .bf16 import bf16_to_f32, f32_to_bf16
+from .checks import check_heads, check_ptrs
 from .registry import twin
 
 MODULE = "attention"
@@ -42,15 +43,7 @@ _GRID_YZ_MAX = 65535
 # --------------------------------------------------------------------------------------
 def _check_common(what, num_heads, num_kv_heads, head_dim, block_size, max_blocks_per_seq,
                   scale, sliding_window) -> None:
-    if num_heads < 1 or num_kv_heads < 1:
-        raise InvalidArgument(f"{what}: num_heads ({num_heads}) and num_kv_heads "
-                              f"({num_kv_heads}) must be >= 1")
-    if num_heads % num_kv_heads:
-        raise InvalidArgument(f"{what}: num_heads ({num_heads}) must be a multiple of "
-                              f"num_kv_heads ({num_kv_heads})")
-    if head_dim < 2 or head_dim % 2 or head_dim > MAX_HEAD_DIM:
-        raise InvalidArgument(f"{what}: head_dim must be even and in [2, {MAX_HEAD_DIM}], "
-                              f"got {head_dim}")
+    check_heads(what, num_heads, num_kv_heads, head_dim, MAX_HEAD_DIM)
     if block_size < 1:
         raise InvalidArgument(f"{what}: block_size must be >= 1, got {block_size}")
     if max_blocks_per_seq < 1:
@@ -68,12 +61,7 @@ def _check_common(what, num_heads, num_kv_heads, head_dim, block_size, max_block
 
 
 def _check_ptrs(what, align, **ptrs) -> None:
-    for name, p in ptrs.items():
-        if int(p) == 0:
-            raise InvalidArgument(f"{what}: {name} pointer is NULL")
-        if int(p) % align:
-            raise InvalidArgument(f"{what}: {name} pointer {DevicePtr(p)!r} is not "
-                                  f"{align}-byte aligned")
+    check_ptrs(what, align, **ptrs)
 
 
 def _gather(ctx, cache_ptr, table, lo, hi, block_size, num_kv_heads, head_dim, what):

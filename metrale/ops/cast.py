@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import InvalidArgument
 from ..gpu_runtime.types import DevicePtr
 from . import bf16 as _bf
+from .checks import check_ptrs, check_sizes
 from .registry import twin
 
 MODULE = "cast"
@@ -19,11 +19,8 @@ _MAX_BLOCKS = 8192
 
 
 def _check(what: str, n: int, **ptrs) -> None:
-    if not 1 <= int(n) < 2**31:
-        raise InvalidArgument(f"{what}: n must be in [1, 2^31), got {n}")
-    for name, p in ptrs.items():
-        if int(p) == 0:
-            raise InvalidArgument(f"{what}: {name} is NULL")
+    check_sizes(what, n=n)
+    check_ptrs(what, **ptrs)
 
 
 def _grid(n: int) -> int:

@@ -10,26 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import InvalidArgument
 from ..gpu_runtime.types import DevicePtr
 from .bf16 import bf16_to_f32, f32_to_bf16
+from .checks import check_ptrs as _check_ptrs
+from .checks import check_sizes as _check_sizes
 from .registry import twin
 
 MODULE = "elementwise"
 THREADS = 256
 _MAX_BLOCKS = 8192
-
-
-def _check_sizes(what: str, **sizes) -> None:
-    for name, v in sizes.items():
-        if not 1 <= int(v) < 2**31:
-            raise InvalidArgument(f"{what}: {name} must be in [1, 2^31), got {v}")
-
-
-def _check_ptrs(what: str, **ptrs) -> None:
-    for name, p in ptrs.items():
-        if int(p) == 0:
-            raise InvalidArgument(f"{what}: {name} is NULL")
 
 
 def add_bias(backend, stream: int, x_ptr, bias_ptr, n_rows: int, width: int) -> None:

@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import InvalidArgument
 from ..gpu_runtime.types import DevicePtr
 from .bf16 import bf16_to_f32, f32_to_bf16
+from .checks import check_ptrs, check_sizes
 from .registry import twin
 
 MODULE = "gemv"
@@ -30,12 +31,8 @@ _CHUNK_ELEMS = 1 << 24
 
 
 def _check(what: str, m: int, n: int, k: int, **ptrs) -> None:
-    for name, v in (("m", m), ("n", n), ("k", k)):
-        if not 1 <= int(v) < 2**31:
-            raise InvalidArgument(f"{what}: {name} must be in [1, 2^31), got {v}")
-    for name, p in ptrs.items():
-        if int(p) == 0:
-            raise InvalidArgument(f"{what}: {name} is NULL")
+    check_sizes(what, m=m, n=n, k=k)
+    check_ptrs(what, **ptrs)
 
 
 def gemm(backend, stream: int, y_ptr, x_ptr, w_ptr, m: int, n: int, k: int) -> None:

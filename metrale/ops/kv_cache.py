@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import InvalidArgument, KernelError
 from ..gpu_runtime.types import DevicePtr
+from .checks import check_heads
 from .registry import twin
 
 MODULE = "kv_cache"
@@ -20,15 +21,7 @@ MAX_HEAD_DIM = 256
 
 
 def _check_heads(what, num_heads, num_kv_heads, head_dim) -> None:
-    if num_heads < 1 or num_kv_heads < 1:
-        raise InvalidArgument(f"{what}: num_heads ({num_heads}) and num_kv_heads "
-                              f"({num_kv_heads}) must be >= 1")
-    if num_heads % num_kv_heads:
-        raise InvalidArgument(f"{what}: num_heads ({num_heads}) must be a multiple of "
-                              f"num_kv_heads ({num_kv_heads})")
-    if head_dim < 2 or head_dim % 2 or head_dim > MAX_HEAD_DIM:
-        raise InvalidArgument(f"{what}: head_dim must be even and in [2, {MAX_HEAD_DIM}], "
-                              f"got {head_dim}")
+    check_heads(what, num_heads, num_kv_heads, head_dim, MAX_HEAD_DIM)
 
 
 def write_kv(backend, stream: int, qkv_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,

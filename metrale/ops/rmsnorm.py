@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import InvalidArgument
 from ..gpu_runtime.types import NULL, DevicePtr
 from .bf16 import bf16_to_f32, f32_to_bf16, round_bf16
+from .checks import check_ptrs, check_sizes
 from .registry import twin
 
 MODULE = "rmsnorm"
@@ -32,15 +33,10 @@ def _threads(hidden: int) -> int:
 
 
 def _check(what: str, n_rows: int, hidden: int, eps: float, **ptrs) -> None:
-    if not 1 <= int(n_rows) < 2**31:
-        raise InvalidArgument(f"{what}: n_rows must be in [1, 2^31), got {n_rows}")
-    if not 1 <= int(hidden) < 2**31:
-        raise InvalidArgument(f"{what}: hidden must be in [1, 2^31), got {hidden}")
+    check_sizes(what, n_rows=n_rows, hidden=hidden)
     if not (math.isfinite(float(eps)) and float(eps) >= 0.0):
         raise InvalidArgument(f"{what}: eps must be finite and >= 0, got {eps}")
-    for name, p in ptrs.items():
-        if int(p) == 0:
-            raise InvalidArgument(f"{what}: {name} is NULL")
+    check_ptrs(what, **ptrs)
 
 
 def rmsnorm(backend, stream: int, out_ptr, x_ptr, weight_ptr, n_rows: int, hidden: int,

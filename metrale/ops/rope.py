@@ -23,6 +23,7 @@ import numpy as np
 from ..errors import InvalidArgument, KernelError
 from ..gpu_runtime.types import NULL, DevicePtr
 from .bf16 import bf16_to_f32, f32_to_bf16, round_bf16
+from .checks import check_heads
 from .registry import twin
 
 MODULE = "rope"
@@ -141,15 +142,7 @@ def rope_table(head_dim: int, max_positions: int, rope_theta: float,
 def _check(n_tokens, num_heads, num_kv_heads, head_dim, max_positions, norm_eps) -> None:
     if n_tokens < 1:
         raise InvalidArgument(f"apply_rope: n_tokens must be >= 1, got {n_tokens}")
-    if num_heads < 1 or num_kv_heads < 1:
-        raise InvalidArgument(f"apply_rope: num_heads ({num_heads}) and num_kv_heads "
-                              f"({num_kv_heads}) must be >= 1")
-    if num_heads % num_kv_heads:
-        raise InvalidArgument(f"apply_rope: num_heads ({num_heads}) must be a multiple of "
-                              f"num_kv_heads ({num_kv_heads})")
-    if head_dim < 2 or head_dim % 2 or head_dim > MAX_HEAD_DIM:
-        raise InvalidArgument(f"apply_rope: head_dim must be even and in [2, {MAX_HEAD_DIM}], "
-                              f"got {head_dim}")
+    check_heads("apply_rope", num_heads, num_kv_heads, head_dim, MAX_HEAD_DIM)
     if max_positions < 1:
         raise InvalidArgument(f"apply_rope: max_positions must be >= 1, got {max_positions}")
     if (num_heads + 2 * num_kv_heads) * head_dim * max(n_tokens, max_positions) >= 2**31:
