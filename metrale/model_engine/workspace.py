@@ -35,12 +35,12 @@ class Workspace:
             self.act = a(T * inter * 2)             # [T, intermediate]
             self.final_hidden = a(max(T, R) * hid * 2)  # [rows, hidden] rows given logits
             # per-step metadata, int32 ---------------------------------------------------
-            self.token_ids = a(T * 4)
-            self.positions = a(T * 4)
-            self.slot_mapping = a(T * 4)
-            self.block_tables = a(R * max_blocks_per_seq * 4)  # [R, max_blocks_per_seq]
-            self.kv_lens = a(R * 4)
-            self.qo_indptr = a((R + 1) * 4)
+            # One region, packed per step by `upload_step` so a step's metadata goes up in
+            # a single copy; the section pointers below are set for each step.
+            self.meta_ints = 3 * T + R * max_blocks_per_seq + 2 * R + 1
+            self.meta = a(self.meta_ints * 4)
+            self.token_ids = self.positions = self.slot_mapping = self.meta
+            self.block_tables = self.kv_lens = self.qo_indptr = self.meta
             self.argmax_out = a(2 * R * 4)      # one id per logits row
             self.max_splits = attention.decode_max_splits(max_blocks_per_seq * block_size)
             self.decode_ws = a(attention.decode_workspace_bytes(R, H, D, self.max_splits))
@@ -66,6 +66,7 @@ class Workspace:
         self.h_tables = np.zeros((R, max_blocks_per_seq), np.int32)
         self.h_kv_lens = np.zeros(R, np.int32)
         self.h_indptr = np.zeros(R + 1, np.int32)
+        self.h_meta = np.zeros(self.meta_ints, np.int32)
 
     def k_cache(self, layer: int) -> DevicePtr:
         return self.kv.offset((2 * layer) * self.layer_kv_bytes)
@@ -74,14 +75,25 @@ class Workspace:
         return self.kv.offset((2 * layer + 1) * self.layer_kv_bytes)
 
     def upload_step(self, stream: int, n_tokens: int, n_rows: int) -> None:
-        """Copy the first n_tokens / n_rows of the host staging arrays to the device."""
-        b = self.backend
-        b.copy_h2d_async(self.h_tokens[:n_tokens], self.token_ids, stream)
-        b.copy_h2d_async(self.h_positions[:n_tokens], self.positions, stream)
-        b.copy_h2d_async(self.h_slots[:n_tokens], self.slot_mapping, stream)
-        b.copy_h2d_async(self.h_tables[:n_rows], self.block_tables, stream)
-        b.copy_h2d_async(self.h_kv_lens[:n_rows], self.kv_lens, stream)
-        b.copy_h2d_async(self.h_indptr[:n_rows + 1], self.qo_indptr, stream)
+        """Copy the first n_tokens / n_rows of the host staging arrays to the device in one
+        copy: [tokens | positions | slots | kv_lens | qo_indptr | block_tables rows].
+
+        Section offsets depend only on (n_tokens, n_rows), so a graph captured for a padded
+        batch size reads its sections at the same addresses on every replay. The host
+        buffer is pageable: CUDA stages it before the call returns, so the next step may
+        refill it at once.
+        """
+        n, r, mb = n_tokens, n_rows, self.max_blocks_per_seq
+        parts = (self.h_tokens[:n], self.h_positions[:n], self.h_slots[:n],
+                 self.h_kv_lens[:r], self.h_indptr[:r + 1], self.h_tables[:r].reshape(-1))
+        ptrs, off = [], 0
+        for part in parts:
+            self.h_meta[off:off + part.size] = part
+            ptrs.append(self.meta.offset(4 * off))
+            off += part.size
+        (self.token_ids, self.positions, self.slot_mapping, self.kv_lens, self.qo_indptr,
+         self.block_tables) = ptrs
+        self.backend.copy_h2d_async(self.h_meta[:off], self.meta, stream)
 
     def _alloc(self, nbytes: int) -> DevicePtr:
         p = self.backend.alloc(nbytes)
@@ -101,7 +113,7 @@ class Workspace:
         hid, inter, V = meta.hidden_size, meta.intermediate_size, meta.vocab_size
         T, R = max_tokens, max_rows
         act = T * (3 * hid + (H + 2 * KV) * D + H * D + 3 * inter) * 2 + max(T, R) * hid * 2
-        md = T * 12 + R * max_blocks_per_seq * 4 + R * 16 + 4
+        md = (3 * T + R * max_blocks_per_seq + 2 * R + 1) * 4 + 2 * R * 4
         splits = attention.decode_max_splits(max_blocks_per_seq * block_size)
         dec = attention.decode_workspace_bytes(R, H, D, splits)
         lb = 4 if fp32_logits else 2
