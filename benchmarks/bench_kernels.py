@@ -364,7 +364,7 @@ FAMILIES = {
     "dense_attention": [bench_dense_attention],
     "vision": [bench_vision],
 }
-NOT_KERNELS = {"bf16", "registry"}  # helpers of metrale/ops, no kernel of their own
+NOT_KERNELS = {"bf16", "registry", "checks"}  # helpers of metrale/ops, no kernel of their own
 
 
 def ops_modules() -> list[str]:

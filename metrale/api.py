@@ -51,4 +51,4 @@ def load_generative(path_or_source, device="auto", **load_options):
     from .generative import DecoderGenerativeModel, GenerativeModel, SpeechToTextModel
     if isinstance(model, (GenerativeModel, SpeechToTextModel)):
         return model
-    return DecoderGenerativeModel(model)
+    return model.generative() if hasattr(model, "generative") else DecoderGenerativeModel(model)

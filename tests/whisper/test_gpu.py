@@ -1,0 +1,53 @@
+"""WhisperModel on CudaBackend: the same goldens, and CUDA against HostBackend."""
+import numpy as np
+import pytest
+
+from metrale.engine.transcribe import transcribe
+from tests.conftest import TOL
+from tests.model.common import assert_matches_golden
+from tests.whisper.common import golden, load, rel_err
+
+pytestmark = pytest.mark.gpu
+
+
+def test_gpu_encoder_and_logits_match_golden(cuda):
+    g = golden()
+    m = load(cuda)
+    try:
+        enc = m.encode_audio(g["mel"])
+        enc_h = np.asarray(enc.get())
+        assert rel_err(enc_h[0], g["encoder"]) < TOL["model_vs_golden_rel_max"][0]
+        ids = g["decoder_input_ids"][0].tolist()
+        for i in range(1, len(ids) + 1):
+            got = m.decode_step(ids[:i], enc).get()
+            assert_matches_golden(got, g["decoder_logits"][i - 1], f"prefix {i}")
+    finally:
+        m.close()
+
+
+def test_gpu_cached_equals_uncached(cuda):
+    g = golden()
+    m = load(cuda)
+    try:
+        enc = m.encode_audio(g["mel"])
+        ids = g["decoder_input_ids"][0].tolist()
+        cached = [m.decode_step(ids[:i], enc).get() for i in range(1, len(ids) + 1)]
+        for i in range(1, len(ids) + 1):
+            m.reset_cache()
+            assert np.array_equal(m.decode_step(ids[:i], enc.copy()).get(), cached[i - 1]), i
+    finally:
+        m.close()
+
+
+def test_gpu_matches_host(cuda, host):
+    g = golden()
+    mc, mh = load(cuda), load(host)
+    try:
+        ec, eh = mc.encode_audio(g["mel"]).get(), mh.encode_audio(g["mel"])
+        assert rel_err(ec, eh) < 0.02
+        ids = g["decoder_input_ids"][0].tolist()
+        assert rel_err(mc.decode_step(ids, eh).get(), mh.decode_step(ids, eh)) < 0.02
+        assert transcribe(mc, g["audio"], max_new_tokens=8).tokens == [39] * 8
+    finally:
+        mc.close()
+        mh.close()
