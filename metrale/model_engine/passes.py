@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import InvalidArgument
 from ..gpu_runtime.types import DevicePtr
+from ..ops import embedding
 from .layers import lm_head, run_decoder
 from .sequence import SequenceState
 
@@ -53,10 +54,13 @@ class DecoderPasses:
     # prefill -------------------------------------------------------------------------
     def _prefill_pass(self, seq: SequenceState, chunk: Sequence[int], stream: int,
                       want_logits: bool, embeds: np.ndarray | None = None,
-                      hidden_out: DevicePtr | None = None) -> DevicePtr:
+                      hidden_out: DevicePtr | None = None, splice=None,
+                      recorded: Sequence[int] | None = None) -> DevicePtr:
         """Run `chunk` (token ids; or `embeds` [n, hidden] bf16 bits) at positions
         seq_len.. of `seq`. Returns the prefill logits row ptr when `want_logits`.
-        `hidden_out`: where final-norm hidden rows go (default ws.normed)."""
+        `hidden_out`: where final-norm hidden rows go (default ws.normed). `splice(stream)`
+        runs after the token embeddings are in `ws.residual` and may overwrite rows (image
+        features); `recorded` is what `seq.tokens` keeps (default `chunk`)."""
         ws, bs, b = self._ws, self._block_size, self.backend
         n = len(chunk)
         start = seq.seq_len
@@ -73,10 +77,16 @@ class DecoderPasses:
             ws.upload_step(stream, n, 1)
             if embeds is not None:
                 b.copy_h2d_async(np.ascontiguousarray(embeds, np.uint16), ws.residual, stream)
+            elif splice is not None:
+                embedding.embedding(b, stream, ws.residual, self._weights.embed_tokens,
+                                    ws.token_ids, n, self._meta.hidden_size,
+                                    self._meta.vocab_size)
+                splice(stream)
             out = ws.normed if hidden_out is None else hidden_out
             run_decoder(self, stream, n, decode=False, n_seqs=1, max_q_len=n, out_ptr=out,
-                        embeds_uploaded=embeds is not None, arena=seq.arena)
-        seq.tokens.extend(int(t) for t in chunk)
+                        embeds_uploaded=embeds is not None or splice is not None,
+                        arena=seq.arena)
+        seq.tokens.extend(int(t) for t in (chunk if recorded is None else recorded))
         seq.seq_len += n
         if not want_logits:
             return DevicePtr.NULL

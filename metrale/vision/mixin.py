@@ -33,9 +33,7 @@ import numpy as np
 from ..errors import InvalidArgument
 from ..gpu_runtime.types import NULL, DevicePtr
 from ..model_engine.guard import exclusive
-from ..model_engine.layers import lm_head, run_decoder
 from ..model_engine.sequence import SequenceState
-from ..ops import embedding
 
 
 class ModelVision:
@@ -194,40 +192,22 @@ class ModelVision:
                               want_logits: bool) -> DevicePtr:
         """`_prefill_pass` over tokens[start:start+n] with the embedding rows of image
         positions overwritten by feature rows on the device before the decoder runs."""
-        ws, bs, b, m = self._ws, self._block_size, self.backend, self._meta
-        hid = m.hidden_size
+        ws, b = self._ws, self.backend
+        hid = self._meta.hidden_size
         chunk = tokens[start:start + n]
-        pos0 = seq.seq_len
-        self._reserve_for_writes([(seq, n)], stream)
-        pos = np.arange(pos0, pos0 + n, dtype=np.int64)
-        table = np.asarray(seq.block_table, np.int64)
-        ws.h_tokens[:n] = chunk
-        ws.h_positions[:n] = pos
-        ws.h_slots[:n] = table[pos // bs] * bs + pos % bs
-        self._fill_table_row(0, seq.block_table)
-        ws.h_kv_lens[0] = pos0 + n
-        ws.h_indptr[:2] = (0, n)
-        ws.upload_step(stream, n, 1)
-        embedding.embedding(b, stream, ws.residual, self._weights.embed_tokens, ws.token_ids,
-                            n, hid, m.vocab_size)
-        # image-token positions inside this chunk: k-th image token <- feature row k
-        lo, hi = np.searchsorted(img_pos, [start, start + n])
-        k = int(lo)
-        while k < hi:
-            j = k
-            while j + 1 < hi and img_pos[j + 1] == img_pos[j] + 1:
-                j += 1
-            rows = j - k + 1
-            b.copy_d2d_async(DevicePtr(features_ptr).offset(k * hid * 2),
-                             ws.residual.offset((int(img_pos[k]) - start) * hid * 2),
-                             rows * hid * 2, stream)
-            k = j + 1
-        run_decoder(self, stream, n, decode=False, n_seqs=1, max_q_len=n, out_ptr=ws.normed,
-                    embeds_uploaded=True, arena=seq.arena)
+
+        def splice(stream):
+            # image-token positions inside this chunk: k-th image token <- feature row k
+            lo, hi = np.searchsorted(img_pos, [start, start + n])
+            k = int(lo)
+            while k < hi:
+                j = k
+                while j + 1 < hi and img_pos[j + 1] == img_pos[j] + 1:
+                    j += 1
+                b.copy_d2d_async(DevicePtr(features_ptr).offset(k * hid * 2),
+                                 ws.residual.offset((int(img_pos[k]) - start) * hid * 2),
+                                 (j - k + 1) * hid * 2, stream)
+                k = j + 1
         img = self.image_token_index()
-        seq.tokens.extend(-1 if t == img else int(t) for t in chunk)
-        seq.seq_len += n
-        if not want_logits:
-            return NULL
-        lm_head(self, stream, ws.normed.offset((n - 1) * hid * 2), 1, ws.prefill_logits)
-        return ws.prefill_logits
+        return self._prefill_pass(seq, chunk, stream, want_logits, splice=splice,
+                                  recorded=[-1 if t == img else int(t) for t in chunk])
