@@ -44,13 +44,18 @@ __device__ __forceinline__ bool aligned16(const void *p) {
     return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
 }
 
-// Weights are streamed once: do not let them evict x from L1.
+// Weights are streamed once: do not let them evict x from L1. (Without __CUDA_ARCH__, i.e.
+// in the EmuBackend's g++ build, a plain 16-byte load with the same result.)
 __device__ __forceinline__ uint4 ld_weight(const void *p) {
+#ifdef __CUDA_ARCH__
     uint4 v;
     asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
         : "l"(p));
     return v;
+#else
+    return *reinterpret_cast<const uint4 *>(p);
+#endif
 }
 
 __device__ __forceinline__ void unpack_u4(const uint4 v, float f[8]) {

@@ -4,10 +4,13 @@ Widen a tolerance only with a comment saying why.
 """
 from __future__ import annotations
 
+import os
+import shutil
+
 import numpy as np
 import pytest
 
-from metrale.gpu_runtime import HostBackend, cuda_available
+from metrale.gpu_runtime import HostBackend, backend, cuda_available
 
 # name -> (rtol, atol). Twins compute in FP32 and round every stored activation to BF16,
 # like the kernels, so "twin vs float64 formula" is bounded by a few BF16 ulps (2^-8 rel).
@@ -49,13 +52,57 @@ def gpu_available() -> bool:
     return _GPU
 
 
+def emu_available() -> bool:
+    return shutil.which(os.environ.get("CXX") or "g++") is not None
+
+
+def device_backends() -> list[str]:
+    """What the `device` fixture runs `gpu` tests on.
+
+    METRALE_DEVICE=emu or =cuda[:N] picks one; otherwise every backend that can run the
+    CUDA sources here: "emu" (the kernels compiled with g++, needs a C++ compiler) and
+    "cuda" (needs a usable GPU).
+    """
+    env = (os.environ.get("METRALE_DEVICE") or "").strip().lower()
+    if env == "emu" or env.startswith("cuda"):
+        return [env]
+    return [name for name, ok in (("emu", emu_available()), ("cuda", gpu_available())) if ok]
+
+
+def pytest_generate_tests(metafunc):
+    if "device" in metafunc.fixturenames:
+        metafunc.parametrize("device", device_backends(), indirect=True)
+
+
+# The size knob of the `gpu` tests: parameters marked `real_size` (real-model shapes, e.g. a
+# 128256 x 4096 lm_head) run on a GPU only. The emulator runs every kernel body at the
+# ragged sizes, which reach the same code paths, in CI time; METRALE_EMU_REAL_SIZES=1 runs
+# the real shapes on it too.
+REAL_SIZE = pytest.mark.real_size
+
+
+def real(*values):
+    """A parametrize entry that is a real-model shape (GPU only unless asked for)."""
+    return pytest.param(*values, marks=REAL_SIZE)
+
+
 def pytest_collection_modifyitems(config, items):
-    if gpu_available():
-        return
-    skip = pytest.mark.skip(reason="no usable CUDA GPU")
+    skip_gpu = pytest.mark.skip(reason="no usable CUDA GPU")
+    skip_dev = pytest.mark.skip(reason="no device backend (no GPU, no C++ compiler for emu)")
+    skip_real = pytest.mark.skip(reason="real-model size: GPU only on the emulator "
+                                        "(METRALE_EMU_REAL_SIZES=1 runs it)")
+    emu_real = os.environ.get("METRALE_EMU_REAL_SIZES", "0") not in ("", "0")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" not in item.keywords:
+            continue
+        if "device" in getattr(item, "fixturenames", ()):
+            if not device_backends():
+                item.add_marker(skip_dev)
+            params = getattr(getattr(item, "callspec", None), "params", {})
+            if params.get("device") == "emu" and "real_size" in item.keywords and not emu_real:
+                item.add_marker(skip_real)
+        elif not gpu_available():
+            item.add_marker(skip_gpu)
 
 
 @pytest.fixture
@@ -65,10 +112,22 @@ def host():
 
 @pytest.fixture
 def cuda():
+    """A CudaBackend: for tests of CUDA itself (streams, graphs, compute-sanitizer)."""
     if not gpu_available():
         pytest.skip("no usable CUDA GPU")
     from metrale.gpu_runtime import CudaBackend
     return CudaBackend(0)
+
+
+@pytest.fixture
+def device(request):
+    """A backend that runs the real kernels: EmuBackend on the CPU, or CudaBackend."""
+    return backend(request.param)
+
+
+def on_emu(backend_) -> bool:
+    """Whether kernels run emulated (the size knob: real-model shapes only on a GPU)."""
+    return backend_.name == "emu"
 
 
 @pytest.fixture

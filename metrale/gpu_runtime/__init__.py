@@ -10,7 +10,7 @@ from .host import HostBackend, LaunchContext
 from .protocol import GpuBackend
 from .types import NULL, DevicePtr, KernelHandle
 
-__all__ = ["GpuBackend", "HostBackend", "CudaBackend", "DevicePtr", "KernelHandle", "NULL",
+__all__ = ["GpuBackend", "HostBackend", "CudaBackend", "EmuBackend", "DevicePtr", "KernelHandle", "NULL",
            "LaunchContext", "backend", "cuda_available"]
 
 log = logging.getLogger("metrale")
@@ -20,6 +20,9 @@ def __getattr__(name):
     if name == "CudaBackend":  # imported lazily: importing CuPy costs ~0.6 s
         from .cuda import CudaBackend
         return CudaBackend
+    if name == "EmuBackend":
+        from .emu import EmuBackend
+        return EmuBackend
     raise AttributeError(name)
 
 
@@ -39,10 +42,11 @@ def cuda_available() -> tuple[bool, str]:
 
 
 def backend(device: str | None = "auto") -> GpuBackend:
-    """Pick a backend: "auto" | "cpu" | "cuda" | "cuda:N".
+    """Pick a backend: "auto" | "cpu" | "emu" | "cuda" | "cuda:N".
 
     `None` or "auto" honour the `METRALE_DEVICE` environment variable first; "auto" is CUDA
-    when CuPy sees a usable GPU, else CPU with one log line saying why.
+    when CuPy sees a usable GPU, else CPU with one log line saying why. "emu" runs the CUDA
+    sources on the CPU (`EmuBackend`, modes from METRALE_EMU_SANITIZE / METRALE_EMU_ORDER).
     """
     if device is None or device == "auto":
         device = os.environ.get("METRALE_DEVICE") or "auto"
@@ -51,6 +55,9 @@ def backend(device: str | None = "auto") -> GpuBackend:
     device = device.strip().lower()
     if device == "cpu":
         return HostBackend()
+    if device == "emu":
+        from .emu import EmuBackend
+        return EmuBackend.from_env()
     if device == "auto":
         ok, why = cuda_available()
         if ok:
@@ -60,7 +67,7 @@ def backend(device: str | None = "auto") -> GpuBackend:
         return HostBackend()
     m = re.fullmatch(r"cuda(?::(\d+))?", device)
     if not m:
-        raise InvalidArgument(f"device {device!r}: expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
+        raise InvalidArgument(f"device {device!r}: expected 'auto', 'cpu', 'emu', 'cuda' or 'cuda:N'")
     ok, why = cuda_available()
     if not ok:
         raise DeviceError(f"device {device!r} requested but {why}")

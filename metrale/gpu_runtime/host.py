@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import DeviceError, InvalidArgument, KernelError
+from . import twins
 from .types import DevicePtr, KernelHandle, check_launch_args
 
 _ALIGN = 256  # same alignment cudaMalloc gives
@@ -35,6 +36,17 @@ class LaunchContext:
     grid: tuple
     block: tuple
     shared_mem: int
+
+    def allocation_of(self, ptr) -> tuple[int, int] | None:
+        """`(start, size)` of the live allocation holding address `ptr` (its one-past-end
+        address included), or None."""
+        addr = int(ptr)
+        i = bisect.bisect_right(self._starts, addr) - 1
+        if i < 0 or addr == 0:
+            return None
+        start = self._starts[i]
+        size = self._sizes[start]
+        return (start, size) if addr <= start + size else None
 
     def view(self, ptr, count: int, dtype) -> np.ndarray:
         """A writable numpy view of `count` elements of `dtype` at device address `ptr`."""
@@ -110,6 +122,17 @@ class HostBackend:
             return self._limit - self._live
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
+    def allocation_of(self, ptr) -> tuple[int, int] | None:
+        """`(start, size)` of the live allocation holding address `ptr` (its one-past-end
+        address included), or None."""
+        addr = int(ptr)
+        i = bisect.bisect_right(self._starts, addr) - 1
+        if i < 0 or addr == 0:
+            return None
+        start = self._starts[i]
+        size = self._sizes[start]
+        return (start, size) if addr <= start + size else None
+
     def view(self, ptr, count: int, dtype) -> np.ndarray:
         """A bounds-checked writable view of `count` `dtype` elements at address `ptr`."""
         dtype = np.dtype(dtype)
@@ -173,17 +196,16 @@ class HostBackend:
         key = (module, func)
         h = self._kernels.get(key)
         if h is None:
-            from ..ops.registry import lookup_twin
-            impl = lookup_twin(module, func)
+            impl = twins.lookup(module, func)
             if impl is None:
                 raise KernelError(f"kernel {module}.{func} has no numpy twin registered "
-                                  "(metrale/ops/<family>.py must register it with @twin)")
+                                  "(metrale/ops/<family>.py registers it with @twin when "
+                                  "metrale.ops is imported)")
             h = self._kernels[key] = KernelHandle(module, func, impl)
         return h
 
     def has_module(self, module: str) -> bool:
-        from ..ops.registry import twin_modules
-        return module in twin_modules()
+        return module in twins.modules()
 
     def launch(self, kernel: KernelHandle, grid, block, shared_mem: int, stream: int,
                args: Sequence) -> None:
@@ -195,7 +217,9 @@ class HostBackend:
     def gemm_bf16(self, m: int, n: int, k: int, x_ptr: DevicePtr, w_ptr: DevicePtr,
                   y_ptr: DevicePtr, stream: int) -> None:
         """Y[m, n] = X[m, k] @ W[n, k]^T in BF16, FP32 accumulation (cuBLAS's twin)."""
-        from ..ops.gemm import gemm_twin
+        gemm_twin = twins.lookup("cublas", "gemm_bf16")
+        if gemm_twin is None:
+            raise KernelError("gemm_bf16 has no twin registered (import metrale.ops)")
         self._run(lambda: gemm_twin(self, m, n, k, x_ptr, w_ptr, y_ptr))
 
     def has_gemm(self) -> bool:

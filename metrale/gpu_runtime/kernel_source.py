@@ -61,9 +61,47 @@ def read_source(module: str) -> tuple[str, str]:
     return src, h.hexdigest()[:16]
 
 
-def entry_points(source: str) -> list[str]:
-    return re.findall(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?'
-                      r"([A-Za-z_][A-Za-z0-9_]*)", source)
+def entry_points(module: str) -> list[str]:
+    """The `extern "C" __global__` kernels of `kernels/<module>.cu`, read from the
+    preprocessed source (so kernels a macro generates count), in source order."""
+    from .emu.build import entry_points_of
+    return entry_points_of(module_path(module))
+
+
+_ASM = re.compile(r"\basm\s*(?:volatile\s*|__volatile__\s*)?\(")
+_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+
+
+def unguarded_asm(text: str) -> list[str]:
+    """Problems with inline asm: each `asm(` must sit in the `#ifdef __CUDA_ARCH__` branch of a
+    conditional that has an `#else` (the C++ the EmuBackend compiles). One line per problem."""
+    text = _COMMENTS.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+    problems: list[str] = []
+    stack: list[dict] = []  # per open #if: is the current branch device-only, asm seen, #else
+    for no, line in enumerate(text.splitlines(), 1):
+        st = line.strip()
+        if st.startswith("#"):
+            d = st[1:].strip()
+            word = d.split("(")[0].split()[0] if d else ""
+            if word in ("if", "ifdef", "ifndef"):
+                positive = "__CUDA_ARCH__" in d and word != "ifndef" and "!" not in d
+                stack.append({"device": positive, "line": no, "asm": False, "else": False})
+            elif word in ("else", "elif") and stack:
+                stack[-1]["device"] = False
+                stack[-1]["else"] = True
+            elif word == "endif" and stack:
+                top = stack.pop()
+                if top["asm"] and not top["else"]:
+                    problems.append(f"line {top['line']}: the #if around inline asm has no "
+                                    "#else with a C++ fallback")
+            continue
+        if _ASM.search(line):
+            guard = next((e for e in reversed(stack) if e["device"]), None)
+            if guard is None:
+                problems.append(f"line {no}: inline asm outside an #ifdef __CUDA_ARCH__ branch")
+            else:
+                guard["asm"] = True
+    return problems
 
 
 @lru_cache(maxsize=1)
@@ -149,15 +187,33 @@ def compile_cubin(module: str, arch: str) -> tuple[bytes, str]:
 
 
 def check_all(archs=ARCHS) -> list[dict]:
-    """Compile every kernel file for every arch; one record per (file, arch)."""
+    """Compile every kernel file for every arch; one record per (file, arch).
+
+    A record fails when the file does not compile, when an entry point of the preprocessed
+    source is missing from what ptxas compiled, or when inline asm has no C++ fallback.
+    """
     records = []
     for path in kernel_files():
+        lint = unguarded_asm(path.read_text())
+        try:
+            names, names_error = entry_points(path.stem), None
+        except Exception as e:  # no C++ preprocessor, or it failed
+            names, names_error = [], str(e)
         for arch in archs:
-            rec = {"file": path.name, "arch": arch, "ok": False, "kernels": [], "error": None}
+            rec = {"file": path.name, "arch": arch, "ok": False, "entry_points": names,
+                   "kernels": [], "error": None}
             try:
                 _, log = compile_cubin(path.stem, arch)
                 rec["kernels"] = parse_ptxas(log)
-                rec["ok"] = True
+                compiled = {k["name"] for k in rec["kernels"]}
+                errors = [f"{path.name}: {p}" for p in lint]
+                if names_error:
+                    errors.append(f"{path.name}: entry points unknown: {names_error}")
+                missing = [n for n in names if n not in compiled]
+                if missing:
+                    errors.append(f"{path.name}: entry points not compiled: {missing}")
+                rec["error"] = "\n".join(errors) or None
+                rec["ok"] = not errors
             except Exception as e:  # report every file, then fail at the end
                 rec["error"] = str(e)
             records.append(rec)

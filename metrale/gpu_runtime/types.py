@@ -53,6 +53,8 @@ class KernelHandle:
 # a 64-bit `long long` (CUPY_NOTES §3), silently misaligning every later argument of a
 # kernel that declares `int`, so launches accept only explicitly sized numpy scalars.
 _SCALAR_TYPES = (np.int32, np.uint32, np.int64, np.uint64, np.float32)
+_MAX_BLOCK = (1024, 1024, 64)
+_MAX_GRID = (2**31 - 1, 65535, 65535)
 
 
 def check_launch_args(kernel: KernelHandle, grid, block, args) -> tuple:
@@ -65,6 +67,12 @@ def check_launch_args(kernel: KernelHandle, grid, block, args) -> tuple:
     block3 = _dim3(block, "block", kernel)
     if block3[0] * block3[1] * block3[2] > 1024:
         raise KernelError(f"{kernel.name}: block {block3} has more than 1024 threads")
+    # CUDA's limits on every GPU metrale supports; a launch beyond them fails on the device.
+    for what, dims, limit in (("block", block3, _MAX_BLOCK), ("grid", grid3, _MAX_GRID)):
+        for axis, d, lim in zip("xyz", dims, limit):
+            if d > lim:
+                raise KernelError(f"{kernel.name}: {what}.{axis} = {d} exceeds CUDA's limit "
+                                  f"of {lim}")
     for i, a in enumerate(args):
         if isinstance(a, DevicePtr) or isinstance(a, _SCALAR_TYPES):
             continue

@@ -1,11 +1,15 @@
 """BF16 <-> FP32 on the host, bit-exact with the device (`__float2bfloat16_rn`).
 
 BF16 values live in `uint16` arrays. BF16 -> FP32 is exact (`bits << 16`); FP32 -> BF16
-rounds to nearest, ties to even, and keeps NaN a (quiet) NaN.
+rounds to nearest, ties to even, and turns every NaN into the canonical BF16 NaN 0x7FFF, as
+the device's `cvt.rn.bf16.f32` (what `__float2bfloat16_rn` compiles to on sm_80+) and the
+EmuBackend do; a NaN's sign and payload are not kept.
 """
 from __future__ import annotations
 
 import numpy as np
+
+CANONICAL_NAN = 0x7FFF  # CUDART_NAN_BF16
 
 
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
@@ -14,11 +18,11 @@ def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
 
 
 def f32_to_bf16(x: np.ndarray) -> np.ndarray:
-    """float32 (any shape) -> uint16 BF16 bits, round to nearest even, NaN-safe."""
+    """float32 (any shape) -> uint16 BF16 bits, round to nearest even, NaN -> 0x7FFF."""
     u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     rounded = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16).astype(np.uint16)
     nan = (u & 0x7FFFFFFF) > 0x7F800000
-    return np.where(nan, ((u >> 16) | 0x0040).astype(np.uint16), rounded)
+    return np.where(nan, np.uint16(CANONICAL_NAN), rounded)
 
 
 def round_bf16(x: np.ndarray) -> np.ndarray:

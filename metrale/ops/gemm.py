@@ -18,6 +18,7 @@ from ..errors import InvalidArgument
 from ..gpu_runtime.types import DevicePtr
 from .bf16 import bf16_to_f32, f32_to_bf16
 from .checks import check_ptrs, check_sizes
+from ..gpu_runtime import twins as _twin_table
 from .registry import twin
 
 MODULE = "gemv"
@@ -63,6 +64,9 @@ def gemm_twin(backend, m, n, k, x_ptr, w_ptr, y_ptr) -> None:
     for j0 in range(0, n, step):
         y[:, j0:j0 + step] = x @ bf16_to_f32(w[j0:j0 + step]).astype(np.float64).T
     backend.view(y_ptr, m * n, np.uint16).reshape(m, n)[:] = f32_to_bf16(y)
+
+
+_twin_table.register("cublas", "gemm_bf16", gemm_twin)
 
 
 def gemv(backend, stream: int, y_ptr, x_ptr, w_ptr, m: int, n: int, k: int,

@@ -20,10 +20,10 @@ def teacher_forced(m, ids, split=9):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", DECODER_FIXTURES)
-def test_gpu_model_matches_golden_and_host(cuda, host, name):
+def test_gpu_model_matches_golden_and_host(device, host, name):
     g = golden(name)
     ids = g["input_ids"][0].tolist()
-    gpu = load(name, cuda, graphs=False)
+    gpu = load(name, device, graphs=False)
     rows = teacher_forced(gpu, ids)
     assert_matches_golden(rows[:-1], g["logits"][8:23], f"{name} on GPU")
     host_rows = teacher_forced(load(name, host), ids)
@@ -32,12 +32,12 @@ def test_gpu_model_matches_golden_and_host(cuda, host, name):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["llama_gqa", "qwen3"])
-def test_gpu_graphs_equal_eager_and_batch_invariance(cuda, name):
+def test_gpu_graphs_equal_eager_and_batch_invariance(device, name):
     ids = golden(name)["input_ids"][0].tolist()
-    eager = teacher_forced(load(name, cuda, graphs=False), ids)
-    graphed = teacher_forced(load(name, cuda, graphs=True), ids)
+    eager = teacher_forced(load(name, device, graphs=False), ids)
+    graphed = teacher_forced(load(name, device, graphs=True), ids)
     assert np.array_equal(eager, graphed)
-    m = load(name, cuda, graphs=True)
+    m = load(name, device, graphs=True)
     s = m.default_stream()
     lens = [3, 11, 1, 18, 7]
     seqs = []
@@ -56,10 +56,10 @@ def test_gpu_graphs_equal_eager_and_batch_invariance(cuda, name):
 
 
 @pytest.mark.gpu
-def test_gpu_speculative_equals_greedy(cuda):
+def test_gpu_speculative_equals_greedy(device):
     from metrale.engine import generate, speculative_generate
     ids = golden("llama_gqa")["input_ids"][0, :9].tolist()
-    t, d = load("llama_gqa", cuda), load("qwen3", cuda)
+    t, d = load("llama_gqa", device), load("qwen3", device)
     want = generate(t, ids, 16, stop_token_ids=[]).tokens
     for k in (1, 4):
         assert speculative_generate(t, d, ids, 16, k=k, stop_token_ids=[]).tokens == want

@@ -102,13 +102,13 @@ def test_bad_sizes_raise_before_launch(host):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("vocab", [1, 7, 19, 111, 1023, 1024, 1025, 4097, 32000, 151936])
-def test_gpu_matches_twin(cuda, host, rng, vocab):
+def test_gpu_matches_twin(device, host, rng, vocab):
     rows = rng.integers(-8, 9, size=(3, vocab)).astype(np.float32)
     rows[1, ::3] = np.nan
     rows[2] = -np.inf
-    assert np.array_equal(run_bf16(cuda, rows), run_bf16(host, rows))
-    assert np.array_equal(run_fp32(cuda, rows), run_fp32(host, rows))
+    assert np.array_equal(run_bf16(device, rows), run_bf16(host, rows))
+    assert np.array_equal(run_fp32(device, rows), run_fp32(host, rows))
     for positions in ((1, 2), (5, 1030), (3, 1027)):
         if max(positions) < vocab:
             row = tie_row(vocab, positions)[None]
-            assert np.array_equal(run_bf16(cuda, row), run_bf16(host, row))
+            assert np.array_equal(run_bf16(device, row), run_bf16(host, row))

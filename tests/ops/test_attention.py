@@ -11,7 +11,7 @@ from metrale.errors import InvalidArgument, KernelError
 from metrale.gpu_runtime import NULL
 from metrale.ops import attention as att
 from metrale.ops.bf16 import bf16_to_f32, f32_to_bf16
-from tests.conftest import assert_close
+from tests.conftest import assert_close, real
 from tests.helpers import Buffers
 
 
@@ -316,37 +316,38 @@ def test_bad_arguments_raise_before_launch(host):
 # ------------------------------------------------------------------------------------------
 # GPU
 # ------------------------------------------------------------------------------------------
-GPU_HEADS = [(32, 8, 128, 16), (28, 4, 128, 16), (16, 8, 128, 16), (32, 32, 64, 16),
-             (8, 1, 128, 32), (12, 1, 64, 16), (4, 2, 256, 16), (4, 2, 96, 7), (2, 1, 6, 3)]
+GPU_HEADS = [real(32, 8, 128, 16), real(28, 4, 128, 16), real(16, 8, 128, 16),
+             real(32, 32, 64, 16), (8, 1, 128, 32), (12, 1, 64, 16), (4, 2, 256, 16),
+             (4, 2, 96, 7), (2, 1, 6, 3)]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("h,kv,d,bs", GPU_HEADS)
-def test_gpu_prefill_matches_twin(cuda, host, rng, h, kv, d, bs):
+def test_gpu_prefill_matches_twin(device, host, rng, h, kv, d, bs):
     c = Case(rng, [7, 1, 19, 111, 40], [7, 1 + 50, 19 + 13, 111, 40 + 300], h, kv, d, bs)
     scale = 1 / math.sqrt(d)
     for window in (0, 37):
-        g = run_prefill(cuda, c, scale, window)
+        g = run_prefill(device, c, scale, window)
         t = run_prefill(host, c, scale, window)
         assert_close(bf16_to_f32(g), bf16_to_f32(t), "gpu_vs_twin_bf16", f"window {window}")
     # batch invariance on the GPU: bit-identical alone
-    g = run_prefill(cuda, c, scale)
+    g = run_prefill(device, c, scale)
     for s in range(c.n_seqs):
-        assert np.array_equal(g[c.qo[s]:c.qo[s + 1]], run_prefill(cuda, c.subset(s), scale))
+        assert np.array_equal(g[c.qo[s]:c.qo[s + 1]], run_prefill(device, c.subset(s), scale))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("h,kv,d,bs", GPU_HEADS)
-def test_gpu_decode_matches_twin(cuda, host, rng, h, kv, d, bs):
+def test_gpu_decode_matches_twin(device, host, rng, h, kv, d, bs):
     c = Case(rng, [1] * 6, [1, 7, 19, 111, 257, 4097], h, kv, d, bs)
     scale = 1 / math.sqrt(d)
     ms = att.decode_max_splits(8192)
     for window in (0, 300):
-        g = run_decode(cuda, c, scale, window, max_splits=ms)
+        g = run_decode(device, c, scale, window, max_splits=ms)
         t = run_decode(host, c, scale, window, max_splits=ms)
         assert_close(bf16_to_f32(g), bf16_to_f32(t), "gpu_vs_twin_bf16", f"window {window}")
-    g = run_decode(cuda, c, scale, max_splits=ms)
+    g = run_decode(device, c, scale, max_splits=ms)
     for s in range(c.n_seqs):
-        assert np.array_equal(g[s], run_decode(cuda, c.subset(s), scale, max_splits=ms)[0])
+        assert np.array_equal(g[s], run_decode(device, c.subset(s), scale, max_splits=ms)[0])
     c.kv_lens[1] = 0  # padding row
-    assert not run_decode(cuda, c, scale, max_splits=ms)[1].any()
+    assert not run_decode(device, c, scale, max_splits=ms)[1].any()

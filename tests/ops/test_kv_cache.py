@@ -91,14 +91,14 @@ def test_bad_arguments_raise_before_launch(host):
 @pytest.mark.parametrize("n,h,kv,d,bs", [(1, 32, 8, 128, 16), (111, 32, 8, 128, 16),
                                          (19, 28, 4, 128, 16), (7, 4, 1, 64, 16),
                                          (19, 3, 1, 6, 5), (33, 2, 2, 256, 32)])
-def test_gpu_matches_twin(cuda, host, rng, n, h, kv, d, bs):
+def test_gpu_matches_twin(device, host, rng, n, h, kv, d, bs):
     qkv, slots, nb = case(rng, n, h, kv, d, bs, pad_every=4 if n > 4 else 0)
-    gk, gv = run_write(cuda, qkv, slots, nb, bs, h, kv, d)
+    gk, gv = run_write(device, qkv, slots, nb, bs, h, kv, d)
     tk, tv = run_write(host, qkv, slots, nb, bs, h, kv, d)
     assert np.array_equal(gk, tk) and np.array_equal(gv, tv)
     k = rng.integers(0, 2**16, size=(4, bs, kv, d), dtype=np.uint16)
     outs = []
-    for be in (cuda, host):
+    for be in (device, host):
         with Buffers(be) as b:
             kp, vp = b.put(k), b.put(k[::-1].copy())
             kv_cache.copy_blocks(be, be.default_stream(), kp, vp, 0, 3, bs, kv, d)

@@ -243,7 +243,7 @@ def test_bad_arguments_raise_before_launch(host):
     (1, 32, 8, 128, False), (111, 32, 8, 128, False), (19, 28, 4, 128, False),
     (37, 32, 8, 128, True), (7, 16, 8, 128, True), (5, 4, 1, 64, False), (9, 3, 3, 6, True),
     (3, 2, 2, 256, True)])
-def test_gpu_matches_twin(cuda, host, rng, n_tokens, h, kv, d, norm):
+def test_gpu_matches_twin(device, host, rng, n_tokens, h, kv, d, norm):
     scaling = NS(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                  original_max_position_embeddings=8192)
     table = rope.rope_table(d, 4096, 500000.0, scaling)
@@ -251,7 +251,7 @@ def test_gpu_matches_twin(cuda, host, rng, n_tokens, h, kv, d, norm):
     pos = rng.integers(0, 4096, n_tokens).astype(np.int32)
     qn = f32_to_bf16(rng.uniform(0.5, 1.5, d).astype(np.float32)) if norm else None
     kn = f32_to_bf16(rng.uniform(0.5, 1.5, d).astype(np.float32)) if norm else None
-    g = run_rope(cuda, qkv, pos, table, h, kv, d, qn, kn)
+    g = run_rope(device, qkv, pos, table, h, kv, d, qn, kn)
     t = run_rope(host, qkv, pos, table, h, kv, d, qn, kn)
     assert_close(bf16_to_f32(g), bf16_to_f32(t), "gpu_vs_twin_bf16")
     assert np.array_equal(g[:, (h + kv) * d:], qkv[:, (h + kv) * d:])

@@ -13,6 +13,7 @@ from metrale.errors import KernelError
 from metrale.ops import argmax
 from metrale.ops import sampling as S
 from metrale.ops.bf16 import bf16_to_f32, f32_to_bf16
+from tests.conftest import on_emu, real
 from tests.helpers import Buffers
 
 SP = SamplingParams
@@ -462,28 +463,29 @@ def _gpu_case(rng, vocab, n):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("vocab", [32000, 128256, 151936])
+@pytest.mark.parametrize("vocab", [7, 111, 4097, real(32000), real(128256), real(151936)])
 @pytest.mark.parametrize("fp32", [True, False])
-def test_gpu_matches_twin(cuda, host, rng, vocab, fp32):
-    n = 48
+def test_gpu_matches_twin(device, host, rng, vocab, fp32):
+    n = 16 if on_emu(device) else 48  # every one of the 8 parameter kinds, twice
     rows, params, prev = _gpu_case(rng, vocab, n)
     seeds = rng.integers(0, 2**63, size=n, dtype=np.uint64)
     steps = rng.integers(0, 2**40, size=n, dtype=np.uint64)
     greedy = np.array([p.is_greedy for p in params])
     for trial in range(2):
         st = steps + np.uint64(trial)
-        g = run(cuda, rows, params, seeds, st, prev, fp32)
+        g = run(device, rows, params, seeds, st, prev, fp32)
         h = run(host, rows, params, seeds, st, prev, fp32)
         assert np.array_equal(g[greedy], h[greedy])
         assert np.mean(g != h) <= 1e-3, np.nonzero(g != h)
 
 
 @pytest.mark.gpu
-def test_gpu_distribution_matches_twin(cuda, host):
+def test_gpu_distribution_matches_twin(device, host):
     row = _dist_row()
     p = DIST_CASES["combo"]
-    g = draw(cuda, row, p, 20_000, seed=9, prev=PREV, chunk=20_000)
-    h = draw(host, row, p, 20_000, seed=9, prev=PREV, chunk=20_000)
+    n = 300 if on_emu(device) else 20_000
+    g = draw(device, row, p, n, seed=9, prev=PREV, chunk=n)
+    h = draw(host, row, p, n, seed=9, prev=PREV, chunk=n)
     assert np.mean(g != h) <= 1e-3
     assert chi2_pvalue(g, filtered_distribution(row, p, PREV)) > 1e-3
 

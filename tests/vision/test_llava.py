@@ -289,8 +289,8 @@ def test_images_to_text_only_model(g):
 
 # ----------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
-def test_llava_on_cuda_matches_golden(cuda, g):
-    m = load(NAME, cuda)
+def test_llava_on_cuda_matches_golden(device, g):
+    m = load(NAME, device)
     ids = g["input_ids"][0].tolist()
     s = m.default_stream()
     p = m.prefill_multimodal(ids, m.encode_images([g["pixel_values"]], s), m.alloc_sequence(), s)

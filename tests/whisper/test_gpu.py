@@ -1,6 +1,9 @@
-"""WhisperModel on CudaBackend: the same goldens, and CUDA against HostBackend."""
+"""WhisperModel on a device backend (emu or CUDA): the same goldens, and the kernels against
+the HostBackend twins."""
 import numpy as np
 import pytest
+
+from metrale import to_numpy
 
 from metrale.engine.transcribe import transcribe
 from tests.conftest import TOL
@@ -10,43 +13,43 @@ from tests.whisper.common import golden, load, rel_err
 pytestmark = pytest.mark.gpu
 
 
-def test_gpu_encoder_and_logits_match_golden(cuda):
+def test_gpu_encoder_and_logits_match_golden(device):
     g = golden()
-    m = load(cuda)
+    m = load(device)
     try:
         enc = m.encode_audio(g["mel"])
-        enc_h = np.asarray(enc.get())
+        enc_h = to_numpy(enc)
         assert rel_err(enc_h[0], g["encoder"]) < TOL["model_vs_golden_rel_max"][0]
         ids = g["decoder_input_ids"][0].tolist()
         for i in range(1, len(ids) + 1):
-            got = m.decode_step(ids[:i], enc).get()
+            got = to_numpy(m.decode_step(ids[:i], enc))
             assert_matches_golden(got, g["decoder_logits"][i - 1], f"prefix {i}")
     finally:
         m.close()
 
 
-def test_gpu_cached_equals_uncached(cuda):
+def test_gpu_cached_equals_uncached(device):
     g = golden()
-    m = load(cuda)
+    m = load(device)
     try:
         enc = m.encode_audio(g["mel"])
         ids = g["decoder_input_ids"][0].tolist()
-        cached = [m.decode_step(ids[:i], enc).get() for i in range(1, len(ids) + 1)]
+        cached = [to_numpy(m.decode_step(ids[:i], enc)) for i in range(1, len(ids) + 1)]
         for i in range(1, len(ids) + 1):
             m.reset_cache()
-            assert np.array_equal(m.decode_step(ids[:i], enc.copy()).get(), cached[i - 1]), i
+            assert np.array_equal(to_numpy(m.decode_step(ids[:i], enc.copy())), cached[i - 1]), i
     finally:
         m.close()
 
 
-def test_gpu_matches_host(cuda, host):
+def test_gpu_matches_host(device, host):
     g = golden()
-    mc, mh = load(cuda), load(host)
+    mc, mh = load(device), load(host)
     try:
-        ec, eh = mc.encode_audio(g["mel"]).get(), mh.encode_audio(g["mel"])
+        ec, eh = to_numpy(mc.encode_audio(g["mel"])), mh.encode_audio(g["mel"])
         assert rel_err(ec, eh) < 0.02
         ids = g["decoder_input_ids"][0].tolist()
-        assert rel_err(mc.decode_step(ids, eh).get(), mh.decode_step(ids, eh)) < 0.02
+        assert rel_err(to_numpy(mc.decode_step(ids, eh)), mh.decode_step(ids, eh)) < 0.02
         assert transcribe(mc, g["audio"], max_new_tokens=8).tokens == [39] * 8
     finally:
         mc.close()

@@ -1,0 +1,3 @@
+// Stub for the EmuBackend build: everything a kernel uses from <cuda_runtime.h> is provided by the
+// force-included shim (metrale/gpu_runtime/emu/shim.h), so this header is empty on purpose.
+#pragma once

@@ -1,0 +1,262 @@
+"""EmuBackend: the CUDA execution model on fibers, checked against the CUDA documentation's
+rules (written out here independently of the shim), its diagnostics, its launch checks, its
+modes (shuffled order, AddressSanitizer) and its build cache."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from metrale.errors import DeviceError, InvalidArgument, KernelError
+from metrale.gpu_runtime import DevicePtr, backend
+from metrale.gpu_runtime.emu import EmuBackend
+from metrale.gpu_runtime.emu.build import build_library, rewrite_dynamic_shared
+from tests.conftest import emu_available
+from tests.helpers import Buffers
+
+pytestmark = pytest.mark.skipif(not emu_available(), reason="no C++ compiler")
+HERE = Path(__file__).resolve().parent / "emu_kernels"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def emu():
+    return EmuBackend()
+
+
+def launch(be, lib, func, grid, block, args, shared=0):
+    be.launch(be.kernel_from(lib, func), grid, block, shared, 0, args)
+
+
+# --------------------------------------------------------------------- warp intrinsics
+def shfl_reference(op: str, lane: int, b: int, width: int) -> int:
+    """The CUDA Programming Guide's wording of each shuffle (a lane reads its own value when
+    the source falls outside what the variant allows)."""
+    base = lane - lane % width
+    if op == "idx":
+        return base + b % width
+    if op == "up":
+        return lane - b if lane % width >= b else lane
+    if op == "down":
+        return lane + b if lane % width + b < width else lane
+    src = lane ^ b  # xor: lanes of earlier groups may be read, later ones not
+    return src if src < base + width else lane
+
+
+@pytest.mark.parametrize("op,code", [("idx", 0), ("up", 1), ("down", 2), ("xor", 3)])
+@pytest.mark.parametrize("width", [1, 2, 4, 8, 16, 32])
+def test_shuffles_follow_the_cuda_rules(emu, op, code, width):
+    lib = emu.load_source(HERE / "warp_rules.cu")
+    params = [0, 1, 3, width - 1, width, 5, 17, 31] if op in ("idx", "xor") else [0, 1, 2, 5, 16]
+    with Buffers(emu) as b:
+        out = b.empty((64,), np.int32)
+        for p in params:
+            launch(emu, lib, "shuffle", (1,), (64,),
+                   (out, np.int32(code), np.int32(p), np.int32(width)))
+            got = b.get(out, (64,), np.int32)
+            want = [1000 * (32 * (t // 32) + shfl_reference(op, t % 32, p, width)) + 7
+                    for t in range(64)]
+            assert list(got) == want, (op, p, width)
+
+
+def test_votes_and_match(emu, rng):
+    lib = emu.load_source(HERE / "warp_rules.cu")
+    pred = rng.integers(0, 3, size=64).astype(np.int32)
+    pred[32:] = 1  # second warp: all true
+    with Buffers(emu) as b:
+        out = b.empty((256,), np.uint32)
+        launch(emu, lib, "votes", (1,), (64,), (out, b.put(pred)))
+        got = b.get(out, (64, 4), np.uint32)
+    for t in range(64):
+        w = pred[32 * (t // 32): 32 * (t // 32) + 32]
+        ballot = sum(1 << i for i in range(32) if w[i])
+        match = sum(1 << i for i in range(32) if w[i] == pred[t])
+        assert list(got[t]) == [ballot, int(w.any()), int(w.all()), match]
+
+
+def test_reduce_and_syncthreads_count(emu, rng):
+    lib = emu.load_source(HERE / "warp_rules.cu")
+    vals = rng.integers(-1000, 1000, size=96).astype(np.int32)
+    pred = (rng.random(96) < 0.3).astype(np.int32)
+    with Buffers(emu) as b:
+        out = b.empty((288,), np.int32)
+        launch(emu, lib, "reduce", (1,), (96,), (out, b.put(vals)))
+        red = b.get(out, (96, 3), np.int32)
+        launch(emu, lib, "count", (1,), (96,), (out, b.put(pred)))
+        cnt = b.get(out, (96, 3), np.int32)
+    for t in range(96):
+        w = vals[32 * (t // 32): 32 * (t // 32) + 32]
+        assert list(red[t]) == [w.sum(), w.min(), w.max()]
+        assert list(cnt[t]) == [pred.sum(), int(pred.all()), int(pred.any())]
+
+
+def test_half_warp_masks_complete_independently(emu):
+    lib = emu.load_source(HERE / "warp_rules.cu")
+    with Buffers(emu) as b:
+        out = b.empty((32,), np.int32)
+        launch(emu, lib, "half_masks", (1,), (32,), (out,))
+        assert list(b.get(out, (32,), np.int32)) == [t ^ 1 for t in range(32)]
+
+
+# --------------------------------------------------------------------- diagnostics
+@pytest.mark.parametrize("func,block,message", [
+    ("divergent_barrier", 64, r"different barriers: thread \d+ at __syncthreads \(bugs.cu:7\), "
+                              r"thread \d+ at __syncthreads \(bugs.cu:10\)"),
+    ("exited_lane", 32, r"mask 0xffffffff, which names lane 0 that has exited"),
+    ("warp_vs_block", 32, r"waits at __shfl_sync \(bugs.cu:\d+\) for lane 0, which waits at "
+                          r"__syncthreads"),
+    ("divergent_warp", 32, r"divergent warp intrinsics"),
+    ("outside_mask", 32, r"reads lane 20, which is not in the mask 0x0000ffff"),
+    ("traps", 32, r"thread \(5,0,0\): __trap\(\) at bugs.cu:\d+"),
+])
+def test_bugs_are_reported_with_file_and_line(emu, func, block, message):
+    lib = emu.load_source(HERE / "bugs.cu")
+    with Buffers(emu) as b:
+        out = b.empty((block,), np.int32)
+        with pytest.raises(KernelError, match=message) as e:
+            launch(emu, lib, func, (2,), (block,), (out,))
+    assert f"bugs.{func} block (0,0,0)" in str(e.value)
+    # the library stays usable after an abandoned launch
+    with Buffers(emu) as b:
+        out = b.empty((64,), np.float32)
+        launch(emu, lib, "correct_sum", (1,), (64,), (out, b.put(np.ones(64, np.float32))))
+        assert b.get(out, (1,), np.float32)[0] == 64
+
+
+def test_shuffled_order_exposes_a_missing_barrier():
+    x = np.arange(1, 65, dtype=np.float32)
+    results = {}
+    for order in ("forward", "reverse", "shuffle:1", "shuffle:2"):
+        be = EmuBackend(order=order)
+        lib = be.load_source(HERE / "bugs.cu")
+        with Buffers(be) as b:
+            out, xp = b.empty((1,), np.float32), b.put(x)
+            launch(be, lib, "correct_sum", (1,), (64,), (out, xp))
+            assert b.get(out, (1,), np.float32)[0] == x.sum(), order
+            launch(be, lib, "racy_sum", (1,), (64,), (out, xp))
+            results[order] = float(b.get(out, (1,), np.float32)[0])
+    # forward runs thread 0 first: it reads 63 unwritten (NaN) slots; reverse runs it last
+    assert np.isnan(results["forward"]) and results["reverse"] == x.sum()
+    assert len({str(v) for v in results.values()}) > 1
+
+
+def test_unwritten_shared_memory_reads_nan(emu):
+    lib = emu.load_source(HERE / "bugs.cu")
+    with Buffers(emu) as b:
+        out = b.empty((2,), np.uint32)
+        launch(emu, lib, "unwritten_shared", (1,), (32,), (out,), shared=16)
+        assert list(b.get(out, (2,), np.uint32)) == [0xFFFFFFFF, 0xFFFFFFFF]
+
+
+# --------------------------------------------------------------------- launch checks
+def test_arguments_are_checked_against_the_c_signature(emu):
+    lib = emu.load_source(HERE / "bugs.cu")
+    k = emu.kernel_from(lib, "typed")
+    assert [p.c_type for p in k.impl.params] == [
+        "float*", "const __nv_bfloat16*", "int", "unsigned int", "long long int", "float"]
+    with Buffers(emu) as b:
+        out, x = b.empty((1,), np.float32), b.put(np.array([0x3F80], np.uint16))
+        good = [out, x, np.int32(1), np.uint32(2), np.int64(3), np.float32(0.5)]
+        emu.launch(k, (1,), (1,), 0, 0, good)
+        assert b.get(out, (1,), np.float32)[0] == 7.5
+        bad = [
+            (2, np.int64(1), r"argument 2 \(int\) must be np.int32, got int64"),
+            (3, np.int32(2), r"argument 3 \(unsigned int\) must be np.uint32"),
+            (5, np.int32(0), r"argument 5 \(float\) must be np.float32"),
+            (0, np.int32(0), r"argument 0 \(float\*\) must be a DevicePtr"),
+            (1, x.offset(1), r"argument 1 .* is not 2-byte aligned"),
+            (0, DevicePtr(8), r"argument 0 .* is not inside any live allocation"),
+        ]
+        for i, value, msg in bad:
+            args = list(good)
+            args[i] = value
+            with pytest.raises(KernelError, match=msg):
+                emu.launch(k, (1,), (1,), 0, 0, args)
+        with pytest.raises(KernelError, match="5 arguments for 6 parameters"):
+            emu.launch(k, (1,), (1,), 0, 0, good[:5])
+        with pytest.raises(KernelError, match="dynamic shared memory"):
+            emu.launch(k, (1,), (1,), 48 * 1024 + 4, 0, good)
+        with pytest.raises(KernelError, match="grid.y = 65536 exceeds"):
+            emu.launch(k, (1, 65536), (1,), 0, 0, good)
+        with pytest.raises(KernelError, match="does not exist"):
+            emu.kernel_from(lib, "no_such_kernel")
+
+
+def test_backend_selection_and_modes(monkeypatch):
+    monkeypatch.setenv("METRALE_EMU_ORDER", "shuffle:7")
+    be = backend("emu")
+    assert isinstance(be, EmuBackend) and be.order == 2 and be.name == "emu"
+    for spec in ("sideways", "shuffle", "shuffle:x"):
+        with pytest.raises(InvalidArgument, match="emu order"):
+            EmuBackend(order=spec)
+    if "libasan" not in open("/proc/self/maps").read():
+        with pytest.raises(DeviceError, match="LD_PRELOAD"):
+            EmuBackend(sanitize=True)
+
+
+def test_dynamic_shared_rewrite_keeps_lines():
+    src = "a\nextern __shared__ __align__(16) float smem[];  // x\nb\n"
+    out = rewrite_dynamic_shared(src, "t.cu")
+    assert out.count("\n") == src.count("\n")
+    assert "float *const smem = reinterpret_cast<float *>(::emu::dynamic_smem());" in out
+    with pytest.raises(KernelError, match=r"t.cu:1: an `extern __shared__`"):
+        rewrite_dynamic_shared("extern __shared__ float a[4];", "t.cu")
+
+
+def test_build_is_cached_by_content(tmp_path, monkeypatch):
+    monkeypatch.setenv("METRALE_CACHE_DIR", str(tmp_path))
+    src = tmp_path / "k.cu"
+    src.write_text('extern "C" __global__ void k(int *o) { o[threadIdx.x] = 1; }\n')
+    so1, names = build_library(src)
+    assert names == ["k"] and so1.parent == tmp_path / "emu"
+    assert build_library(src)[0] == so1
+    src.write_text('extern "C" __global__ void k(int *o) { o[threadIdx.x] = 2; }\n')
+    assert build_library(src)[0] != so1
+    src.write_text('extern "C" __global__ void k(int *o) { o[threadIdx.x] = ; }\n')
+    with pytest.raises(KernelError, match="k.cu:1"):
+        build_library(src)
+
+
+# --------------------------------------------------------------------- AddressSanitizer
+ASAN_SCRIPT = """
+import numpy as np, sys
+from metrale.gpu_runtime.emu import EmuBackend
+from tests.helpers import Buffers
+be = EmuBackend(sanitize=True)
+lib = be.load_source(sys.argv[1])
+with Buffers(be) as b:
+    out = b.empty((1,), np.float32)
+    if sys.argv[2] == "global":
+        x = b.put(np.ones(10, np.float32))
+        args, shared = (out, x, np.int32(10)), 0
+        be.launch(be.kernel_from(lib, "read_past_end"), (1,), (32,), shared, 0, args)
+    else:
+        be.launch(be.kernel_from(lib, "shared_past_end"), (1,), (32,), 40, 0,
+                  (out, np.int32(10)))
+print("NOT DETECTED")
+"""
+
+
+def asan_env():
+    lib = subprocess.run(["g++", "-print-file-name=libasan.so"], capture_output=True,
+                         text=True).stdout.strip()
+    if not lib or not Path(lib).exists():
+        pytest.skip("no libasan")
+    return dict(os.environ, LD_PRELOAD=lib, ASAN_OPTIONS="detect_leaks=0",
+                PYTHONPATH=str(ROOT))
+
+
+@pytest.mark.parametrize("where,culprit", [("global", "out[0] = x[n];"),
+                                           ("shared", "out[0] = s[n];")])
+def test_asan_names_the_kernel_line(where, culprit):
+    src = (HERE / "bugs.cu").read_text().splitlines()
+    want = next(i + 1 for i, s in enumerate(src) if culprit in s)
+    proc = subprocess.run([sys.executable, "-c", ASAN_SCRIPT, str(HERE / "bugs.cu"), where],
+                          capture_output=True, text=True, env=asan_env(), timeout=300, cwd=ROOT)
+    out = proc.stdout + proc.stderr
+    assert "NOT DETECTED" not in out and proc.returncode != 0, out[-3000:]
+    assert "AddressSanitizer" in out and f"bugs.cu:{want}" in out, out[-3000:]
