@@ -229,10 +229,11 @@ def _cmd_bench(args) -> int:
 
 
 def _cmd_info(args) -> int:
+    from .formats import num_parameters
     from .model_engine.memory_plan import weight_bytes
     source = _open(args.model)
     meta = source.metadata()
-    n_params = int(meta.num_parameters())
+    n_params = int(num_parameters(meta))
     w = weight_bytes(meta)
     kv_tok = meta.num_layers * 2 * meta.num_kv_heads * meta.head_dim * 2
     kv = kv_tok * args.context * args.batch
