@@ -29,8 +29,12 @@ def load_tokenizer(source):
     return Tokenizer.from_file(str(path))
 
 
-def no_tokenizer(source, what: str):
-    """The error for text input to a checkpoint without tokenizer.json."""
-    from ..errors import InvalidArgument
-    return InvalidArgument(f"{source.description} has no tokenizer.json, so {what} cannot be "
-                           "tokenized; pass token ids with --ids 1,2,3")
+def text_tokenizer(source, what: str):
+    """The tokenizer for text given with option `what` ("--prompt", "--text");
+    InvalidArgument pointing to --ids when the checkpoint has no tokenizer.json."""
+    tok = load_tokenizer(source)
+    if tok is None:
+        from ..errors import InvalidArgument
+        raise InvalidArgument(f"{source.description} has no tokenizer.json, so {what} cannot "
+                              "be tokenized; pass token ids with --ids 1,2,3")
+    return tok

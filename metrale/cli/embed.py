@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from .args import add_device, add_model, nonneg_int, token_ids
-from .checkpoint import load_model, load_tokenizer, no_tokenizer, open_checkpoint
+from .checkpoint import load_model, open_checkpoint, text_tokenizer
 
 
 def register(sub) -> None:
@@ -35,9 +35,7 @@ def run(args) -> int:
         batch = [list(x) for x in args.ids]
         labels = [",".join(map(str, x)) for x in batch]
     else:
-        tok = load_tokenizer(source)
-        if tok is None:
-            raise no_tokenizer(source, "--text")
+        tok = text_tokenizer(source, "--text")
         batch = [tok.encode(t).ids for t in args.text]
         labels = list(args.text)
     model = load_model(source, args.device)

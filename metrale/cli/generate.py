@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from .args import add_device, add_ids, add_model, nonneg_float, nonneg_int, positive_int, top_p
-from .checkpoint import load_model, load_tokenizer, no_tokenizer, open_checkpoint
+from .checkpoint import load_model, load_tokenizer, open_checkpoint, text_tokenizer
 
 
 def register(sub) -> None:
@@ -32,12 +32,11 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..engine import SamplingParams, generate
     source = open_checkpoint(args.model)
-    tok = load_tokenizer(source)
     if args.ids is not None:
+        tok = load_tokenizer(source)  # still decodes the output when there is one
         ids = list(args.ids)
     else:
-        if tok is None:
-            raise no_tokenizer(source, "--prompt")
+        tok = text_tokenizer(source, "--prompt")
         ids = tok.encode(args.prompt).ids
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k,
                               top_p=args.top_p, seed=args.seed)

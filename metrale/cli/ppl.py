@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from .args import add_device, add_ids, add_model, existing_file, positive_int
-from .checkpoint import load_model, load_tokenizer, no_tokenizer, open_checkpoint
+from .checkpoint import load_model, open_checkpoint, text_tokenizer
 
 
 def register(sub) -> None:
@@ -31,9 +31,7 @@ def run(args) -> int:
     if args.ids is not None:
         ids = list(args.ids)
     else:
-        tok = load_tokenizer(source)
-        if tok is None:
-            raise no_tokenizer(source, "--text")
+        tok = text_tokenizer(source, "--text")
         text = Path(args.text).read_text(encoding="utf-8", errors="replace")
         ids = tok.encode(text).ids
     if len(ids) < 2:
