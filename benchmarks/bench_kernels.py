@@ -364,7 +364,9 @@ FAMILIES = {
     "dense_attention": [bench_dense_attention],
     "vision": [bench_vision],
 }
-NOT_KERNELS = {"bf16", "registry", "checks"}  # helpers of metrale/ops, no kernel of their own
+# helpers of metrale/ops with no kernel of their own (attention_tile: the twin of a header
+# that attention.cu and dense_attention.cu share, benchmarked through them)
+NOT_KERNELS = {"bf16", "registry", "checks", "attention_tile"}
 
 
 def ops_modules() -> list[str]:

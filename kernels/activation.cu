@@ -10,21 +10,17 @@
 // Rounding choice: HF computes silu(gate) in BF16 and then multiplies (two roundings);
 // like vLLM/TensorRT-LLM we round once (the brief's contract); the difference is <= 1 ulp.
 //
-// silu_mul launch: grid (n_rows), block ACT_THREADS (256) striding over the row; vector path
-//   (8 bf16 per 128-bit access) when I % 8 == 0 and both pointers are 16-byte aligned, else
-//   one element per access. Any I >= 1.
-// gelu launch: 1-D grid-stride, block 256, grid min(ceil(ceil(n/8)/256), 8192); vector path
-//   when both pointers are 16-byte aligned, the last n % 8 elements one by one. in-place
-//   (out == x) is allowed.
+// silu_mul launch: grid (n_rows), block ACT_THREADS (256) striding over the row (common.cuh's
+//   row_stride_x8); vector path (8 bf16 per 128-bit access) when I % 8 == 0 and both
+//   pointers are 16-byte aligned, else one element per access. Any I >= 1.
+// gelu launch: 1-D grid-stride (common.cuh's grid_stride_x8), block 256, grid
+//   min(ceil(ceil(n/8)/256), 8192); vector path when both pointers are 16-byte aligned, the
+//   last n % 8 elements one by one. in-place (out == x) is allowed.
 // Fast-math: expf/tanhf use the approximate hardware paths (--use_fast_math); the error is
 // far below one BF16 ulp. erff is precise.
 #include "common.cuh"
 
 #define ACT_THREADS 256
-
-__device__ __forceinline__ bool aligned16(const void *p) {
-    return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
-}
 
 __device__ __forceinline__ float silu_f(float g) { return g / (1.0f + expf(-g)); }
 
@@ -44,41 +40,21 @@ silu_mul(bf16 *out, const bf16 *gate_up, int n_rows, int intermediate) {
     const bf16 *g = gate_up + (long long)r * 2 * intermediate;
     const bf16 *u = g + intermediate;
     bf16 *o = out + (long long)r * intermediate;
-    if ((intermediate & 7) == 0 && aligned16(g) && aligned16(o)) {
-        const bf16x8 *gv = reinterpret_cast<const bf16x8 *>(g);
-        const bf16x8 *uv = reinterpret_cast<const bf16x8 *>(u);
-        bf16x8 *ov = reinterpret_cast<bf16x8 *>(o);
-        for (int c = threadIdx.x; c < (intermediate >> 3); c += blockDim.x) {
-            float a[8], b[8];
-            unpack8(gv[c], a);
-            unpack8(uv[c], b);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) a[e] = silu_f(a[e]) * b[e];
-            ov[c] = pack8(a);
-        }
-    } else {
-        for (int c = threadIdx.x; c < intermediate; c += blockDim.x)
-            o[c] = f2bf(silu_f(bf2f(g[c])) * bf2f(u[c]));
-    }
+    const bf16x8 *gv = reinterpret_cast<const bf16x8 *>(g);
+    const bf16x8 *uv = reinterpret_cast<const bf16x8 *>(u);
+    bf16x8 *ov = reinterpret_cast<bf16x8 *>(o);
+    row_stride_x8(
+        intermediate, (intermediate & 7) == 0 && aligned16(g) && aligned16(o),
+        [&](int c) { ov[c] = map8(gv[c], uv[c], [](float g, float u) { return silu_f(g) * u; }); },
+        [&](int c) { o[c] = f2bf(silu_f(bf2f(g[c])) * bf2f(u[c])); });
 }
 
 extern "C" __global__ void __launch_bounds__(ACT_THREADS)
 gelu(bf16 *out, const bf16 *x, int n, int mode) {
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    long long done = 0;
-    if (aligned16(out) && aligned16(x)) {
-        const long long n8 = n >> 3;
-        const bf16x8 *xv = reinterpret_cast<const bf16x8 *>(x);
-        bf16x8 *ov = reinterpret_cast<bf16x8 *>(out);
-        for (long long i = tid; i < n8; i += stride) {
-            float a[8];
-            unpack8(xv[i], a);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) a[e] = gelu_f(a[e], mode);
-            ov[i] = pack8(a);
-        }
-        done = n8 << 3;
-    }
-    for (long long i = done + tid; i < n; i += stride) out[i] = f2bf(gelu_f(bf2f(x[i]), mode));
+    const bf16x8 *xv = reinterpret_cast<const bf16x8 *>(x);
+    bf16x8 *ov = reinterpret_cast<bf16x8 *>(out);
+    grid_stride_x8(
+        n, aligned16(out) && aligned16(x),
+        [&](long long i) { ov[i] = map8(xv[i], [&](float a) { return gelu_f(a, mode); }); },
+        [&](long long i) { out[i] = f2bf(gelu_f(bf2f(x[i]), mode)); });
 }

@@ -16,10 +16,11 @@
 //   <= 128 registers, 4 CTAs per SM), dynamic shared
 //   memory D*(4*BQ + 128) bytes. Suffix pN = pairs of dims per lane = ceil(D/64):
 //   p1/p2 (D <= 128): BQ = 32, 8 rows per warp; p4 (D <= 256): BQ = 16, 4 rows per warp.
-//   Flash-attention style: per 32-key tile, K (stored transposed as bf16 pairs, XOR-swizzled)
-//   and V go to shared memory; lane j scores key j for all rows of its warp; online softmax
-//   per row; lane l accumulates output pairs l, l+32, ... Key tiles are aligned to absolute
-//   positions, so a row's result does not depend on how the query was chunked or batched.
+//   Flash-attention style, the tile code of attention_tile.cuh (shared with dense_attention):
+//   per 32-key tile, K (stored transposed as bf16 pairs, XOR-swizzled) and V go to shared
+//   memory; lane j scores key j for all rows of its warp; online softmax per row; lane l
+//   accumulates output pairs l, l+32, ... Key tiles are aligned to absolute positions, so a
+//   row's result does not depend on how the query was chunked or batched.
 //   An inconsistent sequence (q_len > max_q_len, q_len > kv_len, rows past n_tokens,
 //   kv_len > max_blocks_per_seq*block_size) gets NaN rows where they are addressable.
 //
@@ -47,22 +48,14 @@
 //
 // Restrictions (checked by the launchers): D even, 2 <= D <= 256; H % KV == 0; pointers to
 // bf16 data 4-byte aligned.
+#include "attention_tile.cuh"
 #include "common.cuh"
 
-#define ATT_THREADS 128
-#define ATT_WARPS 4
-#define PREFILL_BK 32
+// Prefill and decode both launch the tile's 128 threads (4 warps).
+#define ATT_THREADS ATT_TILE_THREADS
+#define ATT_WARPS ATT_TILE_WARPS
 #define DECODE_SPLIT_TOKENS 256
 #define DECODE_UNROLL 4
-#define LOG2E_F 1.4426950408889634f
-
-__device__ __forceinline__ float bf_lo(unsigned int w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf_hi(unsigned int w) { return __uint_as_float(w & 0xffff0000u); }
-
-__device__ __forceinline__ unsigned int pack_bf2(float a, float b) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<unsigned int *>(&h);
-}
 
 // ======================================================================================
 // prefill
@@ -74,7 +67,7 @@ __device__ __forceinline__ void prefill_impl(
     const int *__restrict__ kv_lens, const int *__restrict__ qo_indptr, int n_seqs,
     int n_tokens, int max_q_len, int H, int KV, int D, int bs, int max_blocks, float scale,
     int window) {
-    constexpr int RT = (MAXP == 4) ? 4 : 8;  // query rows per warp
+    constexpr int RT = tile_rows<MAXP>();  // query rows per warp
     constexpr int BQ = RT * ATT_WARPS;
     extern __shared__ float smem[];
     const int DP = D >> 1;                  // bf16 pairs per row
@@ -110,128 +103,42 @@ __device__ __forceinline__ void prefill_impl(
     const int kv_lo = window > 0 ? max(0, pos0 - window + 1) : 0;
     const long long qkv_row = (long long)(H + 2 * KV) * D;
     const long long cache_row = (long long)KV * D;
-    const float sl2 = scale * LOG2E_F;
+    const float sl2 = scale * ATT_LOG2E;
 
     // Q tile -> shared memory (fp32, unscaled); rows past q_len are zero.
-    for (int i = tid; i < BQ * DP; i += ATT_THREADS) {
-        const int r = i / DP, dp = i - r * DP;
-        unsigned int w = 0;
-        if (r < rows_here)
-            w = __ldg(reinterpret_cast<const unsigned int *>(
-                    qkv + (long long)(q_start + r0 + r) * qkv_row + (long long)h * D) + dp);
-        sQ[r * D + 2 * dp] = bf_lo(w);
-        sQ[r * D + 2 * dp + 1] = bf_hi(w);
-    }
+    tile_load_q_pairs<BQ>(sQ, D, rows_here, [&](int r) {
+        return reinterpret_cast<const unsigned int *>(
+            qkv + (long long)(q_start + r0 + r) * qkv_row + (long long)h * D);
+    });
 
     const int wr0 = warp * RT;
     int qpos[RT];
-    float m[RT], l[RT], acc[RT][MAXP][2];
 #pragma unroll
-    for (int i = 0; i < RT; ++i) {
+    for (int i = 0; i < RT; ++i)
         qpos[i] = (wr0 + i < rows_here) ? pos0 + wr0 + i : -1;  // -1: attends to nothing
-        m[i] = NEG_INF;
-        l[i] = 0.f;
-#pragma unroll
-        for (int k = 0; k < MAXP; ++k) acc[i][k][0] = acc[i][k][1] = 0.f;
-    }
+    TileRows<RT, MAXP> rows;
+    tile_rows_init(rows);
     const int *bt = block_tables + (long long)s * max_blocks;
 
-    for (int kt = kv_lo & ~(PREFILL_BK - 1); kt < kv_hi; kt += PREFILL_BK) {
+    for (int kt = kv_lo & ~(ATT_TILE_KEYS - 1); kt < kv_hi; kt += ATT_TILE_KEYS) {
         __syncthreads();  // previous tile fully consumed (and sQ written, first time)
-        // K/V tile: warp w loads keys w, w+4, ...; lane over pairs (coalesced 128 B).
-#pragma unroll
-        for (int jj = 0; jj < PREFILL_BK / ATT_WARPS; ++jj) {
-            const int j = warp + jj * ATT_WARPS;
-            const int kp = kt + j;
-            const bool valid = kp >= kv_lo && kp < kv_hi;  // never touch evicted blocks
-            long long base = 0;
-            if (valid) {
+        tile_load_kv_pairs<MAXP>(
+            sK, sV, k_cache, v_cache, kt, D, lane, warp,
+            [&](int kp) { return kp >= kv_lo && kp < kv_hi; },  // never touch evicted blocks
+            [&](int kp) {
                 const int blk = __ldg(bt + kp / bs);
-                base = ((long long)blk * bs + kp % bs) * cache_row + (long long)kvh * D;
-            }
-            const unsigned int *kr = reinterpret_cast<const unsigned int *>(k_cache + base);
-            const unsigned int *vr = reinterpret_cast<const unsigned int *>(v_cache + base);
-#pragma unroll
-            for (int k = 0; k < MAXP; ++k) {
-                const int dp = lane + 32 * k;
-                if (dp < DP) {
-                    unsigned int kw = 0, vw = 0;
-                    if (valid) { kw = __ldg(kr + dp); vw = __ldg(vr + dp); }
-                    sK[dp * 32 + (j ^ (dp & 31))] = kw;
-                    sV[j * DP + dp] = vw;
-                }
-            }
-        }
+                return ((long long)blk * bs + kp % bs) * cache_row + (long long)kvh * D;
+            });
         __syncthreads();
-
-        // scores: lane = key kt + lane, RT rows of this warp
-        float sc[RT];
-#pragma unroll
-        for (int i = 0; i < RT; ++i) sc[i] = 0.f;
-#pragma unroll 4
-        for (int dp = 0; dp < DP; ++dp) {
-            const unsigned int kw = sK[dp * 32 + (lane ^ (dp & 31))];
-            const float kx = bf_lo(kw), ky = bf_hi(kw);
-#pragma unroll
-            for (int i = 0; i < RT; ++i) {
-                const float2 qq = *reinterpret_cast<const float2 *>(sQ + (wr0 + i) * D + 2 * dp);
-                sc[i] = fmaf(qq.x, kx, sc[i]);
-                sc[i] = fmaf(qq.y, ky, sc[i]);
-            }
-        }
-        const int kp = kt + lane;
-        float pr[RT];
-#pragma unroll
-        for (int i = 0; i < RT; ++i) {
-            const bool allowed = kp <= qpos[i] && (window <= 0 || kp > qpos[i] - window);
-            const float sv = allowed ? sc[i] * sl2 : NEG_INF;
-            const float mn = fmaxf(m[i], warp_max(sv));
-            const float mu = (mn == NEG_INF) ? 0.f : mn;
-            const float alpha = exp2f(m[i] - mu);
-            pr[i] = exp2f(sv - mu);
-            l[i] = l[i] * alpha + pr[i];  // per-lane partial sum, reduced at the end
-            m[i] = mn;
-#pragma unroll
-            for (int k = 0; k < MAXP; ++k) { acc[i][k][0] *= alpha; acc[i][k][1] *= alpha; }
-        }
-        // P.V: lane owns output pairs lane + 32k
-#pragma unroll 4
-        for (int j = 0; j < PREFILL_BK; ++j) {
-            float vx[MAXP], vy[MAXP];
-#pragma unroll
-            for (int k = 0; k < MAXP; ++k) {
-                const int dp = lane + 32 * k;
-                const unsigned int vw = dp < DP ? sV[j * DP + dp] : 0u;
-                vx[k] = bf_lo(vw);
-                vy[k] = bf_hi(vw);
-            }
-#pragma unroll
-            for (int i = 0; i < RT; ++i) {
-                const float pj = __shfl_sync(0xffffffffu, pr[i], j);
-#pragma unroll
-                for (int k = 0; k < MAXP; ++k) {
-                    acc[i][k][0] = fmaf(pj, vx[k], acc[i][k][0]);
-                    acc[i][k][1] = fmaf(pj, vy[k], acc[i][k][1]);
-                }
-            }
-        }
+        tile_attend(rows, sQ, sK, sV, D, lane, wr0, kt, sl2, [&](int i, int kp) {
+            return kp <= qpos[i] && (window <= 0 || kp > qpos[i] - window);
+        });
     }
 
-#pragma unroll
-    for (int i = 0; i < RT; ++i) {
-        const float lt = warp_sum(l[i]);
-        const int r = wr0 + i;
-        if (r < rows_here) {
-            const float inv = lt > 0.f ? 1.f / lt : 0.f;
-            unsigned int *o = reinterpret_cast<unsigned int *>(
-                out + (long long)(q_start + r0 + r) * out_row + (long long)h * D);
-#pragma unroll
-            for (int k = 0; k < MAXP; ++k) {
-                const int dp = lane + 32 * k;
-                if (dp < DP) o[dp] = pack_bf2(acc[i][k][0] * inv, acc[i][k][1] * inv);
-            }
-        }
-    }
+    tile_store(rows, D, lane, wr0, rows_here, [&](int r) {
+        return reinterpret_cast<unsigned int *>(
+            out + (long long)(q_start + r0 + r) * out_row + (long long)h * D);
+    });
 }
 
 #define PREFILL_ENTRY(NAME, MAXP)                                                           \
@@ -335,7 +242,7 @@ __device__ __forceinline__ void decode_split_impl(
     const long long kv_off = (long long)kvh * D;
 
     // this lane's slices of the GT query vectors, pre-scaled by scale*log2(e)
-    const float sl2 = scale * LOG2E_F;
+    const float sl2 = scale * ATT_LOG2E;
     const bf16 *qrow = qkv + (long long)s * (H + 2 * KV) * D + (long long)h0 * D;
     float qv[GT][CV];
 #pragma unroll
@@ -354,24 +261,30 @@ __device__ __forceinline__ void decode_split_impl(
     }
     __syncthreads();  // s_blk
 
-    // ---- phase 1: logits ------------------------------------------------------------
-    for (int wb = warp * TPW; wb < n; wb += NSUB * DECODE_UNROLL) {
-        raw_t kr[DECODE_UNROLL][MAXC];
+    // Rows of `cache` (K or V) for the keys wb + sub + u*NSUB (u < DECODE_UNROLL): this
+    // lane's chunks sl + c*L of each, zeros past the split's n keys or the row's C chunks.
+    auto load_rows = [&](raw_t (&r)[DECODE_UNROLL][MAXC], const bf16 *cache, int wb) {
 #pragma unroll
         for (int u = 0; u < DECODE_UNROLL; ++u) {
             const int tt = wb + sub + u * NSUB;
             const int t = t0 + tt;
-            const bf16 *row = k_cache;
+            const bf16 *row = cache;
             if (tt < n)
-                row = k_cache + ((long long)s_blk[t / bs - b0] * bs + t % bs) * cache_row + kv_off;
+                row = cache + ((long long)s_blk[t / bs - b0] * bs + t % bs) * cache_row + kv_off;
 #pragma unroll
             for (int c = 0; c < MAXC; ++c) {
                 const int ch = sl + c * L;
-                zero_raw(kr[u][c]);
+                zero_raw(r[u][c]);
                 if (tt < n && ch < C)
-                    kr[u][c] = ld_raw(reinterpret_cast<const raw_t *>(row + ch * VEC));
+                    r[u][c] = ld_raw(reinterpret_cast<const raw_t *>(row + ch * VEC));
             }
         }
+    };
+
+    // ---- phase 1: logits ------------------------------------------------------------
+    for (int wb = warp * TPW; wb < n; wb += NSUB * DECODE_UNROLL) {
+        raw_t kr[DECODE_UNROLL][MAXC];
+        load_rows(kr, k_cache, wb);
 #pragma unroll
         for (int u = 0; u < DECODE_UNROLL; ++u) {
             float kf[CV];
@@ -414,21 +327,7 @@ __device__ __forceinline__ void decode_split_impl(
         for (int i = 0; i < CV; ++i) acc[g][i] = 0.f;
     for (int wb = warp * TPW; wb < n; wb += NSUB * DECODE_UNROLL) {
         raw_t vr[DECODE_UNROLL][MAXC];
-#pragma unroll
-        for (int u = 0; u < DECODE_UNROLL; ++u) {
-            const int tt = wb + sub + u * NSUB;
-            const int t = t0 + tt;
-            const bf16 *row = v_cache;
-            if (tt < n)
-                row = v_cache + ((long long)s_blk[t / bs - b0] * bs + t % bs) * cache_row + kv_off;
-#pragma unroll
-            for (int c = 0; c < MAXC; ++c) {
-                const int ch = sl + c * L;
-                zero_raw(vr[u][c]);
-                if (tt < n && ch < C)
-                    vr[u][c] = ld_raw(reinterpret_cast<const raw_t *>(row + ch * VEC));
-            }
-        }
+        load_rows(vr, v_cache, wb);
 #pragma unroll
         for (int u = 0; u < DECODE_UNROLL; ++u) {
             const int tt = wb + sub + u * NSUB;

@@ -8,50 +8,37 @@
 // 8192) (metrale/ops/cast.py::_grid). Vector path: when both pointers are 16-byte aligned
 // each thread moves 8 elements per step with 128-bit accesses (BF16 side 16 B, FP32 side
 // 2 x 16 B); the last n % 8 elements are done one by one. Misaligned pointers take the
-// scalar path for the whole buffer. Memory-bound: 6 bytes per element.
+// scalar path for the whole buffer (the loop is common.cuh's grid_stride_x8). Memory-bound:
+// 6 bytes per element.
 #include "common.cuh"
 
 #define CAST_THREADS 256
 
-__device__ __forceinline__ bool aligned16(const void *p) {
-    return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
-}
-
 extern "C" __global__ void __launch_bounds__(CAST_THREADS)
 bf16_to_f32(float *out, const bf16 *x, int n) {
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    long long done = 0;
-    if (aligned16(out) && aligned16(x)) {
-        const long long n8 = n >> 3;
-        const bf16x8 *xv = reinterpret_cast<const bf16x8 *>(x);
-        float4 *ov = reinterpret_cast<float4 *>(out);
-        for (long long i = tid; i < n8; i += stride) {
+    const bf16x8 *xv = reinterpret_cast<const bf16x8 *>(x);
+    float4 *ov = reinterpret_cast<float4 *>(out);
+    grid_stride_x8(
+        n, aligned16(out) && aligned16(x),
+        [&](long long i) {
             float f[8];
             unpack8(xv[i], f);
             ov[2 * i] = make_float4(f[0], f[1], f[2], f[3]);
             ov[2 * i + 1] = make_float4(f[4], f[5], f[6], f[7]);
-        }
-        done = n8 << 3;
-    }
-    for (long long i = done + tid; i < n; i += stride) out[i] = bf2f(x[i]);
+        },
+        [&](long long i) { out[i] = bf2f(x[i]); });
 }
 
 extern "C" __global__ void __launch_bounds__(CAST_THREADS)
 f32_to_bf16(bf16 *out, const float *x, int n) {
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    long long done = 0;
-    if (aligned16(out) && aligned16(x)) {
-        const long long n8 = n >> 3;
-        const float4 *xv = reinterpret_cast<const float4 *>(x);
-        bf16x8 *ov = reinterpret_cast<bf16x8 *>(out);
-        for (long long i = tid; i < n8; i += stride) {
+    const float4 *xv = reinterpret_cast<const float4 *>(x);
+    bf16x8 *ov = reinterpret_cast<bf16x8 *>(out);
+    grid_stride_x8(
+        n, aligned16(out) && aligned16(x),
+        [&](long long i) {
             const float4 a = xv[2 * i], b = xv[2 * i + 1];
             const float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
             ov[i] = pack8(f);
-        }
-        done = n8 << 3;
-    }
-    for (long long i = done + tid; i < n; i += stride) out[i] = f2bf(x[i]);
+        },
+        [&](long long i) { out[i] = f2bf(x[i]); });
 }

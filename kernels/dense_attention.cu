@@ -15,28 +15,18 @@
 // dims per lane = ceil(D/64) (p1/p2: D <= 128, BQ = 32, 8 rows per warp; p4: D <= 256,
 // BQ = 16, 4 rows per warp); v8 = 128-bit loads of q/k/v (D, q_stride, kv_stride multiples
 // of 8, q/k/v 16-byte aligned), v2 = 32-bit loads otherwise.
-// Flash-attention style: per 32-key tile, K (stored transposed as bf16 pairs, XOR-swizzled)
-// and V go to shared memory; lane j scores key j for all rows of its warp; online softmax
-// per row with the running max/sum in registers; lane l accumulates output pairs l, l+32,...
+// Flash-attention style, the tile code of attention_tile.cuh (shared with prefill_attention):
+// per 32-key tile, K (stored transposed as bf16 pairs, XOR-swizzled) and V go to shared
+// memory; lane j scores key j for all rows of its warp; online softmax per row with the
+// running max/sum in registers; lane l accumulates output pairs l, l+32, ... The 128-bit
+// (v8) loads of Q and K/V are this file's own; the 32-bit (v2) ones are the shared ones.
 // Key tiles start at key 0 and are 32 wide whatever n_q is, so a row's result does not
 // depend on n_q or on which CTA computes it (a decode step over a KV buffer equals the same
 // row of a whole-prefix pass).
 // Restrictions (checked by the launcher): D even, 2 <= D <= 256; H % KV == 0; n_q, n_kv >= 1;
 // q_offset >= 0; strides even and >= the heads they hold; pointers 4-byte aligned.
+#include "attention_tile.cuh"
 #include "common.cuh"
-
-#define DA_THREADS 128
-#define DA_WARPS 4
-#define DA_BK 32
-#define DA_LOG2E 1.4426950408889634f
-
-__device__ __forceinline__ float da_lo(unsigned int w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float da_hi(unsigned int w) { return __uint_as_float(w & 0xffff0000u); }
-
-__device__ __forceinline__ unsigned int da_pack(float a, float b) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<unsigned int *>(&h);
-}
 
 template <int MAXP, int VEC>
 __device__ __forceinline__ void dense_impl(bf16 *__restrict__ out, const bf16 *__restrict__ q,
@@ -44,8 +34,8 @@ __device__ __forceinline__ void dense_impl(bf16 *__restrict__ out, const bf16 *_
                                            const bf16 *__restrict__ v, int n_q, int n_kv,
                                            int H, int KV, int D, int q_stride, int kv_stride,
                                            float scale, int causal, int q_offset) {
-    constexpr int RT = (MAXP == 4) ? 4 : 8;  // query rows per warp
-    constexpr int BQ = RT * DA_WARPS;
+    constexpr int RT = tile_rows<MAXP>();  // query rows per warp
+    constexpr int BQ = RT * ATT_TILE_WARPS;
     extern __shared__ __align__(16) float smem[];
     const int DP = D >> 1;                  // bf16 pairs per row
     float *sQ = smem;                       // [BQ][D] fp32
@@ -60,13 +50,13 @@ __device__ __forceinline__ void dense_impl(bf16 *__restrict__ out, const bf16 *_
     const int rows_here = min(BQ, n_q - r0);
     // keys [0, kv_hi) are needed by some row of this tile
     const int kv_hi = causal ? min(n_kv, q_offset + r0 + rows_here) : n_kv;
-    const float sl2 = scale * DA_LOG2E;
+    const float sl2 = scale * ATT_LOG2E;
     const long long qoff = (long long)h * D, kvoff = (long long)kvh * D;
 
     // Q tile -> shared memory (fp32, unscaled); rows past n_q are zero.
     if (VEC == 8) {
         const int C8 = D >> 3;
-        for (int i = tid; i < BQ * C8; i += DA_THREADS) {
+        for (int i = tid; i < BQ * C8; i += ATT_TILE_THREADS) {
             const int r = i / C8, c = i - r * C8;
             uint4 raw = make_uint4(0u, 0u, 0u, 0u);
             if (r < rows_here)
@@ -78,35 +68,27 @@ __device__ __forceinline__ void dense_impl(bf16 *__restrict__ out, const bf16 *_
             for (int e = 0; e < 8; ++e) sQ[r * D + c * 8 + e] = f[e];
         }
     } else {
-        for (int i = tid; i < BQ * DP; i += DA_THREADS) {
-            const int r = i / DP, dp = i - r * DP;
-            unsigned int wd = 0;
-            if (r < rows_here)
-                wd = __ldg(reinterpret_cast<const unsigned int *>(
-                         q + (long long)(r0 + r) * q_stride + qoff) + dp);
-            sQ[r * D + 2 * dp] = da_lo(wd);
-            sQ[r * D + 2 * dp + 1] = da_hi(wd);
-        }
+        tile_load_q_pairs<BQ>(sQ, D, rows_here, [&](int r) {
+            return reinterpret_cast<const unsigned int *>(
+                q + (long long)(r0 + r) * q_stride + qoff);
+        });
     }
 
     const int wr0 = warp * RT;
     int lim[RT];  // keys [0, lim) visible to the row (0: a padding row)
-    float m[RT], l[RT], acc[RT][MAXP][2];
 #pragma unroll
     for (int i = 0; i < RT; ++i) {
         const int r = wr0 + i;
         lim[i] = r < rows_here ? (causal ? min(n_kv, q_offset + r0 + r + 1) : n_kv) : 0;
-        m[i] = NEG_INF;
-        l[i] = 0.f;
-#pragma unroll
-        for (int p = 0; p < MAXP; ++p) acc[i][p][0] = acc[i][p][1] = 0.f;
     }
+    TileRows<RT, MAXP> rows;
+    tile_rows_init(rows);
 
-    for (int kt = 0; kt < kv_hi; kt += DA_BK) {
+    for (int kt = 0; kt < kv_hi; kt += ATT_TILE_KEYS) {
         __syncthreads();  // previous tile consumed (and sQ written, the first time)
         if (VEC == 8) {
             const int C8 = D >> 3;
-            for (int i = tid; i < DA_BK * C8; i += DA_THREADS) {
+            for (int i = tid; i < ATT_TILE_KEYS * C8; i += ATT_TILE_THREADS) {
                 const int j = i / C8, c = i - j * C8;
                 const int kp = kt + j;
                 uint4 kw = make_uint4(0u, 0u, 0u, 0u), vw = kw;
@@ -117,107 +99,28 @@ __device__ __forceinline__ void dense_impl(bf16 *__restrict__ out, const bf16 *_
                 }
                 const unsigned int kws[4] = {kw.x, kw.y, kw.z, kw.w};
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int dp = c * 4 + e;
-                    sK[dp * 32 + (j ^ (dp & 31))] = kws[e];
-                }
+                for (int e = 0; e < 4; ++e) sK[tile_k_index(c * 4 + e, j)] = kws[e];
                 *reinterpret_cast<uint4 *>(sV + j * DP + c * 4) = vw;
             }
         } else {
-#pragma unroll
-            for (int jj = 0; jj < DA_BK / DA_WARPS; ++jj) {
-                const int j = warp + jj * DA_WARPS;
-                const int kp = kt + j;
-                const bool valid = kp < kv_hi;
-                const long long base = valid ? (long long)kp * kv_stride + kvoff : 0;
-                const unsigned int *kr = reinterpret_cast<const unsigned int *>(k + base);
-                const unsigned int *vr = reinterpret_cast<const unsigned int *>(v + base);
-#pragma unroll
-                for (int p = 0; p < MAXP; ++p) {
-                    const int dp = lane + 32 * p;
-                    if (dp < DP) {
-                        unsigned int kw = 0, vw = 0;
-                        if (valid) { kw = __ldg(kr + dp); vw = __ldg(vr + dp); }
-                        sK[dp * 32 + (j ^ (dp & 31))] = kw;
-                        sV[j * DP + dp] = vw;
-                    }
-                }
-            }
+            tile_load_kv_pairs<MAXP>(
+                sK, sV, k, v, kt, D, lane, warp, [&](int kp) { return kp < kv_hi; },
+                [&](int kp) { return (long long)kp * kv_stride + kvoff; });
         }
         __syncthreads();
-
-        // scores: lane = key kt + lane, RT rows of this warp
-        float sc[RT];
-#pragma unroll
-        for (int i = 0; i < RT; ++i) sc[i] = 0.f;
-#pragma unroll 4
-        for (int dp = 0; dp < DP; ++dp) {
-            const unsigned int kw = sK[dp * 32 + (lane ^ (dp & 31))];
-            const float kx = da_lo(kw), ky = da_hi(kw);
-#pragma unroll
-            for (int i = 0; i < RT; ++i) {
-                const float2 qq = *reinterpret_cast<const float2 *>(sQ + (wr0 + i) * D + 2 * dp);
-                sc[i] = fmaf(qq.x, kx, sc[i]);
-                sc[i] = fmaf(qq.y, ky, sc[i]);
-            }
-        }
-        const int kp = kt + lane;
-        float pr[RT];
-#pragma unroll
-        for (int i = 0; i < RT; ++i) {
-            const float sv = kp < lim[i] ? sc[i] * sl2 : NEG_INF;
-            const float mn = fmaxf(m[i], warp_max(sv));
-            const float mu = (mn == NEG_INF) ? 0.f : mn;
-            const float alpha = exp2f(m[i] - mu);
-            pr[i] = exp2f(sv - mu);
-            l[i] = l[i] * alpha + pr[i];  // per-lane partial sum, reduced at the end
-            m[i] = mn;
-#pragma unroll
-            for (int p = 0; p < MAXP; ++p) { acc[i][p][0] *= alpha; acc[i][p][1] *= alpha; }
-        }
-        // P.V: lane owns output pairs lane + 32p
-#pragma unroll 4
-        for (int j = 0; j < DA_BK; ++j) {
-            float vx[MAXP], vy[MAXP];
-#pragma unroll
-            for (int p = 0; p < MAXP; ++p) {
-                const int dp = lane + 32 * p;
-                const unsigned int vw = dp < DP ? sV[j * DP + dp] : 0u;
-                vx[p] = da_lo(vw);
-                vy[p] = da_hi(vw);
-            }
-#pragma unroll
-            for (int i = 0; i < RT; ++i) {
-                const float pj = __shfl_sync(0xffffffffu, pr[i], j);
-#pragma unroll
-                for (int p = 0; p < MAXP; ++p) {
-                    acc[i][p][0] = fmaf(pj, vx[p], acc[i][p][0]);
-                    acc[i][p][1] = fmaf(pj, vy[p], acc[i][p][1]);
-                }
-            }
-        }
+        tile_attend(rows, sQ, sK, sV, D, lane, wr0, kt, sl2,
+                    [&](int i, int kp) { return kp < lim[i]; });
     }
 
     const long long out_row = (long long)H * D;
-#pragma unroll
-    for (int i = 0; i < RT; ++i) {
-        const float lt = warp_sum(l[i]);
-        const int r = wr0 + i;
-        if (r < rows_here) {
-            const float inv = lt > 0.f ? 1.f / lt : 0.f;
-            unsigned int *o = reinterpret_cast<unsigned int *>(
-                out + (long long)(r0 + r) * out_row + (long long)h * D);
-#pragma unroll
-            for (int p = 0; p < MAXP; ++p) {
-                const int dp = lane + 32 * p;
-                if (dp < DP) o[dp] = da_pack(acc[i][p][0] * inv, acc[i][p][1] * inv);
-            }
-        }
-    }
+    tile_store(rows, D, lane, wr0, rows_here, [&](int r) {
+        return reinterpret_cast<unsigned int *>(
+            out + (long long)(r0 + r) * out_row + (long long)h * D);
+    });
 }
 
 #define DENSE_ENTRY(NAME, MAXP, VEC)                                                        \
-    extern "C" __global__ void __launch_bounds__(DA_THREADS, 4)                               \
+    extern "C" __global__ void __launch_bounds__(ATT_TILE_THREADS, 4)                         \
     NAME(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int n_q, int n_kv,          \
          int num_heads, int num_kv_heads, int head_dim, int q_stride, int kv_stride,         \
          float scale, int causal, int q_offset) {                                            \

@@ -12,10 +12,6 @@
 
 #define EMB_THREADS 128
 
-__device__ __forceinline__ bool aligned16(const void *p) {
-    return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
-}
-
 extern "C" __global__ void __launch_bounds__(EMB_THREADS)
 embedding(bf16 *out, const bf16 *table, const int *token_ids, int n_tokens, int hidden,
           int vocab) {

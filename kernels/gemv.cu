@@ -40,10 +40,6 @@
 #define GEMV_COLS 2
 #define GEMV_UNROLL 4
 
-__device__ __forceinline__ bool aligned16(const void *p) {
-    return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
-}
-
 // Weights are streamed once: do not let them evict x from L1. (Without __CUDA_ARCH__, i.e.
 // in the EmuBackend's g++ build, a plain 16-byte load with the same result.)
 __device__ __forceinline__ uint4 ld_weight(const void *p) {

@@ -28,10 +28,6 @@
 
 #define NORM_MAX_THREADS 1024
 
-__device__ __forceinline__ bool aligned16(const void *p) {
-    return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
-}
-
 extern "C" __global__ void __launch_bounds__(NORM_MAX_THREADS)
 rmsnorm(bf16 *out, const bf16 *x, const bf16 *weight, bf16 *residual, int n_rows, int hidden,
         float eps) {

@@ -24,5 +24,5 @@ def load_generative(path_or_source, device="auto", **load_options):
 
 def to_numpy(x):
     """Copy any array metrale returns (numpy on CPU, CuPy on CUDA) to a numpy array."""
-    from .generative.arrays import to_numpy as _to_numpy
+    from .gpu_runtime.arrays import to_numpy as _to_numpy
     return _to_numpy(x)

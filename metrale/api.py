@@ -1,16 +1,12 @@
-"""`metrale.load` / `metrale.load_generative`: the right model for a checkpoint."""
+"""`metrale.load` / `metrale.load_generative`: the right model for a checkpoint.
+
+The dispatch on the checkpoint's architecture lives here and only here; the model classes
+and the tensor-contract adapters below take a built source / model and never call back.
+"""
 from __future__ import annotations
 
 from .errors import Unsupported
-from .gpu_runtime import backend as pick_backend
-
-
-def _backend_of(device):
-    # A backend instance may be passed instead of a device string (tests share one to
-    # account for every byte; two models can share a device's backend).
-    if hasattr(device, "launch") and hasattr(device, "alloc"):
-        return device
-    return pick_backend(device)
+from .gpu_runtime import backend_for
 
 
 def load(path_or_source, device="auto", *, kv_blocks=None, block_size=16, max_batch=64,
@@ -24,7 +20,7 @@ def load(path_or_source, device="auto", *, kv_blocks=None, block_size=16, max_ba
     from .formats import open_source
     source = open_source(path_or_source)
     meta = source.metadata()
-    be = _backend_of(device)
+    be = backend_for(device)
     if meta.architecture == "whisper":
         try:
             from .whisper import WhisperModel
@@ -45,10 +41,13 @@ def load(path_or_source, device="auto", *, kv_blocks=None, block_size=16, max_ba
 
 def load_generative(path_or_source, device="auto", **load_options):
     """Load a checkpoint behind the tensor contract: a `GenerativeModel` adapter over
-    `TransformerModel` for decoder-only checkpoints, the multimodal model for llava, the
-    `SpeechToTextModel` for whisper."""
+    `TransformerModel` for decoder-only checkpoints, `LlavaGenerativeModel` (with
+    `embed_multimodal`) for llava, the `SpeechToTextModel` for whisper."""
     model = load(path_or_source, device, **load_options)
     from .generative import DecoderGenerativeModel, GenerativeModel, SpeechToTextModel
     if isinstance(model, (GenerativeModel, SpeechToTextModel)):
         return model
-    return model.generative() if hasattr(model, "generative") else DecoderGenerativeModel(model)
+    if model.metadata().architecture == "llava":
+        from .vision.generative import LlavaGenerativeModel
+        return LlavaGenerativeModel(model)
+    return DecoderGenerativeModel(model)

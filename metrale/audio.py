@@ -35,7 +35,7 @@ def check_audio(audio, what: str = "audio", sampling_rate: int = SAMPLE_RATE) ->
         raise InvalidArgument(f"{what}: sampling_rate is {sampling_rate} Hz; Whisper takes "
                               f"{SAMPLE_RATE} Hz audio (resample first: "
                               "metrale.audio.resample or load_wav(..., resample=True))")
-    from .generative.arrays import to_numpy
+    from .gpu_runtime.arrays import to_numpy
     x = to_numpy(audio)
     if not isinstance(x, np.ndarray):
         x = np.asarray(x)

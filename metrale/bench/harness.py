@@ -139,7 +139,7 @@ def _source_label(source) -> str:
 def run_bench(cfg: BenchConfig, backend=None) -> dict:
     """Run the benchmark described by `cfg`; returns the JSON-ready report dict."""
     cfg.check()
-    from ..formats import open_source
+    from ..formats import num_parameters, open_source
     from ..gpu_runtime import backend as pick_backend
     from ..model_engine import TransformerModel
     t_start = time.perf_counter()
@@ -197,7 +197,7 @@ def run_bench(cfg: BenchConfig, backend=None) -> dict:
         "model": getattr(source, "description", str(cfg.model)),
         "results": results,
         "architecture": meta.architecture,
-        "parameters": int(meta.num_parameters()),
+        "parameters": int(num_parameters(meta)),
         "copy_bandwidth_gb_s": copy_gb_s,
         "settings": {"batches": list(cfg.batches), "prompt_len": cfg.prompt_len,
                      "gen_len": cfg.gen_len, "cache": cfg.cache,

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..audio import N_FRAMES, N_SAMPLES, SAMPLE_RATE, check_audio, load_wav, log_mel_spectrogram
 from ..errors import InvalidArgument
-from ..generative.arrays import to_numpy
+from ..gpu_runtime.arrays import to_numpy
 
 TASKS = ("transcribe", "translate")
 

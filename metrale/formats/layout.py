@@ -1,4 +1,4 @@
-"""The tensors a checkpoint must hold (HF key names and shapes), and checking a source.
+"""The tensors a checkpoint must hold (HF key names and shapes), derived from its metadata.
 
 Names follow the Hugging Face checkpoints on the Hub. LLaVA uses the llava-hf layout
 (`language_model.model.*`, `language_model.lm_head.weight`, `vision_tower.vision_model.*`,
@@ -6,13 +6,11 @@ Names follow the Hugging Face checkpoints on the Hub. LLaVA uses the llava-hf la
 """
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
-
-from ..errors import FormatError
 
 if TYPE_CHECKING:
     from .metadata import ModelMetadata
-    from .source import ModelSource
 
 
 def decoder_tensors(m: "ModelMetadata", prefix: str = "") -> dict[str, tuple[int, ...]]:
@@ -133,24 +131,6 @@ def expected_tensors(meta: "ModelMetadata") -> dict[str, tuple[int, ...]]:
     return decoder_tensors(meta)
 
 
-def check_tensors(source: "ModelSource", expected: dict[str, tuple]) -> None:
-    """Check presence, shape and float dtype of every expected tensor (before any upload).
-
-    Raises `FormatError` naming the source and the first missing or mis-shaped tensor.
-    """
-    have = set(source.tensor_names())
-    # DirectorySource names the safetensors file(s); other sources their description.
-    files = getattr(source, "weights_description", source.description)
-    file_of = getattr(source, "tensor_file", lambda name: files)
-    for name, shape in expected.items():
-        if name not in have:
-            raise FormatError(f"{files}: missing tensor {name!r} "
-                              f"(expected shape {list(shape)})")
-        got = tuple(source.tensor_shape(name))
-        if got != tuple(shape):
-            raise FormatError(f"{file_of(name)}: tensor {name!r} has shape {list(got)} "
-                              f"but config.json implies {list(shape)}")
-        dt = source.tensor_dtype(name)
-        if dt not in ("BF16", "F16", "F32", "F64"):
-            raise FormatError(f"{file_of(name)}: tensor {name!r} has dtype {dt}; "
-                              "expected a floating type (BF16, F16, F32)")
+def num_parameters(meta: "ModelMetadata") -> int:
+    """Parameters in the checkpoint (tied embeddings counted once)."""
+    return sum(math.prod(s) for s in expected_tensors(meta).values())

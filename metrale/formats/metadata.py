@@ -11,12 +11,11 @@ import copy
 import math
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 from ..errors import FormatError, Unsupported
-
-if TYPE_CHECKING:
-    from .multimodal import VisionConfig, WhisperConfig
+from .config_fields import _Cfg, _pick, _token_ids
+from .multimodal import VisionConfig, WhisperConfig, vision_config, whisper_config
 
 DECODER_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 ARCHITECTURES = DECODER_ARCHS + ("whisper", "llava")
@@ -68,12 +67,14 @@ class ModelMetadata:
     eos_token_ids: tuple[int, ...]
     dtype: str
     text: "ModelMetadata | None" = None
-    whisper: "WhisperConfig | None" = None  # multimodal.py
-    vision: "VisionConfig | None" = None    # multimodal.py
+    whisper: WhisperConfig | None = None  # multimodal.py
+    vision: VisionConfig | None = None    # multimodal.py
     config: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False,
                                       repr=False)
     generation_config: Mapping[str, Any] | None = field(default=None, compare=False,
                                                         hash=False, repr=False)
+
+    # The tensor layout is derived from this (layout.py: expected_tensors, num_parameters).
 
     @staticmethod
     def from_config(config: dict, generation_config: dict | None = None, *,
@@ -90,8 +91,7 @@ class ModelMetadata:
             raise Unsupported(f"{source}: model_type {arch!r} is not supported "
                               f"(supported: {', '.join(ARCHITECTURES)})")
         if arch in ("whisper", "llava"):
-            from .multimodal import llava_metadata, whisper_metadata
-            parse = whisper_metadata if arch == "whisper" else llava_metadata
+            parse = _whisper if arch == "whisper" else _llava
             meta = parse(config, generation_config, source)
         else:
             meta = _decoder(config, generation_config, source, arch)
@@ -99,53 +99,9 @@ class ModelMetadata:
                        generation_config=None if generation_config is None
                        else _frozen(generation_config))
 
-    def num_parameters(self) -> int:
-        """Parameters in the checkpoint (tied embeddings counted once)."""
-        from .layout import expected_tensors
-        return sum(math.prod(s) for s in expected_tensors(self).values())
-
 
 def _frozen(d: dict) -> Mapping:
     return MappingProxyType(copy.deepcopy(d))
-
-
-class _Cfg:
-    """Typed access to one config dict; errors name the file and the key."""
-
-    def __init__(self, d: dict, source: str) -> None:
-        self.d, self.source = d, source
-
-    def _get(self, key, default, required):
-        v = self.d.get(key)
-        if v is None:
-            if required:
-                raise FormatError(f"{self.source}: missing key {key!r} "
-                                  f"(model_type {self.d.get('model_type')!r})")
-            return default
-        return v
-
-    def int(self, key: str, default=None, *, required=False, positive=True) -> int | None:
-        v = self._get(key, default, required)
-        if v is None:
-            return None
-        if isinstance(v, bool) or not isinstance(v, int) or (positive and v <= 0):
-            raise FormatError(f"{self.source}: {key} must be a "
-                              f"{'positive ' if positive else ''}integer, got {v!r}")
-        return v
-
-    def float(self, key: str, default=None, *, required=False) -> float:
-        v = self._get(key, default, required)
-        if v is None:
-            return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise FormatError(f"{self.source}: {key} must be a number, got {v!r}")
-        return float(v)
-
-    def bool(self, key: str, default: bool) -> bool:
-        v = self._get(key, default, False)
-        if not isinstance(v, bool):
-            raise FormatError(f"{self.source}: {key} must be true or false, got {v!r}")
-        return v
 
 
 def _decoder(config: dict, gen: dict | None, source: str, arch: str) -> ModelMetadata:
@@ -191,6 +147,43 @@ def _decoder(config: dict, gen: dict | None, source: str, arch: str) -> ModelMet
         eos_token_ids=_eos(config, gen, source),
         dtype=_dtype(config, source),
     )
+
+
+def _whisper(config: dict, gen: dict | None, source: str) -> ModelMetadata:
+    """ModelMetadata of a Whisper config; decoder fields at the top, the rest in .whisper."""
+    w = whisper_config(config, gen, source)
+    c = _Cfg(config, source)
+    heads = w.decoder_attention_heads
+    return ModelMetadata(
+        architecture="whisper", vocab_size=c.int("vocab_size", required=True),
+        hidden_size=w.d_model, intermediate_size=w.decoder_ffn_dim,
+        num_layers=w.decoder_layers, num_heads=heads, num_kv_heads=heads,
+        head_dim=w.d_model // heads,
+        rope_theta=0.0, rope_scaling=None,  # learned/sinusoidal positions, no rope
+        rms_norm_eps=w.layer_norm_eps, attention_bias=True, qk_norm=False,
+        tie_word_embeddings=c.bool("tie_word_embeddings", True),
+        sliding_window=None, max_position_embeddings=w.max_target_positions,
+        bos_token_id=_bos(config, gen, source), eos_token_ids=_eos(config, gen, source),
+        dtype=_dtype(config, source), whisper=w)
+
+
+def _llava(config: dict, gen: dict | None, source: str) -> ModelMetadata:
+    """ModelMetadata of a LLaVA config: the text model's fields, plus .text and .vision."""
+    text_cfg, vis_cfg = config.get("text_config"), config.get("vision_config")
+    if not isinstance(text_cfg, dict) or not isinstance(vis_cfg, dict):
+        raise FormatError(f"{source}: llava needs text_config and vision_config objects")
+    text_cfg = {"model_type": "llama", **text_cfg}
+    if text_cfg["model_type"] not in DECODER_ARCHS:
+        raise Unsupported(f"{source}: llava text model {text_cfg['model_type']!r} is not "
+                          f"supported (supported: {', '.join(DECODER_ARCHS)})")
+    text = _decoder(text_cfg, None, f"{source} (text_config)", text_cfg["model_type"])
+    vision = vision_config(config, source, text.hidden_size, text.vocab_size)
+    return replace(text, architecture="llava",
+                   bos_token_id=_bos(config, gen, source, text_cfg),
+                   eos_token_ids=_eos(config, gen, source, text_cfg),
+                   dtype=_dtype(config, source) if ("torch_dtype" in config or "dtype" in config)
+                   else text.dtype,
+                   text=text, vision=vision)
 
 
 def parse_rope(config: dict, source: str, max_pos: int) -> tuple[float, RopeScaling | None]:
@@ -245,23 +238,6 @@ def parse_rope(config: dict, source: str, max_pos: int) -> tuple[float, RopeScal
         raise Unsupported(f"{source}: rope type {rtype!r} in {key} is not supported "
                           "(supported: default, linear, llama3, yarn)")
     return float(theta), rs
-
-
-def _token_ids(v, what: str, source: str) -> tuple[int, ...]:
-    if v is None:
-        return ()
-    vals = v if isinstance(v, list) else [v]
-    if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in vals):
-        raise FormatError(f"{source}: {what} must be a token id or a list of them, got {v!r}")
-    return tuple(vals)
-
-
-def _pick(key: str, config: dict, gen: dict | None, fallback: dict | None = None):
-    """generation_config.json wins over config.json (then over the text sub-config)."""
-    for d in (gen, config, fallback):
-        if d is not None and d.get(key) is not None:
-            return d[key]
-    return None
 
 
 def _bos(config: dict, gen: dict | None, source: str, fallback: dict | None = None):

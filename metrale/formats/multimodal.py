@@ -1,17 +1,17 @@
-"""Whisper and LLaVA metadata: the encoder-decoder and vision-language extras of config.json.
+"""Whisper and LLaVA: the encoder-decoder and vision-language extras of config.json.
 
-`ModelMetadata.from_config` dispatches here; the decoder fields of both live at the top
-level of `ModelMetadata` (Whisper's decoder, LLaVA's text model) like any decoder-only model.
+`ModelMetadata.from_config` (metadata.py) calls these parsers for the extras and keeps the
+decoder fields of both (Whisper's decoder, LLaVA's text model) at the top level of
+`ModelMetadata`, like any decoder-only model.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
 from ..errors import FormatError, Unsupported
-from .metadata import (DECODER_ARCHS, ModelMetadata, _bos, _Cfg, _decoder, _dtype, _eos,
-                       _pick, _token_ids)
+from .config_fields import _Cfg, _pick, _token_ids
 
 
 @dataclass(frozen=True)
@@ -77,9 +77,8 @@ class VisionConfig:
         return self.num_patches + (1 if self.vision_feature_select_strategy == "full" else 0)
 
 
-
-def whisper_metadata(config: dict, gen: dict | None, source: str) -> ModelMetadata:
-    """ModelMetadata of a Whisper config; decoder fields at the top, the rest in .whisper."""
+def whisper_config(config: dict, gen: dict | None, source: str) -> WhisperConfig:
+    """The Whisper-only fields of config.json (ids from generation_config.json first)."""
     c = _Cfg(config, source)
     g = gen or {}
     d = c.int("d_model", required=True)
@@ -90,7 +89,7 @@ def whisper_metadata(config: dict, gen: dict | None, source: str) -> ModelMetada
     if start is None:
         raise FormatError(f"{source}: missing key 'decoder_start_token_id'")
     forced = tuple(tuple(p) for p in (_pick("forced_decoder_ids", config, gen) or ()))
-    w = WhisperConfig(
+    return WhisperConfig(
         d_model=d, encoder_layers=c.int("encoder_layers", required=True),
         encoder_attention_heads=c.int("encoder_attention_heads", required=True),
         encoder_ffn_dim=c.int("encoder_ffn_dim", required=True),
@@ -114,28 +113,13 @@ def whisper_metadata(config: dict, gen: dict | None, source: str) -> ModelMetada
         task_to_id=MappingProxyType(dict(g.get("task_to_id") or {})),
         is_multilingual=bool(g.get("is_multilingual", False)),
     )
-    return ModelMetadata(
-        architecture="whisper", vocab_size=c.int("vocab_size", required=True),
-        hidden_size=d, intermediate_size=w.decoder_ffn_dim, num_layers=w.decoder_layers,
-        num_heads=heads, num_kv_heads=heads, head_dim=d // heads,
-        rope_theta=0.0, rope_scaling=None,  # learned/sinusoidal positions, no rope
-        rms_norm_eps=w.layer_norm_eps, attention_bias=True, qk_norm=False,
-        tie_word_embeddings=c.bool("tie_word_embeddings", True),
-        sliding_window=None, max_position_embeddings=w.max_target_positions,
-        bos_token_id=_bos(config, gen, source), eos_token_ids=_eos(config, gen, source),
-        dtype=_dtype(config, source), whisper=w)
 
 
-def llava_metadata(config: dict, gen: dict | None, source: str) -> ModelMetadata:
-    """ModelMetadata of a LLaVA config: the text model's fields, plus .text and .vision."""
-    text_cfg, vis_cfg = config.get("text_config"), config.get("vision_config")
-    if not isinstance(text_cfg, dict) or not isinstance(vis_cfg, dict):
-        raise FormatError(f"{source}: llava needs text_config and vision_config objects")
-    text_cfg = {"model_type": "llama", **text_cfg}
-    if text_cfg["model_type"] not in DECODER_ARCHS:
-        raise Unsupported(f"{source}: llava text model {text_cfg['model_type']!r} is not "
-                          f"supported (supported: {', '.join(DECODER_ARCHS)})")
-    text = _decoder(text_cfg, None, f"{source} (text_config)", text_cfg["model_type"])
+def vision_config(config: dict, source: str, text_hidden_size: int,
+                  text_vocab_size: int) -> VisionConfig:
+    """The LLaVA vision tower, projector and feature selection of config.json, for a text
+    model of `text_hidden_size` / `text_vocab_size` (parsed first)."""
+    vis_cfg = config["vision_config"]
     v = _Cfg(vis_cfg, f"{source} (vision_config)")
     if vis_cfg.get("model_type", "clip_vision_model") != "clip_vision_model":
         raise Unsupported(f"{source}: vision tower {vis_cfg.get('model_type')!r} is not "
@@ -159,13 +143,8 @@ def llava_metadata(config: dict, gen: dict | None, source: str) -> ModelMetadata
         vision_feature_layer=layer, vision_feature_select_strategy=strategy,
         projector_hidden_act=config.get("projector_hidden_act", "gelu"),
         projector_bias=bool(config.get("multimodal_projector_bias", True)),
-        text_hidden_size=text.hidden_size)
-    if vision.image_token_index >= text.vocab_size:
+        text_hidden_size=text_hidden_size)
+    if vision.image_token_index >= text_vocab_size:
         raise FormatError(f"{source}: image_token_index {vision.image_token_index} is not "
-                          f"below the text vocab_size {text.vocab_size}")
-    return replace(text, architecture="llava",
-                   bos_token_id=_bos(config, gen, source, text_cfg),
-                   eos_token_ids=_eos(config, gen, source, text_cfg),
-                   dtype=_dtype(config, source) if ("torch_dtype" in config or "dtype" in config)
-                   else text.dtype,
-                   text=text, vision=vision)
+                          f"below the text vocab_size {text_vocab_size}")
+    return vision

@@ -63,6 +63,29 @@ def open_source(path_or_source) -> ModelSource:
     raise FormatError(f"{p}: no such file or directory")
 
 
+def check_tensors(source: ModelSource, expected: dict[str, tuple]) -> None:
+    """Check presence, shape and float dtype of every expected tensor (before any upload).
+
+    Raises `FormatError` naming the source and the first missing or mis-shaped tensor.
+    """
+    have = set(source.tensor_names())
+    # DirectorySource names the safetensors file(s); other sources their description.
+    files = getattr(source, "weights_description", source.description)
+    file_of = getattr(source, "tensor_file", lambda name: files)
+    for name, shape in expected.items():
+        if name not in have:
+            raise FormatError(f"{files}: missing tensor {name!r} "
+                              f"(expected shape {list(shape)})")
+        got = tuple(source.tensor_shape(name))
+        if got != tuple(shape):
+            raise FormatError(f"{file_of(name)}: tensor {name!r} has shape {list(got)} "
+                              f"but config.json implies {list(shape)}")
+        dt = source.tensor_dtype(name)
+        if dt not in ("BF16", "F16", "F32", "F64"):
+            raise FormatError(f"{file_of(name)}: tensor {name!r} has dtype {dt}; "
+                              "expected a floating type (BF16, F16, F32)")
+
+
 def _read_json(path: Path, required: bool) -> dict | None:
     if not path.is_file():
         if required:

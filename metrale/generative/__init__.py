@@ -1,5 +1,5 @@
 """Layer 5: the tensor contract — `GenerativeModel`, `KVCache`, `SpeechToTextModel`."""
-from .arrays import to_backend, to_numpy
+from ..gpu_runtime.arrays import to_backend, to_numpy
 from .contract import GenerativeModel, SpeechToTextModel
 from .decoder import DecoderGenerativeModel
 from .kv_cache import KVCache

@@ -10,10 +10,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InvalidArgument
+from ..formats import open_source
+from ..gpu_runtime import backend_for
+from ..gpu_runtime.arrays import to_backend, to_numpy
 from ..kv.config import CacheConfig
+from ..model_engine import TransformerModel
 from ..model_engine.layers import lm_head
 from ..ops.bf16 import bf16_to_f32, f32_to_bf16
-from .arrays import to_backend, to_numpy
 from .contract import GenerativeModel
 from .kv_cache import KVCache
 
@@ -25,8 +28,10 @@ class DecoderGenerativeModel(GenerativeModel):
 
     @classmethod
     def load(cls, source, device="auto", **options) -> "DecoderGenerativeModel":
-        from ..api import load
-        return cls(load(source, device, **options))
+        """A decoder-only checkpoint (llama, mistral, qwen2, qwen3) as a `TransformerModel`
+        behind the contract; `options` are `TransformerModel`'s. `metrale.load_generative`
+        picks the class for any architecture."""
+        return cls(TransformerModel(backend_for(device), open_source(source), **options))
 
     def metadata(self):
         return self.model.metadata()

@@ -10,8 +10,8 @@ from .host import HostBackend, LaunchContext
 from .protocol import GpuBackend
 from .types import NULL, DevicePtr, KernelHandle
 
-__all__ = ["GpuBackend", "HostBackend", "CudaBackend", "EmuBackend", "DevicePtr", "KernelHandle", "NULL",
-           "LaunchContext", "backend", "cuda_available"]
+__all__ = ["GpuBackend", "HostBackend", "CudaBackend", "EmuBackend", "DevicePtr", "KernelHandle",
+           "NULL", "LaunchContext", "backend", "backend_for", "cuda_available"]
 
 log = logging.getLogger("metrale")
 
@@ -73,3 +73,13 @@ def backend(device: str | None = "auto") -> GpuBackend:
         raise DeviceError(f"device {device!r} requested but {why}")
     from .cuda import CudaBackend
     return CudaBackend(int(m.group(1) or 0))
+
+
+def backend_for(device) -> GpuBackend:
+    """The backend a load call runs on: a backend instance as given, a device string
+    ("auto" | "cpu" | "emu" | "cuda[:N]") through `backend(device)`."""
+    # Tests share one backend to account for every byte; two models can share a device's
+    # backend the same way.
+    if hasattr(device, "launch") and hasattr(device, "alloc"):
+        return device
+    return backend(device)

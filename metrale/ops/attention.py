@@ -23,6 +23,7 @@ import numpy as np
 
 from ..errors import InvalidArgument, KernelError
 from ..gpu_runtime.types import DevicePtr
+from .attention_tile import attend_base2
 from .bf16 import bf16_to_f32, f32_to_bf16
 from .checks import check_heads, check_ptrs
 from .registry import twin
@@ -185,12 +186,8 @@ def _prefill_twin(ctx, out_ptr, qkv_ptr, k_cache_ptr, v_cache_ptr, block_tables_
             allowed = kpos[None, :] <= qpos[:, None]
             if w > 0:
                 allowed &= kpos[None, :] > qpos[:, None] - w
-            sc = np.where(allowed[None, None], sc, -np.inf)
-            m = sc.max(axis=-1, keepdims=True)
-            p = np.exp2(sc - m)
-            lsum = p.sum(axis=-1, keepdims=True)
-            o = np.matmul(p.reshape(kv, -1, p.shape[-1]), vt).reshape(kv, g, r1 - r0, d)
-            o = (o / lsum).astype(np.float32)
+            sc = np.where(allowed[None, None], sc, -np.inf).reshape(kv, g * (r1 - r0), -1)
+            o = attend_base2(sc, vt).reshape(kv, g, r1 - r0, d).astype(np.float32)
             out[q_start + r0:q_start + r1] = f32_to_bf16(
                 o.transpose(2, 0, 1, 3).reshape(r1 - r0, h, d))
 

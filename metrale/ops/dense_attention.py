@@ -25,6 +25,7 @@ import numpy as np
 
 from ..errors import InvalidArgument
 from ..gpu_runtime.types import DevicePtr
+from .attention_tile import attend_base2
 from .bf16 import bf16_to_f32, f32_to_bf16
 from .registry import twin
 
@@ -127,9 +128,7 @@ def _twin(ctx, out_ptr, q_ptr, k_ptr, v_ptr, n_q, n_kv, num_heads, num_kv_heads,
             qh = np.ascontiguousarray(q[:, h, :])
             for i in range(nq):
                 vis = min(nkv, q_offset + i + 1) if causal else nkv
-                s = (kg[:vis] @ qh[i]) * sl2
-                p = np.exp2(s - s.max())
-                out[i, h] = (p @ vg[:vis]) / p.sum(dtype=np.float32)
+                out[i, h] = attend_base2((kg[:vis] @ qh[i]) * sl2, vg[:vis])
     ctx.view(out_ptr, nq * H * D, np.uint16).reshape(nq, H * D)[:] = \
         f32_to_bf16(out.reshape(nq, H * D))
 

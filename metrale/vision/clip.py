@@ -175,7 +175,7 @@ class ClipVisionTower:
 
     def check_image(self, image, i: int) -> np.ndarray:
         """Image `i` as a C-contiguous float32 [C, H, W] host array, or InvalidArgument."""
-        from ..generative.arrays import to_numpy
+        from ..gpu_runtime.arrays import to_numpy
         arr = np.asarray(to_numpy(image))
         if arr.shape != self.pixel_shape:
             raise InvalidArgument(f"image {i}: expected preprocessed pixels of shape "

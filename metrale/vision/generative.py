@@ -11,14 +11,16 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import InvalidArgument, Unsupported
-from ..generative.arrays import to_backend, to_numpy
+from ..formats import open_source
 from ..generative.decoder import DecoderGenerativeModel
+from ..gpu_runtime import backend_for
+from ..gpu_runtime.arrays import to_backend, to_numpy
 from ..ops.bf16 import bf16_to_f32
+from .llava import LlavaModel
 
 
 class LlavaGenerativeModel(DecoderGenerativeModel):
     def __init__(self, model) -> None:
-        from .llava import LlavaModel
         if not isinstance(model, LlavaModel):
             raise Unsupported(f"LlavaGenerativeModel needs a LlavaModel, got "
                               f"{type(model).__name__}")
@@ -26,8 +28,9 @@ class LlavaGenerativeModel(DecoderGenerativeModel):
 
     @classmethod
     def load(cls, source, device="auto", **options) -> "LlavaGenerativeModel":
-        from ..api import load
-        return cls(load(source, device, **options))
+        """A llava checkpoint as a `LlavaModel` behind the contract; `options` are
+        `LlavaModel`'s."""
+        return cls(LlavaModel(backend_for(device), open_source(source), **options))
 
     def image_processor_config(self):
         """What `metrale.vision.preprocess_image(image, model)` uses."""

@@ -3,9 +3,9 @@
 `text_config` look like a plain decoder), plus `ModelVision` (the CLIP tower + projector
 and prefill variants that splice image features into the image-token rows).
 
-`metrale.load(llava_dir)` returns this; `LlavaModel.generative()` (and
-`metrale.vision.LlavaGenerativeModel(model)`) gives the tensor contract, whose
-`embed_multimodal` runs the same tower.
+`metrale.load(llava_dir)` returns this; `metrale.vision.LlavaGenerativeModel(model)` (what
+`metrale.load_generative` returns) gives the tensor contract, whose `embed_multimodal` runs
+the same tower.
 """
 from __future__ import annotations
 
@@ -57,11 +57,6 @@ class LlavaModel(ModelVision, TransformerModel):
         if isinstance(path, Path):
             return ImageProcessorConfig.from_pretrained(path, self._llava_meta.vision.image_size)
         return ImageProcessorConfig.clip_defaults(self._llava_meta.vision.image_size)
-
-    def generative(self):
-        """This model behind the tensor contract (`LlavaGenerativeModel`)."""
-        from .generative import LlavaGenerativeModel
-        return LlavaGenerativeModel(self)
 
     def _release_device(self) -> None:
         super()._release_device()

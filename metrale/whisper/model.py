@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import InvalidArgument, Unsupported
-from ..generative.arrays import to_backend, to_numpy
+from ..gpu_runtime.arrays import to_backend, to_numpy
 from ..generative.contract import SpeechToTextModel
 from ..gpu_runtime.types import DevicePtr
 from ..model_engine.guard import CallGuard, exclusive

@@ -11,7 +11,7 @@ from metrale.bench import (RESULT_KEYS, TOP_KEYS, BenchConfig, check_schema, for
                            run_bench, write_json)
 from metrale.bench import roofline
 from metrale.errors import InvalidArgument
-from metrale.formats import MemorySource
+from metrale.formats import MemorySource, num_parameters
 from metrale.gpu_runtime import HostBackend
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,13 +82,13 @@ def test_decode_step_bytes():
     meta = MemorySource.preset("llama-3.1-8b").metadata()
     kv_tok = 32 * 2 * 8 * 128 * 2
     assert roofline.kv_bytes_per_token(meta) == kv_tok
-    w = 2 * meta.num_parameters()
+    w = 2 * num_parameters(meta)
     table = meta.vocab_size * meta.hidden_size * 2
     # untied: the embedding table is read only for the gathered rows
     assert roofline.decode_step_bytes(meta, [513, 100]) == \
         w - table + 2 * meta.hidden_size * 2 + 613 * kv_tok
     tiny = MemorySource.preset("tiny").metadata()
-    assert roofline.weight_read_bytes(tiny, 1) < 2 * tiny.num_parameters()
+    assert roofline.weight_read_bytes(tiny, 1) < 2 * num_parameters(tiny)
 
 
 def test_percentile_and_median():

@@ -9,7 +9,7 @@ import pytest
 
 from metrale import FormatError, InvalidArgument, Unsupported
 from metrale.formats import (PRESETS, DirectorySource, MemorySource, ModelSource,
-                             check_tensors, expected_tensors, open_source)
+                             check_tensors, expected_tensors, num_parameters, open_source)
 from metrale.ops.bf16 import bf16_to_f32, f32_to_bf16
 
 from .st_util import tiny_config, write_checkpoint
@@ -191,7 +191,7 @@ def test_memory_source_deterministic_and_lazy():
     norm = bf16_to_f32(a.read_bf16("model.layers.0.input_layernorm.weight"))
     assert abs(norm.mean() - 1.0) < 0.01
     check_tensors(a, expected_tensors(a.metadata()))
-    assert a.metadata().num_parameters() == sum(int(np.prod(a.tensor_shape(t)))
+    assert num_parameters(a.metadata()) == sum(int(np.prod(a.tensor_shape(t)))
                                                 for t in a.tensor_names())
 
 
@@ -203,7 +203,7 @@ def test_real_shape_presets_generate_fast(name):
     x = src.read_bf16(big)  # the embedding: ~0.5-1.2 GB of float32 temporaries avoided
     assert x.shape == src.tensor_shape(big) and x.dtype == np.uint16
     assert np.isfinite(bf16_to_f32(x[:4])).all()
-    assert m.num_parameters() > 2e8
+    assert num_parameters(m) > 2e8
 
 
 def test_from_config_and_protocol():

@@ -156,6 +156,22 @@ def test_default_generative_model_methods_are_unsupported():
             call()
 
 
+def test_contract_load_classmethod_builds_the_decoder_model():
+    # `GenerativeModel.load` (the seed's `load`) builds its own TransformerModel, without
+    # going through metrale.api; logits equal load_generative's.
+    ids = golden("llama_gqa")["input_ids"][:, :8]
+    gm = DecoderGenerativeModel.load(FIXTURES / "llama_gqa", HostBackend(), progress=False)
+    assert type(gm) is DecoderGenerativeModel
+    ref = gen("llama_gqa")
+    outs = []
+    for m in (gm, ref):
+        with m.create_kv_cache() as cache:
+            outs.append(to_numpy(m.prefill(m.embed(ids), cache, range(0, 8))))
+    np.testing.assert_array_equal(outs[0], outs[1])
+    with pytest.raises(Unsupported, match="not a decoder-only"):
+        DecoderGenerativeModel.load(FIXTURES / "whisper_tiny", HostBackend(), progress=False)
+
+
 def test_caches_free_everything():
     be = HostBackend()
     gm = metrale.load_generative(FIXTURES / "llama_gqa", be, progress=False)

@@ -34,7 +34,7 @@ def model():
 
 @pytest.fixture
 def gen(model):
-    return model.generative()
+    return LlavaGenerativeModel(model)
 
 
 def _spans(ids):
@@ -56,6 +56,17 @@ def test_load_returns_llava_transformer(model):
 def test_load_generative_is_multimodal():
     m = metrale.load_generative(FIXTURES / NAME, HostBackend(), progress=False)
     assert isinstance(m, LlavaGenerativeModel)
+
+
+def test_contract_load_classmethod_builds_the_llava_model(g):
+    # `GenerativeModel.load` (the seed's `load`) builds its own model, without metrale.api
+    m = LlavaGenerativeModel.load(FIXTURES / NAME, HostBackend(), progress=False)
+    assert isinstance(m, LlavaGenerativeModel) and isinstance(m.model, LlavaModel)
+    emb = metrale.to_numpy(m.embed_multimodal(g["input_ids"], [g["pixel_values"]]))
+    ref = LlavaGenerativeModel(load(NAME)).embed_multimodal(g["input_ids"], [g["pixel_values"]])
+    np.testing.assert_array_equal(emb, metrale.to_numpy(ref))
+    with pytest.raises(metrale.Unsupported, match="not llava"):
+        LlavaGenerativeModel.load(FIXTURES / "llama_gqa", HostBackend(), progress=False)
 
 
 def test_teardown_frees_every_byte():
@@ -295,7 +306,7 @@ def test_llava_on_cuda_matches_golden(device, g):
     s = m.default_stream()
     p = m.prefill_multimodal(ids, m.encode_images([g["pixel_values"]], s), m.alloc_sequence(), s)
     assert_matches_golden(logits_rows(m, p), g["logits"][-1], "llava cuda")
-    gen = m.generative()
+    gen = LlavaGenerativeModel(m)
     emb = metrale.to_numpy(gen.embed_multimodal(g["input_ids"], [g["pixel_values"]]))
-    host = load(NAME).generative().embed_multimodal(g["input_ids"], [g["pixel_values"]])
+    host = LlavaGenerativeModel(load(NAME)).embed_multimodal(g["input_ids"], [g["pixel_values"]])
     assert rel_err(emb, host) < 0.02

@@ -1,4 +1,4 @@
-"""Arrays of the tensor API: the backend's own (numpy on CPU, CuPy on CUDA)."""
+"""The backend's array types (numpy on CPU, CuPy on CUDA) and copies to and from the host."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,0 +1,149 @@
+"""Argument types and shared options of every `metrale` subcommand.
+
+A bad value raises `argparse.ArgumentTypeError`, which `Parser` turns into one line on
+stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line on stderr and exit code 2."""
+
+    def error(self, message):  # noqa: D401 - argparse API
+        self.exit(2, f"metrale: error: {' '.join(str(message).split())}\n")
+
+
+# numbers ---------------------------------------------------------------------------------
+def _int_at_least(text: str, lo: int) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < lo:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= {lo}")
+    return v
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(text, 1)
+
+
+def nonneg_int(text: str) -> int:
+    return _int_at_least(text, 0)
+
+
+def nonneg_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not v >= 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
+    return v
+
+
+def positive_float(text: str) -> float:
+    v = nonneg_float(text)
+    if v == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return v
+
+
+def top_p(text: str) -> float:
+    v = nonneg_float(text)
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be in (0, 1]")
+    return v
+
+
+def _int_list(text: str, *, lo: int, hi: int | None = None, what: str) -> tuple[int, ...]:
+    parts = [p.strip() for p in str(text).split(",")]
+    if not parts or any(not p for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a comma-separated list of "
+                                         f"{what}, e.g. 1,8,32")
+    out = []
+    for p in parts:
+        try:
+            v = int(p)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{p!r} in {text!r} is not an integer") from None
+        if v < lo or (hi is not None and v > hi):
+            rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+            where = f"{p!r}" if len(parts) == 1 else f"{p!r} in {text!r}"
+            raise argparse.ArgumentTypeError(f"{where}: {what} must be {rng}")
+        out.append(v)
+    return tuple(out)
+
+
+def batch_list(text: str) -> tuple[int, ...]:
+    return _int_list(text, lo=1, hi=1024, what="batch sizes")
+
+
+def token_ids(text: str) -> tuple[int, ...]:
+    return _int_list(text, lo=0, what="token ids")
+
+
+# names and paths -------------------------------------------------------------------------
+def device(text: str) -> str:
+    t = text.strip().lower()
+    if t in ("auto", "cpu") or re.fullmatch(r"cuda(:\d+)?", t):
+        return t
+    raise argparse.ArgumentTypeError(f"{text!r}: expected auto, cpu, cuda or cuda:N")
+
+
+def preset_name(text: str) -> str:
+    from ..formats import PRESETS
+    if text not in PRESETS:
+        raise argparse.ArgumentTypeError(f"unknown preset {text!r} (known: "
+                                         f"{', '.join(PRESETS)})")
+    return text
+
+
+def model_spec(text: str) -> str:
+    """A checkpoint directory, a .safetensors file or preset:NAME."""
+    if text.startswith("preset:"):
+        return "preset:" + preset_name(text[len("preset:"):])
+    p = Path(text)
+    if not p.exists():
+        raise argparse.ArgumentTypeError(f"{text}: no such file or directory")
+    if p.is_file() and p.suffix != ".safetensors":
+        raise argparse.ArgumentTypeError(f"{text}: expected a checkpoint directory, a "
+                                         ".safetensors file or preset:NAME")
+    return text
+
+
+def existing_file(text: str) -> str:
+    p = Path(text)
+    if not p.is_file():
+        raise argparse.ArgumentTypeError(f"{text}: no such file")
+    return text
+
+
+def out_file(text: str) -> str:
+    p = Path(text)
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: directory {parent} does not exist")
+    if p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: is a directory")
+    return text
+
+
+# options several subcommands share -------------------------------------------------------
+def add_device(p) -> None:
+    p.add_argument("--device", type=device, default="auto",
+                   help="auto (CUDA when CuPy sees a GPU, else CPU), cpu, cuda or cuda:N "
+                        "(default auto; env METRALE_DEVICE)")
+
+
+def add_model(p) -> None:
+    p.add_argument("--model", type=model_spec, required=True, metavar="DIR",
+                   help="checkpoint directory, .safetensors file or preset:NAME")
+
+
+def add_ids(p, help_text: str) -> None:
+    p.add_argument("--ids", type=token_ids, metavar="1,2,3", help=help_text)

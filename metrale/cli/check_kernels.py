@@ -1,0 +1,43 @@
+"""`metrale check-kernels`: compile every kernels/*.cu with NVRTC (no GPU needed) and report
+registers, spills and shared memory per kernel."""
+from __future__ import annotations
+
+import json
+import sys
+
+DEFAULT_ARCHS = ("sm_80", "sm_90")
+
+
+def register(sub) -> None:
+    ck = sub.add_parser("check-kernels", help="compile every kernels/*.cu with NVRTC (no GPU "
+                        "needed) and report registers, spills and shared memory")
+    ck.add_argument("--json", action="store_true", help="print JSON records instead of a table")
+    ck.add_argument("--arch", action="append", choices=["sm_80", "sm_90", "sm_90a"],
+                    help="architecture (repeatable; default sm_80 and sm_90)")
+    ck.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..gpu_runtime import kernel_source
+    archs = tuple(args.arch) if args.arch else DEFAULT_ARCHS
+    try:
+        records = kernel_source.check_all(archs)
+    except ImportError as e:
+        print(f"metrale: error: NVRTC bindings unavailable ({e}); pip install cuda-python "
+              "nvidia-cuda-nvrtc-cu12", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(records, indent=1))
+    else:
+        for r in records:
+            if not r["ok"]:
+                print(f"{r['file']:<22} {r['arch']}  FAILED\n{r['error']}")
+                continue
+            for k in r["kernels"]:
+                flag = "  SPILLS" if k["spill_stores"] or k["spill_loads"] else ""
+                print(f"{r['file']:<22} {r['arch']}  {k['name']:<40} regs {k['registers']:>3}  "
+                      f"spill {k['spill_stores']}/{k['spill_loads']} B  "
+                      f"smem {k['shared_bytes']} B{flag}")
+        n_bad = sum(not r["ok"] for r in records)
+        print(f"{len(records)} compiles, {n_bad} failed")
+    return 0 if all(r["ok"] for r in records) else 1

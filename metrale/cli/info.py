@@ -1,0 +1,81 @@
+"""`metrale info`: architecture, parameter count, dtype and the device memory a checkpoint
+needs (weights + KV cache + workspaces)."""
+from __future__ import annotations
+
+import json
+
+from .args import model_spec, positive_int
+from .checkpoint import open_checkpoint
+
+
+def register(sub) -> None:
+    i = sub.add_parser("info", help="architecture, parameters, dtype and memory of a checkpoint",
+                       description="Architecture, parameter count, dtype and the device memory "
+                       "a checkpoint needs (weights + KV cache + workspaces).")
+    i.add_argument("model", type=model_spec, metavar="DIR",
+                   help="checkpoint directory, .safetensors file or preset:NAME")
+    i.add_argument("--context", type=positive_int, default=4096,
+                   help="tokens per sequence for the memory estimate (default 4096)")
+    i.add_argument("--batch", type=positive_int, default=1,
+                   help="sequences for the memory estimate (default 1)")
+    i.add_argument("--json", action="store_true", help="print JSON")
+    i.set_defaults(func=run)
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> "1.5 KiB"; whole bytes below 1 KiB."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def run(args) -> int:
+    from ..formats import num_parameters
+    from ..model_engine.memory_plan import weight_bytes
+    source = open_checkpoint(args.model)
+    meta = source.metadata()
+    n_params = int(num_parameters(meta))
+    w = weight_bytes(meta)
+    kv_tok = meta.num_layers * 2 * meta.num_kv_heads * meta.head_dim * 2
+    kv = kv_tok * args.context * args.batch
+    kv_and_ws = kv
+    if meta.architecture in ("llama", "mistral", "qwen2", "qwen3"):
+        # The decoder's own estimate: KV pool (+1 padding block) and every workspace.
+        from ..model_engine.workspace import Workspace
+        bs = 16
+        kv_and_ws = Workspace.estimate_bytes(
+            meta, max_tokens=2048, max_rows=max(args.batch, 16),
+            num_blocks=-(-args.context // bs) * args.batch, block_size=bs,
+            max_blocks_per_seq=-(-args.context // bs), fp32_logits=False)
+    info = {
+        "model": source.description, "architecture": meta.architecture,
+        "parameters": n_params, "dtype": meta.dtype, "device_dtype": "bfloat16",
+        "layers": meta.num_layers, "hidden_size": meta.hidden_size,
+        "intermediate_size": meta.intermediate_size, "heads": meta.num_heads,
+        "kv_heads": meta.num_kv_heads, "head_dim": meta.head_dim,
+        "vocab_size": meta.vocab_size, "max_position_embeddings": meta.max_position_embeddings,
+        "tie_word_embeddings": meta.tie_word_embeddings,
+        "weight_bytes": w, "kv_bytes_per_token": kv_tok,
+        "context": args.context, "batch": args.batch,
+        "memory_needed_bytes": w + kv_and_ws,
+        "tokenizer": str(source.tokenizer_path()) if source.tokenizer_path() else None,
+    }
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    print(f"model          {info['model']}")
+    print(f"architecture   {meta.architecture}")
+    print(f"parameters     {n_params:,} ({n_params / 1e9:.2f} B)")
+    print(f"dtype          {meta.dtype} in the checkpoint, bfloat16 on the device")
+    print(f"shape          {meta.num_layers} layers, hidden {meta.hidden_size}, "
+          f"intermediate {meta.intermediate_size}, {meta.num_heads} heads / "
+          f"{meta.num_kv_heads} kv heads x {meta.head_dim}, vocab {meta.vocab_size}")
+    print(f"context        up to {meta.max_position_embeddings:,} positions")
+    print(f"weights        {human_bytes(w)}")
+    print(f"KV cache       {human_bytes(kv_tok)} per token")
+    print(f"memory needed  {human_bytes(info['memory_needed_bytes'])} for batch {args.batch} "
+          f"x {args.context:,} tokens (weights + KV cache + workspaces)")
+    print(f"tokenizer      {info['tokenizer'] or 'none (use --ids)'}")
+    return 0
