@@ -85,6 +85,8 @@ class HostBackend:
 
     def free(self, ptr: DevicePtr) -> None:
         addr = int(ptr)
+        if addr == 0:
+            return  # free(NULL) is a no-op, as in the original engine's GpuBackend::free
         if addr not in self._allocs:
             raise InvalidArgument(f"free of {DevicePtr(addr)!r}: not an allocation of this backend")
         del self._allocs[addr]
@@ -93,6 +95,18 @@ class HostBackend:
 
     def live_bytes(self) -> int:
         return self._live
+
+    def find_allocation(self, ptr) -> tuple[DevicePtr, int] | None:
+        """`(base, nbytes)` of the live allocation containing address `ptr`, else None."""
+        addr = int(ptr)
+        i = bisect.bisect_right(self._starts, addr) - 1
+        if addr <= 0 or i < 0:
+            return None
+        base = self._starts[i]
+        size = self._sizes[base]
+        if addr < base + size or addr == base:
+            return DevicePtr(base), size
+        return None
 
     def peak_bytes(self) -> int:
         return self._peak

@@ -15,6 +15,7 @@ import numpy as np
 from ..errors import InvalidArgument
 from ..gpu_runtime.types import DevicePtr
 from ..ops import embedding
+from .ladder import padded_batch_n
 from .layers import lm_head, run_decoder
 from .sequence import SequenceState
 
@@ -159,11 +160,9 @@ class DecoderPasses:
         lm_head(self, stream, ws.final_hidden, n, ws.logits)
 
     def _graph_rows(self, n: int) -> int:
-        from .transformer import GRAPH_BATCH_LADDER
-        for rung in GRAPH_BATCH_LADDER:
-            if rung >= n and rung <= self._ws.max_rows:
-                return rung
-        return self._ws.max_rows
+        """Rows a graphed decode of `n` rows runs: the ladder rung, capped at the workspace
+        (n <= max_rows always, so the cap never drops a live row)."""
+        return min(padded_batch_n(n), self._ws.max_rows)
 
     def _replay_decode_graph(self, padded: int, stream: int) -> None:
         g = self._graphs.get(padded)

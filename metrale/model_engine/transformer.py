@@ -35,7 +35,6 @@ from .weights import DecoderWeights
 from .workspace import Workspace
 
 DECODER_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
-GRAPH_BATCH_LADDER = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 MAX_VERIFY_ROWS = 16
 
 
