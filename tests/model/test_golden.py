@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from metrale.ops.argmax import argmax_rule
-from metrale.model_engine import PrefillChunk
+from metrale.model_engine import PrefillSlice
 from tests.model.common import (DECODER_FIXTURES, assert_matches_golden, golden, load,
                                 logits_rows)
 
@@ -98,7 +98,7 @@ def test_batched_prefill_defaults_place_rows(case):
     m.prefill(ids[:4], c, s)
     rows_ptr, ptrs = m.mixed_forward_batch(
         [ids[4]], [c],
-        [PrefillChunk(ids[:9], a, 0, 9, True), PrefillChunk(ids[:20], b, 0, 8, False)], s)
+        [PrefillSlice(ids[:9], a, 0, 9, True), PrefillSlice(ids[:20], b, 0, 8, False)], s)
     assert ptrs[1].is_null() and not ptrs[0].is_null()
     got = logits_rows(m, m.logits_buffer_ptr(), 2)
     assert_matches_golden(got, g["logits"][[4, 8]], f"{name} mixed_forward_batch")
