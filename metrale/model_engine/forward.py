@@ -152,3 +152,7 @@ class ModelForward(ABC):
         """Where a prefill of `tokens` must end a non-last chunk (an SSM snapshot point), or
         None when this model does not split. Default None."""
         return None
+
+    def prefill_grid(self, tokens: Sequence[int]) -> int | None:
+        """The grid non-last prefill chunks must end on, or None. Default None."""
+        return None

@@ -10,12 +10,19 @@ text the original's schedulers match to preempt.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
-from ..errors import CacheFull, InvalidArgument
+from ..errors import CacheFull, InvalidArgument, Unsupported
 from ..kv.prefix import prefix_keys
 from .args import int_arg
 from .sequence import SequenceState
+
+
+class PrefixReclaim(NamedTuple):
+    """What `reclaim_prefix_blocks_for` left: the free blocks wanted and the count reached."""
+
+    target: int
+    free: int
 
 
 class ModelLifecycle:
@@ -53,6 +60,32 @@ class ModelLifecycle:
     def poll_innerq(self) -> None:
         """The original's per-prefill-step calibration poll. Nothing to poll: this model has
         no InnerQ calibration."""
+        return None
+
+    def reclaim_prefix_blocks_for(self, prompt: Sequence[int], adapter_slot: int,
+                                  blocks_needed: int) -> PrefixReclaim:
+        """Evict prefix-cache blocks until `blocks_needed` are free or nothing more is
+        evictable (the original's default: no credit for the prompt's own cached prefix)."""
+        free = self.num_free_blocks()
+        while free < blocks_needed and self.reclaim_prefix_blocks(blocks_needed - free) > 0:
+            free = self.num_free_blocks()
+        return PrefixReclaim(int(blocks_needed), free)
+
+    def high_speed_swap_dims(self):
+        """Dimensions for the original's high-speed swap: None (not supported)."""
+        return None
+
+    def save_sequence_state(self, seq: SequenceState, writer) -> None:
+        raise Unsupported("swap not supported by this model")
+
+    def restore_sequence_state(self, seq: SequenceState, num_blocks: int, reader) -> None:
+        raise Unsupported("swap not supported by this model")
+
+    def compact_sequence(self, seq: SequenceState, new_slot: int) -> None:
+        raise Unsupported("compact_sequence: this model has no SSM pool slots to move")
+
+    def detach_slot_for_reuse(self, seq: SequenceState) -> None:
+        """Give up the sequence's SSM pool slot: there is none, so nothing to give up."""
         return None
 
     def bind_gpu_to_thread(self) -> None:

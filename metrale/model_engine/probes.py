@@ -52,6 +52,53 @@ class ModelDraft:
     def run_mtp_propose_batched(self, *args, **kwargs):
         return None   # the original: unsupported, the caller proposes per sequence
 
+    def run_mtp_propose_multi(self, token, position, num_drafts, seq, stream,
+                              grammar_bitmask=None) -> list[int]:
+        raise Unsupported("run_mtp_propose_multi: this model has no draft proposer")
+
+    def save_hidden_for_mtp(self, token_idx: int, stream: int) -> None:
+        raise Unsupported("save_hidden_for_mtp: this model has no MTP head")
+
+    def save_hidden_for_mtp_from_stash(self, idx: int, stream: int) -> None:
+        raise Unsupported("save_hidden_for_mtp_from_stash: unsupported by this model")
+
+    def stash_verify_hidden_rows(self, rows, stream: int) -> None:
+        raise Unsupported("stash_verify_hidden_rows: unsupported by this model")
+
+    def read_deferred_draft_token(self) -> int:
+        return 0      # the original's default: no proposer left a draft on the device
+
+    # drafter context bookkeeping: nothing to do without a drafter (the original's Ok(()))
+    def stash_verify_catchup_rows(self, slot_rows) -> None:
+        return None
+
+    def run_mtp_catchup_batched(self, tokens, first_slot, first_pos, seqs) -> int:
+        return 0
+
+    def save_hidden_for_catchup(self, token_idx: int, pos: int) -> None:
+        return None
+
+    def save_dflash_hidden_for_propose(self, token_idx: int, stream: int) -> None:
+        return None
+
+    def dflash_accept_append(self, seq) -> None:
+        return None
+
+    def dflash_eagle_accept_append(self, seq) -> None:
+        return None
+
+    def dflash_eagle_kgamma_append(self, seq, num_accepted: int, base_pos: int) -> None:
+        return None
+
+    def dflash_serial_ctx_append(self, seq) -> None:
+        return None
+
+    def commit_ctx(self, seq, num_committed: int, base_pos: int, scratch_row: int) -> None:
+        return None
+
+    def trim_proposer_state(self, seq, num_accepted: int, stream: int) -> None:
+        return None   # no proposer state to trim
+
 
 class ModelAdapters:
     """LoRA adapters: this model serves the base weights only."""
@@ -112,6 +159,15 @@ class ModelSsmState:
     def commit_accepted_prefix(self, seq, num_accepted: int, k: int) -> None:
         return None
 
+    def save_decode_ssm_snapshot(self, seq, ring_slot: int) -> None:
+        return None
+
+    def restore_decode_ssm_snapshot(self, seq, ring_slot: int) -> None:
+        return None
+
+    def decode_marconi_checkpoint(self, seq) -> None:
+        return None
+
 
 class ModelEp:
     """The multi-rank (EP) protocol: this model runs on one rank."""
@@ -157,6 +213,12 @@ class ModelDeviceFeed:
 
     def fed_step_settled(self) -> None:
         return None
+
+    def alloc_host_pinned(self, nbytes: int):
+        raise Unsupported("alloc_host_pinned: this model has no device token feed")
+
+    def free_host_pinned(self, ptr, nbytes: int) -> None:
+        raise Unsupported("free_host_pinned: this model has no device token feed")
 
     def event_query(self, event: int) -> bool:
         return self.backend.event_query(event)

@@ -37,6 +37,13 @@ def plan_chunk_len(offset, total, proposed, block_size, split):
     return n // 4 * 4 if n >= 4 else n
 
 
+def plan_chunk_len_grid(offset, total, proposed, block_size, split, grid):
+    """`prefill_plan::plan_chunk_len_grid`: with a grid G, chunks end on multiples of G."""
+    if grid and proposed > 0:
+        return 0 if offset >= total else min((offset // grid + 1) * grid, total) - offset
+    return plan_chunk_len(offset, total, proposed, block_size, split)
+
+
 @dataclass
 class Request:
     rid: int
@@ -67,8 +74,10 @@ def run_batched_mixed_step(model, active, prefilling, prefill_stream, prefill_ev
     for p in prefilling:
         remaining = len(p.prompt_tokens) - p.chunk_offset
         chunk_len = min(remaining, remaining if model.is_mla() else MAX_PREFILL_TOKENS)
-        chunk_len = plan_chunk_len(p.chunk_offset, len(p.prompt_tokens), chunk_len,
-                                   model.kv_block_size(), model.prefill_tail_split(p.prompt_tokens))
+        chunk_len = plan_chunk_len_grid(p.chunk_offset, len(p.prompt_tokens), chunk_len,
+                                        model.kv_block_size(),
+                                        model.prefill_tail_split(p.prompt_tokens),
+                                        model.prefill_grid(p.prompt_tokens))
         chunk_lens.append(chunk_len)
         is_last.append(p.chunk_offset + chunk_len >= len(p.prompt_tokens))
     result = model.mixed_forward_batch(
@@ -170,6 +179,7 @@ def test_plan_chunk_len_matches_the_rust_rule():
     assert plan_chunk_len(0, 30, 10, 4, 6) == 4         # then at the split, then x4
     assert plan_chunk_len(8, 17, 9, 4, None) == 9       # the last chunk is unchanged
     assert plan_chunk_len(0, 30, 3, 4, None) == 3
+    assert plan_chunk_len_grid(5, 30, 10, 4, None, 8) == 3   # to the next multiple of G
 
 
 def test_ported_mixed_step_equals_solo_greedy_runs():
