@@ -258,6 +258,10 @@ class CudaBackend:
             s = self._streams[int(stream)] = self.cp.cuda.ExternalStream(int(stream))
         return s
 
+    def bind_to_thread(self) -> None:
+        """Make this backend's device current on the calling thread."""
+        self._dev.use()
+
     def _handle(self, stream: int) -> int:
         """The raw stream handle for a runtime call (0 -> the default stream)."""
         return int(self._stream(stream).ptr)
