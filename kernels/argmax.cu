@@ -10,6 +10,8 @@
 // takes slot t+s only when strictly greater. A tie therefore goes to the candidate in the
 // lower slot at each step, not to the lowest index. NaN never wins (comparisons with NaN
 // are false); a row with no value > -1e30 gives 0.
+// The masked host-greedy pick (argmax_bf16_batch_masked, 256 threads per row) is a second,
+// different rule: see its own header further down.
 #include "common.cuh"
 
 #define ARGMAX_THREADS 1024
@@ -62,4 +64,84 @@ argmax_fp32(const float *logits, unsigned int *out, int n_rows, int vocab) {
     const int r = blockIdx.x;
     if (r >= n_rows) return;
     argmax_row<float>(logits + (long long)r * vocab, vocab, out + r);
+}
+
+// ---------------------------------------------------------------------------------------
+// argmax_bf16_batch_masked: the host greedy pick with per-row suppressed ids (the original
+// engine's masked greedy of 2026-10-07, `argmax_bf16_batch_masked_host`).
+//
+//   valid(r) = { i < vocab : i is none of masks[r, 0..7] }
+//   out[r]   = the i in valid(r) with the largest logits[r, i]; among equal values the
+//              HIGHEST index (+0 and -0 are equal)
+//   out[r]   = 0xFFFFFFFF when some valid value is not finite (NaN or +-inf) or valid(r)
+//              is empty: the caller then runs its host path unchanged.
+//
+// Shapes: logits [n_rows, row_stride] BF16 (the first `vocab` of each row are read),
+// masks [n_rows, MASK_IDS] uint32 (0xFFFFFFFF = no id; ids >= vocab never match),
+// out [n_rows] uint32.
+// Launch: grid (n_rows), block (MASKED_THREADS), no dynamic shared memory.
+// The pick is a maximum under a total order on (value, index), so the answer does not
+// depend on the thread count or the reduction order.
+#define MASKED_THREADS 256
+#define MASK_IDS 8
+#define NO_ID 0xFFFFFFFFu
+
+struct MaskedBest {
+    float v;
+    unsigned int i;    // NO_ID: nothing valid seen yet
+    unsigned int bad;  // 1: a valid value was not finite
+};
+
+__device__ __forceinline__ MaskedBest masked_pick(MaskedBest a, MaskedBest b) {
+    MaskedBest r = a;
+    if (b.i != NO_ID && (a.i == NO_ID || b.v > a.v || (b.v == a.v && b.i > a.i))) {
+        r.v = b.v;
+        r.i = b.i;
+    }
+    r.bad = a.bad | b.bad;
+    return r;
+}
+
+extern "C" __global__ void __launch_bounds__(MASKED_THREADS)
+argmax_bf16_batch_masked(const bf16 *logits, const unsigned int *masks, unsigned int *out,
+                         int n_rows, int vocab, int row_stride) {
+    __shared__ MaskedBest s_warp[MASKED_THREADS / 32];
+    const int r = blockIdx.x;
+    if (r >= n_rows) return;
+    const int t = threadIdx.x;
+    const bf16 *row = logits + (long long)r * row_stride;
+    unsigned int m[MASK_IDS];
+#pragma unroll
+    for (int j = 0; j < MASK_IDS; ++j) m[j] = masks[(long long)r * MASK_IDS + j];
+
+    MaskedBest best = {NEG_INF, NO_ID, 0u};
+    for (int i = t; i < vocab; i += MASKED_THREADS) {
+        bool masked = false;
+#pragma unroll
+        for (int j = 0; j < MASK_IDS; ++j) masked |= (m[j] == (unsigned int)i);
+        if (masked) continue;
+        const float v = bf2f(row[i]);
+        if (!isfinite(v)) {
+            best.bad = 1u;
+            continue;
+        }
+        const MaskedBest c = {v, (unsigned int)i, 0u};
+        best = masked_pick(best, c);
+    }
+    // warp, then block: any order gives the same pick (see the header)
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        MaskedBest other;
+        other.v = __shfl_down_sync(0xffffffffu, best.v, o);
+        other.i = __shfl_down_sync(0xffffffffu, best.i, o);
+        other.bad = __shfl_down_sync(0xffffffffu, best.bad, o);
+        best = masked_pick(best, other);
+    }
+    if ((t & 31) == 0) s_warp[t >> 5] = best;
+    __syncthreads();
+    if (t == 0) {
+        MaskedBest acc = s_warp[0];
+        for (int w = 1; w < MASKED_THREADS / 32; ++w) acc = masked_pick(acc, s_warp[w]);
+        out[r] = (acc.bad || acc.i == NO_ID) ? NO_ID : acc.i;
+    }
 }

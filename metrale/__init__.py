@@ -7,7 +7,7 @@ from .kv.config import CacheConfig
 __version__ = "0.1.0"
 __all__ = ["MetraleError", "FormatError", "Unsupported", "UnsupportedMedia", "CacheFull",
            "InvalidArgument", "DeviceError", "KernelError", "ConcurrentUse", "CacheConfig",
-           "to_numpy", "load", "load_generative"]
+           "to_numpy", "load", "load_generative", "device_array"]
 
 
 def load(path_or_source, device="auto", **options):
@@ -26,3 +26,10 @@ def to_numpy(x):
     """Copy any array metrale returns (numpy on CPU, CuPy on CUDA) to a numpy array."""
     from .gpu_runtime.arrays import to_numpy as _to_numpy
     return _to_numpy(x)
+
+
+def device_array(ptr, shape, dtype, device):
+    """A zero-copy numpy (host) or CuPy (CUDA) array over device memory at `ptr`, owned by
+    `device` (a model or backend); see `metrale.gpu_runtime.views.device_array`."""
+    from .gpu_runtime.views import device_array as _device_array
+    return _device_array(ptr, shape, dtype, device)

@@ -3,7 +3,9 @@ worked example of driving metrale from your own scheduler.
 
 Each `step()` builds one batch: a decode row for every running request that has a token to
 feed, plus prefill chunks (at most `chunk_tokens` prompt tokens per step) for requests
-still reading their prompt, and runs it with `mixed_forward_batch`. Admission takes the
+still reading their prompt, and runs it with `mixed_forward_batch`; the blocks each row and
+chunk will write are promised first (`reserve_blocks`), and the next tokens are read from
+the pointers the step returns (the decode rows, each finishing chunk's row). Admission takes the
 oldest waiting request when the pool has room for its next chunk; the prefix cache lets a
 prompt reuse the blocks of an earlier one. When the pool cannot hold the step, the most
 recently admitted request is preempted: its blocks are freed (offered to the prefix cache
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..errors import CacheFull, InvalidArgument
-from ..model_engine.forward import PrefillChunk
+from ..model_engine.forward import PrefillSlice
 from ..model_engine.transformer import MAX_VERIFY_ROWS
 from .generate import check_max_new, check_prompt
 from .models import eos_ids, pointer_model
@@ -112,20 +114,21 @@ class Scheduler:
         m = self.model
         while True:
             decode, replays = self._plan_decode()
-            short = self._blocks_needed([(r.seq, 1) for r in decode] +
-                                        [(r.seq, k) for r, k in replays]) - m.num_free_blocks()
+            grow = [(r.seq, 1) for r in decode] + [(r.seq, k) for r, k in replays]
+            short = self._blocks_needed(grow) - m.num_free_blocks()
             if short > 0:
                 short -= m.reclaim_prefix_blocks(short)
             if short <= 0:
-                chunks = self._plan_chunks(m.num_free_blocks() - self._blocks_needed(
-                    [(r.seq, 1) for r in decode] + [(r.seq, k) for r, k in replays]))
+                for seq, n in grow:
+                    m.reserve_blocks(seq, n)    # the decode rows' blocks are promised
+                chunks = self._plan_chunks()
                 if decode or replays or chunks:
                     break
                 if m.reclaim_prefix_blocks(-(-self.chunk_tokens // m.kv_block_size())):
                     continue   # cached prefixes gave way; plan again
             if not self._preempt_one():
-                raise CacheFull(f"the KV pool ({m.num_total_blocks()} blocks) cannot hold "
-                                "even one running request's next step")
+                raise CacheFull(f"KV cache exhausted: the pool ({m.num_total_blocks()} blocks) "
+                                "cannot hold even one running request's next step")
         try:
             self._execute((decode, chunks, replays))
         except BaseException:
@@ -141,7 +144,8 @@ class Scheduler:
         bs = m.kv_block_size()
 
         def blocks_for(r):
-            return -(-len(r.prompt) // bs) - (len(r.seq.block_table) if r.seq else 0)
+            held = len(r.seq.block_table) + r.seq.reserved_blocks if r.seq else 0
+            return -(-len(r.prompt) // bs) - held
         committed = sum(max(0, blocks_for(r)) for r in self.running if r.prefilled < len(r.prompt))
         while self.waiting and len(self.running) < self.max_batch and not self._hold:
             r = self.waiting[0]
@@ -170,28 +174,32 @@ class Scheduler:
                 decode.append(r)
         return decode, replays
 
-    def _plan_chunks(self, free_blocks: int):
-        """Prefill chunks within `chunk_tokens` and the blocks left after the decode rows."""
-        bs = self.model.kv_block_size()
+    def _plan_chunks(self):
+        """Prefill chunks within `chunk_tokens` and the free blocks, each chunk's blocks
+        promised (`reserve_blocks`) as it is planned."""
+        m = self.model
+        bs = m.kv_block_size()
         chunks, budget = [], self.chunk_tokens
         for r in self.running:
             if r.prefilled >= len(r.prompt) or budget <= 0:
                 continue
             s = r.seq
-            room = (len(s.block_table) + max(free_blocks, 0)) * bs - s.seq_len
+            room = (len(s.block_table) + s.reserved_blocks + m.num_free_blocks()) * bs \
+                - s.seq_len
             n = min(budget, len(r.prompt) - r.prefilled, room)
             if n <= 0:
                 continue
-            free_blocks -= self._blocks_needed([(s, n)])
+            m.reserve_blocks(s, n)
             budget -= n
-            chunks.append((r, PrefillChunk(r.prompt, s, r.prefilled, n,
+            chunks.append((r, PrefillSlice(r.prompt, s, r.prefilled, n,
                                            r.prefilled + n == len(r.prompt))))
         return chunks
 
     def _blocks_needed(self, grow) -> int:
-        """New blocks that growing each `(seq, n_tokens)` takes."""
+        """New blocks that growing each `(seq, n_tokens)` takes beyond its reservation."""
         bs = self.model.kv_block_size()
-        return sum(max(0, -(-(s.seq_len + n) // bs) - len(s.block_table)) for s, n in grow)
+        return sum(max(0, -(-(s.seq_len + n) // bs) - len(s.block_table) - s.reserved_blocks)
+                   for s, n in grow)
 
     def _execute(self, plan) -> None:
         m, s = self.model, self.stream
@@ -201,19 +209,19 @@ class Scheduler:
             r.fed += k
         if not decode and not chunks:
             return
-        m.mixed_forward_batch([r.output[-1] for r in decode], [r.seq for r in decode],
-                              [c for _, c in chunks], s)
-        ids = m.argmax_batch(m.logits_buffer_ptr(), len(decode) + len(chunks), s)
+        res = m.mixed_forward_batch([r.output[-1] for r in decode], [r.seq for r in decode],
+                                    [c for _, c in chunks], s)
         for r in decode:
             r.fed += 1
-        for (r, c) in chunks:
-            r.prefilled += c.chunk_len
-        for r, tok in zip(decode, ids[: len(decode)]):
+        for r, _ in chunks:
+            r.prefilled = r.seq.seq_len   # prompt positions (a cached prefix may be skipped)
+        ids = m.argmax_batch(res.decode_logits, len(decode), s) if decode else []
+        for r, tok in zip(decode, ids):
             self._emit(r, tok)
-        for (r, c), tok in zip(chunks, ids[len(decode):]):
+        for (r, c), ptr in zip(chunks, res.prefill_logits):
             # a request recomputed after preemption already knows its next tokens
             if c.is_last_chunk and not r.output:
-                self._emit(r, tok)
+                self._emit(r, m.argmax_on_device(ptr, s))
 
     def _emit(self, r: Request, tok: int) -> None:
         r.output.append(tok)

@@ -6,12 +6,15 @@ pool and workspaces once at load time and never inside a step, so the pool's per
 reuse hazard (CUPY_NOTES §7.1) cannot arise, and graphs only ever see long-lived buffers.
 
 Streams: `default_stream()` is a non-blocking stream this backend owns (the legacy NULL
-stream can be neither captured nor overlapped). Kernels are built from `kernels/<module>.cu`
+stream can be neither captured nor overlapped). Stream handle 0 means that default stream
+in every method, as in the original engine where callers pass the conventional 0 and work
+runs on the model's default stream; CUDA's legacy stream is never used. Kernels are built from `kernels/<module>.cu`
 with NVRTC on first use and cached per module; the source hash of every header goes into
 the options so CuPy's disk cache never serves a stale binary.
 """
 from __future__ import annotations
 
+import bisect
 import threading
 from typing import Sequence
 
@@ -43,6 +46,7 @@ class CudaBackend:
         self.name = f"cuda:{self.device_id}"
         self._mem: dict[int, object] = {}
         self._sizes: dict[int, int] = {}
+        self._starts: list[int] = []  # sorted allocation addresses, for find_allocation
         self._live = 0
         self._peak = 0
         self._modules: dict[str, object] = {}
@@ -70,16 +74,40 @@ class CudaBackend:
                               f"({self.free_memory()} bytes free): {e}") from e
         self._mem[mp.ptr] = mp
         self._sizes[mp.ptr] = nbytes
+        bisect.insort(self._starts, mp.ptr)
         self._live += nbytes
         self._peak = max(self._peak, self._live)
         return DevicePtr(mp.ptr)
 
     def free(self, ptr: DevicePtr) -> None:
         addr = int(ptr)
+        if addr == 0:
+            return  # free(NULL) is a no-op, as in the original engine's GpuBackend::free
         if addr not in self._mem:
             raise InvalidArgument(f"free of {DevicePtr(addr)!r}: not an allocation of this backend")
         del self._mem[addr]
         self._live -= self._sizes.pop(addr)
+        self._starts.pop(bisect.bisect_left(self._starts, addr))
+
+    def find_allocation(self, ptr) -> tuple[DevicePtr, int] | None:
+        """`(base, nbytes)` of the allocation containing device address `ptr`: this backend's
+        own allocations first, then any other device memory (CuPy arrays, torch tensors via
+        DLPack) through the driver's `cuMemGetAddressRange`. None when `ptr` is not device
+        memory."""
+        addr = int(ptr)
+        if addr <= 0:
+            return None
+        i = bisect.bisect_right(self._starts, addr) - 1
+        if i >= 0:
+            base = self._starts[i]
+            size = self._sizes[base]
+            if addr < base + size or addr == base:
+                return DevicePtr(base), size
+        from cuda.bindings import driver
+        err, base, size = driver.cuMemGetAddressRange(driver.CUdeviceptr(addr))
+        if err != driver.CUresult.CUDA_SUCCESS:
+            return None
+        return DevicePtr(int(base)), int(size)
 
     def live_bytes(self) -> int:
         return self._live
@@ -119,22 +147,26 @@ class CudaBackend:
         # buffers for true asynchrony; pageable ones make CUDA stage the copy).
         src = _host_bytes(src_bytes)
         self.cp.cuda.runtime.memcpyAsync(int(dst_ptr), src.ctypes.data, src.nbytes,
-                                         self.cp.cuda.runtime.memcpyHostToDevice, int(stream))
+                                         self.cp.cuda.runtime.memcpyHostToDevice,
+                                         self._handle(stream))
 
     def copy_d2h_async(self, src_ptr: DevicePtr, dst_buffer, stream: int) -> None:
         dst = _host_bytes(dst_buffer, writable=True)
         self.cp.cuda.runtime.memcpyAsync(dst.ctypes.data, int(src_ptr), dst.nbytes,
-                                         self.cp.cuda.runtime.memcpyDeviceToHost, int(stream))
+                                         self.cp.cuda.runtime.memcpyDeviceToHost,
+                                         self._handle(stream))
 
     def copy_d2d_async(self, src_ptr, dst_ptr, nbytes: int, stream: int) -> None:
         self.cp.cuda.runtime.memcpyAsync(int(dst_ptr), int(src_ptr), int(nbytes),
-                                         self.cp.cuda.runtime.memcpyDeviceToDevice, int(stream))
+                                         self.cp.cuda.runtime.memcpyDeviceToDevice,
+                                         self._handle(stream))
 
     def memset(self, ptr: DevicePtr, value: int, nbytes: int) -> None:
         self.cp.cuda.runtime.memset(int(ptr), int(value), int(nbytes))
 
     def memset_async(self, ptr: DevicePtr, value: int, nbytes: int, stream: int) -> None:
-        self.cp.cuda.runtime.memsetAsync(int(ptr), int(value), int(nbytes), int(stream))
+        self.cp.cuda.runtime.memsetAsync(int(ptr), int(value), int(nbytes),
+                                         self._handle(stream))
 
     # kernels --------------------------------------------------------------------------
     def kernel(self, module: str, func: str) -> KernelHandle:
@@ -219,10 +251,20 @@ class CudaBackend:
         self._stream(stream).synchronize()
 
     def _stream(self, stream: int):
+        if int(stream) == 0:
+            return self._default  # 0 is the default stream, never CUDA's legacy stream
         s = self._streams.get(int(stream))
         if s is None:
             s = self._streams[int(stream)] = self.cp.cuda.ExternalStream(int(stream))
         return s
+
+    def bind_to_thread(self) -> None:
+        """Make this backend's device current on the calling thread."""
+        self._dev.use()
+
+    def _handle(self, stream: int) -> int:
+        """The raw stream handle for a runtime call (0 -> the default stream)."""
+        return int(self._stream(stream).ptr)
 
     def create_event(self) -> int:
         e = self.cp.cuda.Event()

@@ -37,17 +37,6 @@ class LaunchContext:
     block: tuple
     shared_mem: int
 
-    def allocation_of(self, ptr) -> tuple[int, int] | None:
-        """`(start, size)` of the live allocation holding address `ptr` (its one-past-end
-        address included), or None."""
-        addr = int(ptr)
-        i = bisect.bisect_right(self._starts, addr) - 1
-        if i < 0 or addr == 0:
-            return None
-        start = self._starts[i]
-        size = self._sizes[start]
-        return (start, size) if addr <= start + size else None
-
     def view(self, ptr, count: int, dtype) -> np.ndarray:
         """A writable numpy view of `count` elements of `dtype` at device address `ptr`."""
         return self.backend.view(ptr, count, dtype)
@@ -97,6 +86,8 @@ class HostBackend:
 
     def free(self, ptr: DevicePtr) -> None:
         addr = int(ptr)
+        if addr == 0:
+            return  # free(NULL) is a no-op, as in the original engine's GpuBackend::free
         if addr not in self._allocs:
             raise InvalidArgument(f"free of {DevicePtr(addr)!r}: not an allocation of this backend")
         del self._allocs[addr]
@@ -105,6 +96,18 @@ class HostBackend:
 
     def live_bytes(self) -> int:
         return self._live
+
+    def find_allocation(self, ptr) -> tuple[DevicePtr, int] | None:
+        """`(base, nbytes)` of the live allocation containing address `ptr`, else None."""
+        addr = int(ptr)
+        i = bisect.bisect_right(self._starts, addr) - 1
+        if addr <= 0 or i < 0:
+            return None
+        base = self._starts[i]
+        size = self._sizes[base]
+        if addr < base + size or addr == base:
+            return DevicePtr(base), size
+        return None
 
     def peak_bytes(self) -> int:
         return self._peak
@@ -121,17 +124,6 @@ class HostBackend:
         if self._limit is not None:
             return self._limit - self._live
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-
-    def allocation_of(self, ptr) -> tuple[int, int] | None:
-        """`(start, size)` of the live allocation holding address `ptr` (its one-past-end
-        address included), or None."""
-        addr = int(ptr)
-        i = bisect.bisect_right(self._starts, addr) - 1
-        if i < 0 or addr == 0:
-            return None
-        start = self._starts[i]
-        size = self._sizes[start]
-        return (start, size) if addr <= start + size else None
 
     def view(self, ptr, count: int, dtype) -> np.ndarray:
         """A bounds-checked writable view of `count` `dtype` elements at address `ptr`."""

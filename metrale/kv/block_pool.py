@@ -53,7 +53,7 @@ class BlockPool:
         if fresh > self.num_free():
             evictable = self._evictable()
             if fresh > self.num_free() + evictable:
-                raise CacheFull(f"KV pool exhausted: need {fresh} more block(s), "
+                raise CacheFull(f"KV cache exhausted: need {fresh} more block(s), "
                                 f"{self.num_free()} free of {self.num_blocks} "
                                 f"(block_size {self.block_size}, {evictable} evictable "
                                 f"prefix-cache blocks)")
@@ -69,7 +69,7 @@ class BlockPool:
         if n > self.num_free():
             evictable = self._evictable()
             if n > self.num_free() + evictable:
-                raise CacheFull(f"KV pool exhausted: cannot reserve {n} block(s), "
+                raise CacheFull(f"KV cache exhausted: cannot reserve {n} block(s), "
                                 f"{self.num_free()} free of {self.num_blocks}")
             self.reclaim(n - self.num_free())
         self._reserved += n

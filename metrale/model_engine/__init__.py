@@ -1,12 +1,19 @@
-"""Layer 4: the pointer API (ModelLogits, ModelForward, ModelLifecycle, ModelVerify,
-ModelStreams) and `TransformerModel`, which composes them."""
-from .forward import ModelForward, PrefillChunk
+"""Layer 4: the pointer API — the original engine's `Model` supertraits as mixins
+(ModelLogits, ModelForward, ModelLifecycle, ModelVerify, ModelStreams and the probes of
+probes.py) and `TransformerModel`, which composes them."""
+from .forward import BeamReq, MixedBatchResult, MixedForwardResult, ModelForward, PrefillSlice
+from .ladder import GRAPH_BATCH_LADDER, padded_batch_n
 from .lifecycle import ModelLifecycle
 from .logits import ModelLogits
+from .probes import (ForwardDisclosure, ModelAdapters, ModelCircuit, ModelDeviceFeed, ModelDraft,
+                     ModelEp, ModelSsmState)
 from .sequence import SequenceState
 from .streams import ModelStreams
 from .transformer import TransformerModel
 from .verify import ModelVerify
 
 __all__ = ["ModelLogits", "ModelForward", "ModelLifecycle", "ModelVerify", "ModelStreams",
-           "TransformerModel", "SequenceState", "PrefillChunk"]
+           "ModelDraft", "ModelAdapters", "ModelSsmState", "ModelEp", "ModelDeviceFeed",
+           "ModelCircuit", "ForwardDisclosure", "TransformerModel", "SequenceState",
+           "PrefillSlice", "MixedForwardResult", "MixedBatchResult", "BeamReq",
+           "GRAPH_BATCH_LADDER", "padded_batch_n"]

@@ -28,3 +28,11 @@ def bool_arg(what: str, name: str, value) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise InvalidArgument(f"{what}: {name} must be a bool, got {type(value).__name__}")
     return bool(value)
+
+
+def list_arg(what: str, value) -> list:
+    """`value` (any iterable) as a list, else InvalidArgument."""
+    try:
+        return list(value)
+    except TypeError:
+        raise InvalidArgument(f"{what}: expected a sequence, got {type(value).__name__}") from None

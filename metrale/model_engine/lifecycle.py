@@ -1,18 +1,28 @@
-"""`ModelLifecycle`: the cache mixin — sequences, their blocks, the prefix cache.
+"""`ModelLifecycle`: the cache mixin — sequences, their blocks, the prefix cache
+(`crates/model-engine/src/traits/model/lifecycle.rs`; `reserve_blocks` is additive).
 
 The model provides `self._pool` (a `kv.BlockPool`) and `self._copy_kv_block(src, dst,
 stream)` (device copy of one block in every layer, for copy-on-write). Every method that
 can fail checks first and raises before changing anything: a `CacheFull` leaves every
-sequence and the pool exactly as they were.
+sequence and the pool exactly as they were. Its message contains "KV cache exhausted", the
+text the original's schedulers match to preempt.
 """
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
-from ..errors import CacheFull, InvalidArgument
+from ..errors import CacheFull, InvalidArgument, Unsupported
 from ..kv.prefix import prefix_keys
+from .args import int_arg
 from .sequence import SequenceState
+
+
+class PrefixReclaim(NamedTuple):
+    """What `reclaim_prefix_blocks_for` left: the free blocks wanted and the count reached."""
+
+    target: int
+    free: int
 
 
 class ModelLifecycle:
@@ -22,15 +32,68 @@ class ModelLifecycle:
         return SequenceState(owner=id(self))
 
     def alloc_sequence_for(self, budget_tokens: int) -> SequenceState:
-        """A new sequence with `ceil(budget_tokens / block_size)` blocks reserved for it, so
-        it can grow to `budget_tokens` without CacheFull. Raises CacheFull now if the pool
-        cannot promise that many."""
-        if isinstance(budget_tokens, bool) or not isinstance(budget_tokens, int) or budget_tokens < 0:
-            raise InvalidArgument(f"alloc_sequence_for: budget_tokens must be an int >= 0, "
-                                  f"got {budget_tokens!r}")
-        n = -(-budget_tokens // self._pool.block_size)
-        self._pool.reserve(n)
-        return SequenceState(owner=id(self), reserved_blocks=n)
+        """`alloc_sequence` for a request that can reach at most `budget_tokens` tokens. As
+        in the original, the budget sizes per-sequence state only (this model has none that
+        scales with it): no KV blocks are reserved — `reserve_blocks` does that."""
+        int_arg("alloc_sequence_for", "budget_tokens", budget_tokens, 0)
+        return self.alloc_sequence()
+
+    def reserve_blocks(self, seq: SequenceState, n_tokens: int) -> int:
+        """Promise `seq` the KV blocks for `n_tokens` more tokens, so writing them cannot
+        raise CacheFull. Idempotent: a reservation that already covers them is kept. Raises
+        CacheFull (nothing changed) when the pool cannot promise them. Returns the blocks
+        newly reserved. Additive: the original has no such method."""
+        self._check_seq(seq)
+        n_tokens = int_arg("reserve_blocks", "n_tokens", n_tokens, 0)
+        if seq.arena is not None:
+            return 0   # a dense cache owns all its blocks already
+        (_, _, _, total), = self._growth_plan([(seq, n_tokens)])
+        more = max(0, total - seq.reserved_blocks)
+        if more > self._pool.num_free() + self._pool._evictable():
+            raise CacheFull(f"KV cache exhausted: reserving {more} block(s) for sequence "
+                            f"{seq.seq_id} with {self._pool.num_free()} free of "
+                            f"{self._pool.num_total()} (block_size {self._pool.block_size})")
+        self._pool.reserve(more)
+        seq.reserved_blocks += more
+        return more
+
+    def poll_innerq(self) -> None:
+        """The original's per-prefill-step calibration poll. Nothing to poll: this model has
+        no InnerQ calibration."""
+        return None
+
+    def reclaim_prefix_blocks_for(self, prompt: Sequence[int], adapter_slot: int,
+                                  blocks_needed: int) -> PrefixReclaim:
+        """Evict prefix-cache blocks until `blocks_needed` are free or nothing more is
+        evictable (the original's default: no credit for the prompt's own cached prefix)."""
+        free = self.num_free_blocks()
+        while free < blocks_needed and self.reclaim_prefix_blocks(blocks_needed - free) > 0:
+            free = self.num_free_blocks()
+        return PrefixReclaim(int(blocks_needed), free)
+
+    def high_speed_swap_dims(self):
+        """Dimensions for the original's high-speed swap: None (not supported)."""
+        return None
+
+    def save_sequence_state(self, seq: SequenceState, writer) -> None:
+        raise Unsupported("swap not supported by this model")
+
+    def restore_sequence_state(self, seq: SequenceState, num_blocks: int, reader) -> None:
+        raise Unsupported("swap not supported by this model")
+
+    def compact_sequence(self, seq: SequenceState, new_slot: int) -> None:
+        raise Unsupported("compact_sequence: this model has no SSM pool slots to move")
+
+    def detach_slot_for_reuse(self, seq: SequenceState) -> None:
+        """Give up the sequence's SSM pool slot: there is none, so nothing to give up."""
+        return None
+
+    def bind_gpu_to_thread(self) -> None:
+        """Make the model's device current on the calling thread (CUDA); a no-op on the
+        host, which has no per-thread device."""
+        bind = getattr(self.backend, "bind_to_thread", None)
+        if bind is not None:
+            bind()
 
     def free_sequence(self, seq: SequenceState) -> None:
         """Return the sequence's blocks and reservation to the pool. Idempotent."""
@@ -103,15 +166,11 @@ class ModelLifecycle:
             seq.tokens = list(tokens[: seq.seq_len])
         return seq.seq_len
 
-    def _reserve_for_writes(self, items: Sequence[tuple[SequenceState, int]], stream: int) -> None:
-        """Give each `(seq, n_new)` the blocks for `n_new` more tokens, all or nothing.
-
-        Copy-on-write: a shared block that the write will touch is replaced by a private
-        copy first. Raises CacheFull before changing anything if the pool is short.
-        """
+    def _growth_plan(self, items: Sequence[tuple[SequenceState, int]]) -> list[tuple]:
+        """`(seq, need, cow, total)` for each pool-backed `(seq, n_new)`: new blocks for
+        `n_new` more tokens, whether the partial last block is shared (copy-on-write)."""
         bs = self._pool.block_size
         plans = []
-        fresh_total = 0
         for seq, n_new in items:
             if seq.arena is not None:
                 continue  # a dense cache owns all its blocks already
@@ -119,15 +178,27 @@ class ModelLifecycle:
             need = max(0, -(-(seq.seq_len + n_new) // bs) - have)
             cow = (seq.seq_len % bs != 0 and have > 0
                    and self._pool.refcount(seq.block_table[seq.seq_len // bs]) > 1)
-            total = need + int(cow)
-            fresh_total += max(0, total - seq.reserved_blocks)
-            plans.append((seq, need, cow, total))
-        available = self._pool.num_free() + self._pool._evictable()
-        if fresh_total > available:
-            raise CacheFull(f"KV pool exhausted: this step needs {fresh_total} new block(s), "
+            plans.append((seq, need, cow, need + int(cow)))
+        return plans
+
+    def _check_room(self, items: Sequence[tuple[SequenceState, int]]) -> list[tuple]:
+        """The growth plan of `items`, or CacheFull if the pool cannot hold it all."""
+        plans = self._growth_plan(items)
+        fresh = sum(max(0, total - seq.reserved_blocks) for seq, _, _, total in plans)
+        if fresh > self._pool.num_free() + self._pool._evictable():
+            raise CacheFull(f"KV cache exhausted: this step needs {fresh} new block(s), "
                             f"{self._pool.num_free()} free of {self._pool.num_total()} "
-                            f"(block_size {bs})")
-        for seq, need, cow, total in plans:
+                            f"(block_size {self._pool.block_size})")
+        return plans
+
+    def _reserve_for_writes(self, items: Sequence[tuple[SequenceState, int]], stream: int) -> None:
+        """Give each `(seq, n_new)` the blocks for `n_new` more tokens, all or nothing.
+
+        Copy-on-write: a shared block that the write will touch is replaced by a private
+        copy first. Raises CacheFull before changing anything if the pool is short.
+        """
+        bs = self._pool.block_size
+        for seq, need, cow, total in self._check_room(items):
             if total == 0:
                 continue
             used = min(total, seq.reserved_blocks)

@@ -15,6 +15,7 @@ import numpy as np
 from ..errors import InvalidArgument
 from ..gpu_runtime.types import DevicePtr
 from ..ops import embedding
+from .ladder import padded_batch_n
 from .layers import lm_head, run_decoder
 from .sequence import SequenceState
 
@@ -51,16 +52,47 @@ class DecoderPasses:
             raise InvalidArgument(f"sequence {seq.seq_id}: {seq.seq_len} + {n_new} tokens exceed "
                                   f"max_seq_len={limit}")
 
+    def _check_decode_batch(self, tokens, seqs, what: str) -> None:
+        if len(tokens) != len(seqs):
+            raise InvalidArgument(f"{what}: {len(tokens)} tokens for {len(seqs)} sequences")
+        if not 1 <= len(seqs) <= self._max_batch:
+            raise InvalidArgument(f"{what}: batch of {len(seqs)} outside [1, max_batch="
+                                  f"{self._max_batch}]")
+        if len({id(s) for s in seqs}) != len(seqs):
+            raise InvalidArgument(f"{what}: a sequence appears twice in the batch")
+
+    def _check_decode_items(self, rows, what: str, tokens_checked: bool = False) -> list:
+        """Checked `(seq, tokens)` decode rows (`tokens_checked`: placeholders of the
+        tensor API, not token ids)."""
+        items = []
+        arenas = {id(seq.arena) for seq, _ in rows}
+        if len(arenas) > 1:
+            raise InvalidArgument(f"{what}: sequences of different caches in one batch")
+        for seq, toks in rows:
+            self._check_seq(seq)
+            if not tokens_checked:
+                toks = self._check_tokens(toks, what)
+            if seq.seq_len == 0:
+                raise InvalidArgument(f"{what}: sequence {seq.seq_id} is empty; prefill it first")
+            self._check_capacity(seq, len(toks))
+            items.append((seq, toks))
+        n = sum(len(t) for _, t in items)
+        if n > self._ws.max_rows:
+            raise InvalidArgument(f"{what}: {n} rows exceed the workspace's {self._ws.max_rows}")
+        return items
+
     # prefill -------------------------------------------------------------------------
     def _prefill_pass(self, seq: SequenceState, chunk: Sequence[int], stream: int,
                       want_logits: bool, embeds: np.ndarray | None = None,
                       hidden_out: DevicePtr | None = None, splice=None,
-                      recorded: Sequence[int] | None = None) -> DevicePtr:
+                      recorded: Sequence[int] | None = None, logits_row: int = 0) -> DevicePtr:
         """Run `chunk` (token ids; or `embeds` [n, hidden] bf16 bits) at positions
-        seq_len.. of `seq`. Returns the prefill logits row ptr when `want_logits`.
-        `hidden_out`: where final-norm hidden rows go (default ws.normed). `splice(stream)`
-        runs after the token embeddings are in `ws.residual` and may overwrite rows (image
-        features); `recorded` is what `seq.tokens` keeps (default `chunk`)."""
+        seq_len.. of `seq`. When `want_logits`, returns logits row `logits_row` of the shared
+        arena, holding the last position's logits (its hidden state goes to the same row of
+        `hidden_after_norm()`). `hidden_out`: where final-norm hidden rows go (default
+        ws.normed). `splice(stream)` runs after the token embeddings are in `ws.residual` and
+        may overwrite rows (image features); `recorded` is what `seq.tokens` keeps (default
+        `chunk`)."""
         ws, bs, b = self._ws, self._block_size, self.backend
         n = len(chunk)
         start = seq.seq_len
@@ -90,9 +122,15 @@ class DecoderPasses:
         seq.seq_len += n
         if not want_logits:
             return DevicePtr.NULL
-        row = out.offset((n - 1) * self._meta.hidden_size * 2)
-        lm_head(self, stream, row, 1, ws.prefill_logits)
-        return ws.prefill_logits
+        # As the original's prefill finish (trait_impl/prefill_b/finalize_last.rs): the last
+        # position's post-norm hidden state is what hidden_after_norm() shows, and its logits
+        # go to row `logits_row` of the shared arena (row 0 is decode_logits_ptr()).
+        hid_bytes = self._meta.hidden_size * 2
+        hidden_row = ws.final_hidden.offset(logits_row * hid_bytes)
+        b.copy_d2d_async(out.offset((n - 1) * hid_bytes), hidden_row, hid_bytes, stream)
+        logits = ws.logits.offset(logits_row * self._meta.vocab_size * ws.logit_bytes)
+        lm_head(self, stream, hidden_row, 1, logits)
+        return logits
 
     # decode --------------------------------------------------------------------------
     def _decode_rows(self, rows: Sequence[tuple[SequenceState, Sequence[int]]], stream: int,
@@ -101,21 +139,8 @@ class DecoderPasses:
         `logits_buffer_ptr()`. `embeds` ([n_rows, hidden] bf16 bits) replaces the
         embedding lookup (tensor API); then token ids are placeholders (-1)."""
         ws, bs = self._ws, self._block_size
-        items = []
-        arenas = {id(seq.arena) for seq, _ in rows}
-        if len(arenas) > 1:
-            raise InvalidArgument(f"{what}: sequences of different caches in one batch")
-        for seq, toks in rows:
-            self._check_seq(seq)
-            if embeds is None:
-                toks = self._check_tokens(toks, what)
-            if seq.seq_len == 0:
-                raise InvalidArgument(f"{what}: sequence {seq.seq_id} is empty; prefill it first")
-            self._check_capacity(seq, len(toks))
-            items.append((seq, toks))
+        items = self._check_decode_items(rows, what, tokens_checked=embeds is not None)
         n = sum(len(t) for _, t in items)
-        if n > ws.max_rows:
-            raise InvalidArgument(f"{what}: {n} rows exceed the workspace's {ws.max_rows}")
         with self._growth_guard([s for s, _ in items]):
             self._reserve_for_writes([(s, len(t)) for s, t in items], stream)
             r = 0
@@ -159,11 +184,9 @@ class DecoderPasses:
         lm_head(self, stream, ws.final_hidden, n, ws.logits)
 
     def _graph_rows(self, n: int) -> int:
-        from .transformer import GRAPH_BATCH_LADDER
-        for rung in GRAPH_BATCH_LADDER:
-            if rung >= n and rung <= self._ws.max_rows:
-                return rung
-        return self._ws.max_rows
+        """Rows a graphed decode of `n` rows runs: the ladder rung, capped at the workspace
+        (n <= max_rows always, so the cap never drops a live row)."""
+        return min(padded_batch_n(n), self._ws.max_rows)
 
     def _replay_decode_graph(self, padded: int, stream: int) -> None:
         g = self._graphs.get(padded)

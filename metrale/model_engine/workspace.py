@@ -33,7 +33,8 @@ class Workspace:
             self.attn_out = a(T * H * D * 2)        # [T, H*D]
             self.gate_up = a(T * 2 * inter * 2)     # [T, 2*intermediate]
             self.act = a(T * inter * 2)             # [T, intermediate]
-            self.final_hidden = a(max(T, R) * hid * 2)  # [rows, hidden] rows given logits
+            # [rows, hidden]: row r is the final-norm hidden state behind logits row r
+            self.final_hidden = a(max(T, 2 * R) * hid * 2)
             # per-step metadata, int32 ---------------------------------------------------
             # One region, packed per step by `upload_step` so a step's metadata goes up in
             # a single copy; the section pointers below are set for each step.
@@ -42,13 +43,14 @@ class Workspace:
             self.token_ids = self.positions = self.slot_mapping = self.meta
             self.block_tables = self.kv_lens = self.qo_indptr = self.meta
             self.argmax_out = a(2 * R * 4)      # one id per logits row
+            self.mask_ids = a(2 * R * 8 * 4)    # [rows, 8] suppressed ids of a masked argmax
             self.max_splits = attention.decode_max_splits(max_blocks_per_seq * block_size)
             self.decode_ws = a(attention.decode_workspace_bytes(R, H, D, self.max_splits))
-            # logits: decode / verify / batched-prefill rows, and a staging row for prefill
+            # logits: the shared arena of decode / verify / prefill rows (prefill writes row
+            # 0, a batched prefill row_base + i, as in the original engine)
             self.logit_bytes = 4 if fp32_logits else 2
             self.logits_rows = 2 * R
             self.logits = a(self.logits_rows * V * self.logit_bytes)
-            self.prefill_logits = a(V * self.logit_bytes)
             # KV arena: [layers, 2, num_blocks + 1, block_size, KV, D]; the extra block is a
             # sink for padded graph rows and is never handed out by the pool.
             self.block_bytes = block_size * KV * D * 2
@@ -112,11 +114,11 @@ class Workspace:
         H, KV, D = meta.num_heads, meta.num_kv_heads, meta.head_dim
         hid, inter, V = meta.hidden_size, meta.intermediate_size, meta.vocab_size
         T, R = max_tokens, max_rows
-        act = T * (3 * hid + (H + 2 * KV) * D + H * D + 3 * inter) * 2 + max(T, R) * hid * 2
-        md = (3 * T + R * max_blocks_per_seq + 2 * R + 1) * 4 + 2 * R * 4
+        act = T * (3 * hid + (H + 2 * KV) * D + H * D + 3 * inter) * 2 + max(T, 2 * R) * hid * 2
+        md = (3 * T + R * max_blocks_per_seq + 2 * R + 1) * 4 + 2 * R * 4 + 2 * R * 8 * 4
         splits = attention.decode_max_splits(max_blocks_per_seq * block_size)
         dec = attention.decode_workspace_bytes(R, H, D, splits)
         lb = 4 if fp32_logits else 2
-        logits = (2 * R + 1) * V * lb
+        logits = 2 * R * V * lb
         kv = meta.num_layers * 2 * (num_blocks + 1) * block_size * KV * D * 2
         return act + md + dec + logits + kv

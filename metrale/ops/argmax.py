@@ -3,6 +3,8 @@
 Rule (DESIGN §2): 1024 threads per row; thread t keeps the first strictly greater value of
 t, t+1024, ... starting from (-1e30, 0); a halving tree takes the upper slot only when
 strictly greater. NaN never wins; a row with nothing > -1e30 gives 0.
+The masked host-greedy pick (`argmax_bf16_batch_masked`, below) is a different rule: the
+highest index wins ties, suppressed ids never win, a non-finite kept value gives NO_ID.
 """
 from __future__ import annotations
 
@@ -91,3 +93,74 @@ def argmax_fp32_twin(ctx, logits_ptr, out_ptr, n_rows, vocab) -> None:
     n, v = int(n_rows), int(vocab)
     rows = ctx.view(logits_ptr, n * v, np.float32).reshape(n, v)
     ctx.view(out_ptr, n, np.uint32)[:] = argmax_rule(rows)
+
+
+# -- masked host-greedy pick (kernels/argmax.cu::argmax_bf16_batch_masked) -------------------
+# The original engine's `argmax_batch_masked` (2026-10-07; model-engine
+# model/trait_impl/meta_argmax_masked.rs and kernels/gb10/common/argmax_feed.cu): among the
+# ids not suppressed, the largest value with the HIGHEST index on ties (the host sampler's
+# last-of-equal-maxima rule); NO_ID when a kept value is not finite or nothing is kept.
+MASK_IDS = 8
+MASKED_THREADS = 256
+NO_ID = 0xFFFFFFFF
+
+
+def pack_masks(masks, vocab: int) -> np.ndarray | None:
+    """Per-row suppressed ids as the kernel reads them: [n, MASK_IDS] uint32, NO_ID-padded.
+
+    As the original's `pack_masks`: ids outside [0, vocab) and repeats are dropped; a row
+    with more than MASK_IDS distinct ids gives None (the device path cannot take it).
+    """
+    out = np.full((len(masks), MASK_IDS), NO_ID, np.uint32)
+    for r, row in enumerate(masks):
+        used: list[int] = []
+        for i in row:
+            i = int(i)
+            if not 0 <= i < vocab or i in used:
+                continue
+            if len(used) == MASK_IDS:
+                return None
+            used.append(i)
+        out[r, : len(used)] = used
+    return out
+
+
+def argmax_bf16_batch_masked(backend, stream: int, logits_ptr, masks_ptr, out_ptr,
+                             n_rows: int, vocab: int, row_stride: int) -> None:
+    """Masked host-greedy pick of each BF16 row. logits: [n_rows, row_stride] bf16 (first
+    vocab read); masks: [n_rows, 8] uint32; out: [n_rows] uint32 (NO_ID = not decidable)."""
+    _check(n_rows, vocab)
+    if row_stride < vocab:
+        raise InvalidArgument(f"argmax_masked: row_stride {row_stride} < vocab {vocab}")
+    backend.launch(backend.kernel(MODULE, "argmax_bf16_batch_masked"), (n_rows,),
+                   (MASKED_THREADS,), 0, stream,
+                   (DevicePtr(logits_ptr), DevicePtr(masks_ptr), DevicePtr(out_ptr),
+                    np.int32(n_rows), np.int32(vocab), np.int32(row_stride)))
+
+
+def masked_greedy_rule(rows: np.ndarray, masks: np.ndarray) -> np.ndarray:
+    """The masked rule on host values. rows: [n, vocab] float32; masks: [n, 8] uint32 ->
+    [n] uint32."""
+    rows = np.asarray(rows, np.float32)
+    n, vocab = rows.shape
+    out = np.full(n, NO_ID, np.uint32)
+    for r in range(n):
+        keep = np.ones(vocab, bool)
+        ids = masks[r][masks[r] < vocab].astype(np.int64)
+        keep[ids] = False
+        vals = rows[r][keep]
+        if vals.size == 0 or not np.isfinite(vals).all():
+            continue
+        idx = np.flatnonzero(keep & (rows[r] == vals.max()))  # +0 == -0 here too
+        out[r] = idx[-1]
+    return out
+
+
+@twin(MODULE, "argmax_bf16_batch_masked")
+def argmax_bf16_batch_masked_twin(ctx, logits_ptr, masks_ptr, out_ptr, n_rows, vocab,
+                                  row_stride) -> None:
+    n, v, stride = int(n_rows), int(vocab), int(row_stride)
+    bits = ctx.view(logits_ptr, (n - 1) * stride + v, np.uint16)
+    rows = np.stack([bf16_to_f32(bits[r * stride:r * stride + v]) for r in range(n)])
+    masks = ctx.view(masks_ptr, n * MASK_IDS, np.uint32).reshape(n, MASK_IDS)
+    ctx.view(out_ptr, n, np.uint32)[:] = masked_greedy_rule(rows, masks)

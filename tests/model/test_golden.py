@@ -1,18 +1,29 @@
-"""The whole decoder path on HostBackend against golden Hugging Face logits, through every
-forward method of the pointer API, for every fixture architecture."""
+"""The whole decoder path against golden Hugging Face logits, through every forward method of
+the pointer API, for every fixture architecture: on HostBackend (the twins), and on the
+EmuBackend (the CUDA sources themselves; marked `gpu`, so it runs with the kernel tests)."""
 import numpy as np
 import pytest
 
+from metrale.gpu_runtime import backend
+from metrale.model_engine import PrefillSlice
 from metrale.ops.argmax import argmax_rule
-from metrale.model_engine import PrefillChunk
+from tests.conftest import emu_available
 from tests.model.common import (DECODER_FIXTURES, assert_matches_golden, golden, load,
                                 logits_rows)
 
+BACKENDS = ["cpu", pytest.param("emu", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not emu_available(), reason="no C++ compiler")])]
+
+
+@pytest.fixture(params=BACKENDS)
+def device_name(request):
+    return request.param
+
 
 @pytest.fixture(params=DECODER_FIXTURES)
-def case(request):
+def case(request, device_name):
     name = request.param
-    return name, load(name), golden(name)
+    return name, load(name, backend(device_name)), golden(name)
 
 
 def test_prefill_last_logits(case):
@@ -98,15 +109,15 @@ def test_batched_prefill_defaults_place_rows(case):
     m.prefill(ids[:4], c, s)
     rows_ptr, ptrs = m.mixed_forward_batch(
         [ids[4]], [c],
-        [PrefillChunk(ids[:9], a, 0, 9, True), PrefillChunk(ids[:20], b, 0, 8, False)], s)
+        [PrefillSlice(ids[:9], a, 0, 9, True), PrefillSlice(ids[:20], b, 0, 8, False)], s)
     assert ptrs[1].is_null() and not ptrs[0].is_null()
     got = logits_rows(m, m.logits_buffer_ptr(), 2)
     assert_matches_golden(got, g["logits"][[4, 8]], f"{name} mixed_forward_batch")
 
 
 def test_fp32_logits_and_graphs(case):
-    name, _, g = case
-    m = load(name, fp32_logits=True, graphs=True)
+    name, m0, g = case
+    m = load(name, m0.backend, fp32_logits=True, graphs=True)
     ids = g["input_ids"][0].tolist()
     s = m.default_stream()
     seq = m.alloc_sequence()
@@ -119,7 +130,7 @@ def test_fp32_logits_and_graphs(case):
         rows.append(logits_rows(m, p)[0])
     assert_matches_golden(np.stack(rows), g["logits"][11:20], f"{name} fp32+graphs")
     # graph replay equals eager bit for bit
-    eager = load(name, fp32_logits=True, graphs=False)
+    eager = load(name, m0.backend, fp32_logits=True, graphs=False)
     e_seq = eager.alloc_sequence()
     eager.prefill(ids[:12], e_seq, s)
     for t in range(12, 20):

@@ -3,7 +3,9 @@ batch-invariant; the GPU agrees with HostBackend to within BF16 rounding."""
 import numpy as np
 import pytest
 
+from metrale.gpu_runtime.emu import EmuBackend
 from metrale.ops.argmax import argmax_rule
+from tests.conftest import TOL, emu_available, rel_max_error
 from tests.model.common import (DECODER_FIXTURES, assert_matches_golden, golden, load,
                                 logits_rows)
 
@@ -27,7 +29,7 @@ def test_gpu_model_matches_golden_and_host(device, host, name):
     rows = teacher_forced(gpu, ids)
     assert_matches_golden(rows[:-1], g["logits"][8:23], f"{name} on GPU")
     host_rows = teacher_forced(load(name, host), ids)
-    assert np.max(np.abs(rows - host_rows)) < 0.05 * np.abs(host_rows).max()
+    assert rel_max_error(rows, host_rows) < TOL["model_device_vs_host_rel_max"][0]
 
 
 @pytest.mark.gpu
@@ -63,3 +65,19 @@ def test_gpu_speculative_equals_greedy(device):
     want = generate(t, ids, 16, stop_token_ids=[]).tokens
     for k in (1, 4):
         assert speculative_generate(t, d, ids, 16, k=k, stop_token_ids=[]).tokens == want
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not emu_available(), reason="no C++ compiler")
+@pytest.mark.parametrize("device_name", ["emu"])
+def test_emu_runs_every_kernel_compiled_and_only_gemm_as_a_twin(device_name):
+    emu = EmuBackend()
+    ids = golden("llama_gqa")["input_ids"][0].tolist()
+    teacher_forced(load("llama_gqa", emu, graphs=True), ids)
+    stats = emu.launch_stats()
+    twins = {k for k, v in stats.items() if v["twin"]}
+    assert twins == {"cublas.gemm_bf16"}
+    compiled = {k for k, v in stats.items() if v["compiled"]}
+    assert {"gemv.gemv_bf16", "attention.prefill_attention_p1", "rope.apply_rope",
+            "kv_cache.write_kv", "rmsnorm.rmsnorm", "activation.silu_mul",
+            "embedding.embedding", "attention.decode_attention_combine"} <= compiled

@@ -28,6 +28,8 @@ def test_blocks_held_are_exactly_ceil_len_over_block_size(ids):
         m.decode(t, seq, s)
         assert len(seq.block_table) == -(-seq.seq_len // 4)
     m.free_sequence(seq)
+    # prefill put the prompt's one full block into the prefix cache, as the original does
+    assert m.num_free_blocks() == 63 and m.reclaim_prefix_blocks(64) == 1
     assert m.num_free_blocks() == m.num_total_blocks() == 64
 
 
@@ -38,12 +40,13 @@ def test_cache_full_leaves_everything_untouched(ids):
     m.prefill(ids[:16], a, s)            # 4 blocks
     a_table, a_tokens = list(a.block_table), list(a.tokens)
     b = m.alloc_sequence()
-    with pytest.raises(CacheFull, match="2 free of 6"):
-        m.prefill(ids[:12], b, s)        # needs 3
+    other = ids[::-1][:12]                # shares no prefix with a's prompt
+    with pytest.raises(CacheFull, match="KV cache exhausted.*2 free of 6"):
+        m.prefill(other, b, s)           # needs 3
     assert b.seq_len == 0 and b.block_table == [] and m.num_free_blocks() == 2
     assert a.block_table == a_table and a.tokens == a_tokens
     # a decode batch that cannot fit is refused whole
-    m.prefill(ids[:8], b, s)              # the last 2 blocks, both full
+    m.prefill(other[:8], b, s)            # the last 2 blocks, both full
     with pytest.raises(CacheFull):
         m.decode_batch([1, 2], [a, b], s)
     assert a.seq_len == 16 and b.seq_len == 8
@@ -55,17 +58,25 @@ def test_cache_full_leaves_everything_untouched(ids):
 def test_reservations(ids):
     m = load(NAME, kv_blocks=8, block_size=4)
     s = m.default_stream()
-    r = m.alloc_sequence_for(20)          # 5 blocks promised
+    r = m.alloc_sequence_for(20)          # as in the original: sizes per-sequence state only
+    assert m.num_free_blocks() == 8 and r.reserved_blocks == 0
+    assert m.reserve_blocks(r, 20) == 5   # 5 blocks promised
+    assert m.reserve_blocks(r, 20) == 0 and m.reserve_blocks(r, 3) == 0   # idempotent
     assert m.num_free_blocks() == 3
     other = m.alloc_sequence()
-    with pytest.raises(CacheFull):
+    with pytest.raises(CacheFull, match="KV cache exhausted"):
         m.prefill(ids[:16], other, s)
     m.prefill(ids[:20], r, s)             # uses its reservation
     assert m.num_free_blocks() == 3 and r.reserved_blocks == 0
-    m.free_sequence(r)
+    m.free_sequence(r)                    # its 5 full blocks stay in the prefix cache
+    assert m.num_free_blocks() == 3 and m.reclaim_prefix_blocks(8) == 5
+    big = m.alloc_sequence()
+    with pytest.raises(CacheFull, match="KV cache exhausted"):
+        m.reserve_blocks(big, 100)
+    assert big.reserved_blocks == 0 and m.num_free_blocks() == 8
+    m.reserve_blocks(big, 3)
+    m.free_sequence(big)                  # an unused reservation goes back too
     assert m.num_free_blocks() == 8
-    with pytest.raises(CacheFull):
-        m.alloc_sequence_for(100)
 
 
 def test_prefix_reuse_shares_blocks_and_gives_the_same_logits(ids):
@@ -73,7 +84,7 @@ def test_prefix_reuse_shares_blocks_and_gives_the_same_logits(ids):
     s = m.default_stream()
     a = m.alloc_sequence()
     want = logits_rows(m, m.prefill(ids[:18], a, s))
-    assert m.cache_sequence(a) == 4       # four full blocks
+    assert m.cache_sequence(a) == 0       # prefill already inserted its four full blocks
     m.free_sequence(a)
     assert m.num_free_blocks() == 28      # the cache keeps its four
     b = m.alloc_sequence()
@@ -101,7 +112,8 @@ def test_fork_copy_on_write(ids):
     assert np.array_equal(pa, pb)
     m.free_sequence(a)
     m.free_sequence(b)
-    assert m.num_free_blocks() == 16
+    assert m.num_free_blocks() == 15      # block 0 (the prompt's full block) is cached
+    assert m.reclaim_prefix_blocks(16) == 1 and m.num_free_blocks() == 16
 
 
 def test_rollback_frees_blocks_and_recomputes_equal(ids):
@@ -158,10 +170,16 @@ def _count_launches(m, monkeypatch):
     lambda m, seq, s, ids: m.decode(5, seq, s),                        # empty sequence
     lambda m, seq, s, ids: m.decode_batch([1, 2], [seq], s),
     lambda m, seq, s, ids: m.decode_verify([], seq, s),
-    lambda m, seq, s, ids: m.copy_logits_to_host(m.logits_buffer_ptr(), bytearray(10)),
-    lambda m, seq, s, ids: m.copy_logits_to_host(m.logits_buffer_ptr().offset(1), bytearray(512)),
+    lambda m, seq, s, ids: m.copy_logits_to_host(m.logits_buffer_ptr(),
+                                                 np.empty(m.vocab_size(), np.float32)),
+    lambda m, seq, s, ids: m.copy_logits_to_host(
+        m.logits_buffer_ptr().offset(m._ws.logits_rows * m.vocab_size() * 2 - 10),
+        bytearray(512)),
     lambda m, seq, s, ids: m.argmax_batch(m.logits_buffer_ptr(), 0, s),
-    lambda m, seq, s, ids: m.argmax_on_device(m.hidden_after_norm(), s),
+    lambda m, seq, s, ids: m.argmax_on_device(m.logits_buffer_ptr().offset(1), s),
+    lambda m, seq, s, ids: m.argmax_on_device(
+        metrale.gpu_runtime.DevicePtr(np.zeros(8).ctypes.data), s),  # not device memory
+    lambda m, seq, s, ids: m.argmax_batch(m.logits_buffer_ptr(), m._ws.logits_rows + 1, s),
     lambda m, seq, s, ids: m.prefill(ids, load(NAME).alloc_sequence(), s),  # foreign sequence
 ])
 def test_bad_input_raises_before_any_launch(ids, monkeypatch, bad):

@@ -112,3 +112,112 @@ def test_gpu_matches_twin(device, host, rng, vocab):
         if max(positions) < vocab:
             row = tie_row(vocab, positions)[None]
             assert np.array_equal(run_bf16(device, row), run_bf16(host, row))
+
+
+# -- masked host-greedy pick ------------------------------------------------------------------
+NO_ID = argmax.NO_ID
+
+
+def masked_reference(row, suppressed) -> int:
+    """The rule written out in float64: the kept id with the largest (value, index)."""
+    vals = [float(x) for x in np.asarray(row, np.float64)]
+    kept = [i for i in range(len(vals)) if i not in set(suppressed)]
+    if not kept or not all(np.isfinite(vals[i]) for i in kept):
+        return NO_ID
+    return max(kept, key=lambda i: (vals[i], i))
+
+
+def run_masked(backend, rows_f32, masks, stride=None):
+    rows = np.asarray(rows_f32, np.float32)
+    n, v = rows.shape
+    stride = stride or v
+    bits = np.full((n, stride), f32_to_bf16(np.float32(1000.0)), np.uint16)
+    bits[:, :v] = f32_to_bf16(rows)
+    packed = argmax.pack_masks(masks, v)
+    with Buffers(backend) as b:
+        lp, mp, op = b.put(bits), b.put(packed), b.empty((n,), np.uint32)
+        argmax.argmax_bf16_batch_masked(backend, backend.default_stream(), lp, mp, op, n, v,
+                                        stride)
+        return b.get(op, (n,), np.uint32)
+
+
+def constructed_case(rng, width, case):
+    """Twelve crafted rows per width: zeros, a floor, ties at both ends, the max suppressed,
+    NaN/inf (kept and suppressed), everything suppressed, junk mask ids, -0 vs +0."""
+    x = bf16_to_f32(f32_to_bf16(rng.standard_normal(width).astype(np.float32)))
+    m = []
+    if case == 0:
+        x[:] = 0
+    elif case == 1:
+        x[:] = -3e30
+    elif case == 2:
+        x[0] = x[-1] = 100
+    elif case == 3:
+        m = [int(np.argmax(x))]
+    elif case == 4:
+        x[0] = np.nan
+    elif case == 5:
+        x[0] = np.inf
+    elif case == 6:
+        x[0] = -np.inf
+    elif case == 7:
+        x[0] = np.nan
+        m = [0]
+    elif case == 8:
+        m = list(range(min(width, 8)))
+    elif case == 9:
+        m = [0, 0, NO_ID, width + 1]
+    elif case == 10:
+        x[:] = 0
+        x[0] = -0.0
+    elif case == 11:
+        x[:] = -np.inf
+    return x, m
+
+
+@pytest.mark.parametrize("width", [1, 2, 7, 255, 256, 257, 1000])
+def test_masked_crafted_cases_match_float64_reference(host, width):
+    rng = np.random.default_rng(77)
+    rows, masks = zip(*(constructed_case(rng, width, c) for c in range(12)))
+    got = run_masked(host, np.stack(rows), list(masks))
+    want = [masked_reference(r, m) for r, m in zip(rows, masks)]
+    assert [int(g) for g in got] == want
+    # the tie policy really is the last index, not the first or the device argmax's
+    assert want[0] == width - 1 and want[10] == width - 1
+    if width > 1:
+        assert want[2] == width - 1 and int(argmax.argmax_rule(rows[2][None])[0]) == 0
+
+
+def test_masked_rows_are_independent_and_stride_padding_is_never_read(host):
+    rows = np.array([[4, 9, 9], [4, 9, 9], [np.nan, 2, 3]], np.float32)
+    # stride 4: the padding column holds 1000, which must never win
+    got = run_masked(host, rows, [[1], [1, 2], [0]], stride=4)
+    assert list(got) == [2, 0, 2]
+
+
+def test_masked_random_ties_match_reference(host, rng):
+    rows = rng.integers(-4, 5, size=(6, 1500)).astype(np.float32)
+    masks = [rng.choice(1500, size=k, replace=False).tolist() for k in (0, 1, 3, 8, 8, 2)]
+    masks[4][0] = int(np.flatnonzero(rows[4] == rows[4].max())[-1])  # suppress the winner
+    got = run_masked(host, rows, masks)
+    assert [int(g) for g in got] == [masked_reference(r, m) for r, m in zip(rows, masks)]
+
+
+def test_pack_masks_drops_repeats_and_junk_and_refuses_nine_ids():
+    packed = argmax.pack_masks([[2, 2, 99, 4, -1], []], 10)
+    assert packed[0, :2].tolist() == [2, 4] and (packed[0, 2:] == NO_ID).all()
+    assert (packed[1] == NO_ID).all()
+    assert argmax.pack_masks([list(range(9))], 10) is None
+    assert argmax.pack_masks([list(range(9))], 8) is not None   # id 8 is out of range
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("width", [1, 7, 255, 256, 257, 1000, 32000])
+def test_gpu_masked_matches_twin(device, host, rng, width):
+    rows, masks = zip(*(constructed_case(rng, width, c) for c in range(12)))
+    rows = np.stack(rows)
+    assert np.array_equal(run_masked(device, rows, list(masks)), run_masked(host, rows, list(masks)))
+    grid = rng.integers(-3, 4, size=(4, width)).astype(np.float32)
+    gm = [rng.choice(width, size=min(width, k), replace=False).tolist() for k in (0, 1, 5, 8)]
+    assert np.array_equal(run_masked(device, grid, gm, stride=width + 3),
+                          run_masked(host, grid, gm, stride=width + 3))

@@ -36,6 +36,9 @@ def count_calls(run):
 
 
 def check_exact(m, be, live0):
+    # prefill leaves the prompt's full blocks in the prefix cache (as the original does);
+    # evicted, every block must be free again
+    m.reclaim_prefix_blocks(m.num_total_blocks())
     assert m.num_free_blocks() == m.num_total_blocks()
     assert be.live_bytes() == live0
 
@@ -45,6 +48,7 @@ def test_generate_interrupted_at_every_launch(graphs):
     be = HostBackend()
     m = load("llama_gqa", be, kv_blocks=16, block_size=4, graphs=graphs)
     want = generate(m, PROMPT, 5, stop_token_ids=[]).tokens
+    m.reclaim_prefix_blocks(m.num_total_blocks())
     live0 = be.live_bytes()
     inj = Injector(be)
     generate(m, PROMPT, 5, stop_token_ids=[])
@@ -67,6 +71,7 @@ def test_speculative_interrupted_at_every_launch():
     target = load("llama_gqa", be, kv_blocks=16, block_size=4)
     draft = load("qwen3", be, kv_blocks=16, block_size=4)
     want = generate(target, PROMPT, 6, stop_token_ids=[]).tokens
+    target.reclaim_prefix_blocks(target.num_total_blocks())
     live0 = be.live_bytes()
     inj = Injector(be)
     speculative_generate(target, draft, PROMPT, 6, k=3, stop_token_ids=[])
@@ -77,6 +82,7 @@ def test_speculative_interrupted_at_every_launch():
             speculative_generate(target, draft, PROMPT, 6, k=3, stop_token_ids=[])
         inj.fire_at = None
         check_exact(target, be, live0)
+        draft.reclaim_prefix_blocks(draft.num_total_blocks())
         assert draft.num_free_blocks() == draft.num_total_blocks()
     assert speculative_generate(target, draft, PROMPT, 6, k=3, stop_token_ids=[]).tokens == want
 

@@ -127,7 +127,7 @@ class EmuBackend(HostBackend):
         if not 0 <= shared_mem <= MAX_DYNAMIC_SHARED:
             raise KernelError(f"{kernel.name}: {shared_mem} bytes of dynamic shared memory "
                               f"(at most {MAX_DYNAMIC_SHARED} without an opt-in attribute)")
-        packed = impl.pack(tuple(args), self.allocation_of)
+        packed = impl.pack(tuple(args), self.find_allocation)
         self._stats[kernel.name]["compiled"] += 1
         self._launch_count += 1
         seed = self._seed * 1_000_003 + self._launch_count

@@ -65,11 +65,11 @@ class EmuKernel:
         self._fn.argtypes = [ctypes.POINTER(LaunchConfig), ctypes.c_void_p, ctypes.c_char_p,
                              ctypes.c_int]
 
-    def pack(self, args, allocation_of) -> tuple:
+    def pack(self, args, find_allocation) -> tuple:
         """Check every argument against the C parameter; returns what `run` needs.
 
-        `allocation_of(addr)` is the `(start, size)` of the live allocation holding `addr`,
-        or None: a pointer argument must be NULL or point into (or one past) an allocation.
+        `find_allocation(addr)` is the `(base, size)` of the live allocation holding `addr`,
+        or None: a pointer argument must be NULL or point into an allocation.
         """
         if len(args) != len(self.params):
             raise KernelError(f"{self.name}: {len(args)} arguments for {len(self.params)} "
@@ -85,7 +85,7 @@ class EmuKernel:
                     if addr % p.align:
                         raise KernelError(f"{self.name}: argument {i} ({p.c_type}) pointer "
                                           f"{a!r} is not {p.align}-byte aligned")
-                    if allocation_of(addr) is None:
+                    if find_allocation(addr) is None:
                         raise KernelError(f"{self.name}: argument {i} ({p.c_type}) pointer "
                                           f"{a!r} is not inside any live allocation")
                 values.append(ctypes.c_uint64(addr))
