@@ -15,11 +15,14 @@ Modes (constructor arguments; `backend("emu")` reads them from the environment):
   order — `METRALE_EMU_ORDER=forward|reverse|shuffle:SEED`: the order in which the threads
       of a block resume at every barrier; with shuffle, each launch draws from SEED and a
       launch counter, so runs are reproducible.
+  check_twins — every launch also runs the kernel's numpy twin and records how far the two
+      results are apart (`twin_agreement()`, see twin_check.py); for measurements, slow.
 """
 from __future__ import annotations
 
 import ctypes
 import os
+import weakref
 from collections import defaultdict
 from pathlib import Path
 
@@ -29,6 +32,7 @@ from ..host import HostBackend
 from ..types import DevicePtr, KernelHandle, check_launch_args
 from .build import build_library
 from .library import ORDERS, EmuKernel, EmuLibrary
+from .twin_check import TwinCheck
 
 # Dynamic shared memory a launch may ask for without cudaFuncSetAttribute, on every GPU.
 MAX_DYNAMIC_SHARED = 48 * 1024
@@ -61,8 +65,9 @@ class EmuBackend(HostBackend):
     name = "emu"
 
     def __init__(self, memory_limit_bytes: int | None = None, *, sanitize: bool = False,
-                 order: str = "forward") -> None:
+                 order: str = "forward", check_twins: bool = False) -> None:
         super().__init__(memory_limit_bytes)
+        self._twin_check = TwinCheck() if check_twins else None
         self.sanitize = bool(sanitize)
         self.order, self._seed = parse_order(order)
         self._launch_count = 0
@@ -131,11 +136,23 @@ class EmuBackend(HostBackend):
         self._stats[kernel.name]["compiled"] += 1
         self._launch_count += 1
         seed = self._seed * 1_000_003 + self._launch_count
-        self._run(lambda: impl.run(packed, grid3, block3, shared_mem, self.order, seed))
+
+        def run() -> None:
+            impl.run(packed, grid3, block3, shared_mem, self.order, seed)
+        if self._twin_check is None:
+            self._run(run)
+        else:
+            check = self._twin_check
+            args = tuple(args)
+            self._run(lambda: check.launch(self, kernel, args, grid3, block3, shared_mem, run))
 
     def gemm_bf16(self, m, n, k, x_ptr, w_ptr, y_ptr, stream) -> None:
         self._stats["cublas.gemm_bf16"]["twin"] += 1
         super().gemm_bf16(m, n, k, x_ptr, w_ptr, y_ptr, stream)
+
+    def twin_agreement(self) -> dict[str, dict]:
+        """Per kernel, with check_twins on: elements compared, differing, max ulps."""
+        return self._twin_check.report() if self._twin_check else {}
 
     def launch_stats(self) -> dict[str, dict[str, int]]:
         """Per kernel ("module.function"): launches run `compiled` and run as a `twin`."""
@@ -154,13 +171,10 @@ class EmuBackend(HostBackend):
             self._poison(lo, int(ptr) - lo)
             end = int(ptr) + int(nbytes)
             self._poison(end, hi - end)
+            # Unpoison when numpy lets the block go (free, or the backend dropped unfreed):
+            # numpy may hand small blocks out again from its own cache, without malloc.
+            weakref.finalize(raw, self._asan[1], ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo))
         return ptr
-
-    def free(self, ptr: DevicePtr) -> None:
-        if self._asan is not None and int(ptr) in self._allocs:
-            raw = self._allocs[int(ptr)].base
-            self._asan[1](ctypes.c_void_p(raw.ctypes.data), ctypes.c_size_t(raw.nbytes))
-        super().free(ptr)
 
     def _poison(self, addr: int, n: int) -> None:
         if n > 0:
