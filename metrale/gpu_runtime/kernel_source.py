@@ -48,13 +48,14 @@ def module_path(module: str) -> Path:
     return p
 
 
-def read_source(module: str) -> tuple[str, str]:
-    """`(source, hash)` of a module; the hash covers every header in kernels/ too.
+def read_source(module) -> tuple[str, str]:
+    """`(source, hash)` of a module (or of a `.cu` file given as a Path); the hash covers
+    every header in kernels/ too.
 
     CuPy's kernel cache key misses headers pulled in through `-I` (CUPY_NOTES §5), so the
     hash goes into the compile options as `-DMETRALE_SRC_HASH=...`.
     """
-    src = module_path(module).read_text()
+    src = (module if isinstance(module, Path) else module_path(module)).read_text()
     h = hashlib.sha256(src.encode())
     for hdr in sorted(kernels_dir().glob("*.cuh")):
         h.update(hdr.read_bytes())
@@ -148,14 +149,16 @@ def parse_ptxas(log: str) -> list[dict]:
     return out
 
 
-def compile_cubin(module: str, arch: str) -> tuple[bytes, str]:
-    """Compile `kernels/<module>.cu` for `arch` with NVRTC; returns `(cubin, log)`.
+def compile_cubin(module, arch: str) -> tuple[bytes, str]:
+    """Compile `kernels/<module>.cu` (or a `.cu` Path that includes kernels/ headers) for
+    `arch` with NVRTC; returns `(cubin, log)`.
 
     Raises KernelError with the compiler log on failure. Needs no GPU.
     """
     from cuda.bindings import nvrtc
 
     src, src_hash = read_source(module)
+    name = module.name if isinstance(module, Path) else f"{module}.cu"
     opts = [f"--gpu-architecture={arch}", *NVRTC_OPTIONS, "--ptxas-options=-v",
             f"-I{kernels_dir()}", f"-DMETRALE_SRC_HASH={src_hash}"]
     inc = cuda_include_dir()
@@ -165,10 +168,10 @@ def compile_cubin(module: str, arch: str) -> tuple[bytes, str]:
     def check(res, what):
         err = res[0]
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise KernelError(f"{module}.cu: NVRTC {what} failed: {err}")
+            raise KernelError(f"{name}: NVRTC {what} failed: {err}")
         return res[1] if len(res) > 1 else None
 
-    prog = check(nvrtc.nvrtcCreateProgram(src.encode(), f"{module}.cu".encode(), 0, [], []),
+    prog = check(nvrtc.nvrtcCreateProgram(src.encode(), name.encode(), 0, [], []),
                  "create")
     try:
         res = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
@@ -177,7 +180,7 @@ def compile_cubin(module: str, arch: str) -> tuple[bytes, str]:
         check(nvrtc.nvrtcGetProgramLog(prog, log), "log")
         log_s = log.rstrip(b"\0 ").decode(errors="replace")
         if res[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise KernelError(f"{module}.cu failed to compile for {arch}:\n{log_s}")
+            raise KernelError(f"{name} failed to compile for {arch}:\n{log_s}")
         n = check(nvrtc.nvrtcGetCUBINSize(prog), "cubin size")
         cubin = b" " * n
         check(nvrtc.nvrtcGetCUBIN(prog, cubin), "cubin")

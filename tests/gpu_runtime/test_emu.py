@@ -260,3 +260,77 @@ def test_asan_names_the_kernel_line(where, culprit):
     out = proc.stdout + proc.stderr
     assert "NOT DETECTED" not in out and proc.returncode != 0, out[-3000:]
     assert "AddressSanitizer" in out and f"bugs.cu:{want}" in out, out[-3000:]
+
+
+# --------------------------------------------------------------------- tensor cores
+def bf16_bits(x):
+    from metrale.ops.bf16 import f32_to_bf16
+    return f32_to_bf16(np.asarray(x, np.float32))
+
+
+def bf16_vals(bits):
+    from metrale.ops.bf16 import bf16_to_f32
+    return bf16_to_f32(bits).astype(np.float64)
+
+
+def test_mma_m16n8k16_is_a_matrix_product(emu, rng):
+    lib = emu.load_source(HERE / "tensor_core.cu")
+    a, bt = bf16_bits(rng.standard_normal((16, 16))), bf16_bits(rng.standard_normal((8, 16)))
+    c = rng.standard_normal((16, 8)).astype(np.float32)
+    with Buffers(emu) as b:
+        d = b.empty((16, 8), np.float32)
+        launch(emu, lib, "mma_direct", (1,), (32,), (d, b.put(a), b.put(bt), b.put(c)))
+        got = b.get(d, (16, 8), np.float32)
+    want = bf16_vals(a) @ bf16_vals(bt).T + c
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("trans", [0, 1])
+def test_ldmatrix_fragments_follow_the_ptx_table(emu, rng, trans):
+    lib = emu.load_source(HERE / "tensor_core.cu")
+    m = rng.integers(0, 2**16, size=(4, 8, 8)).astype(np.uint16)
+    with Buffers(emu) as b:
+        out = b.empty((32, 4), np.uint32)
+        launch(emu, lib, "ldmatrix_check", (1,), (32,), (out, b.put(m), np.int32(trans)))
+        got = b.get(out, (32, 4), np.uint32)
+    for lane in range(32):
+        r, c = lane // 4, 2 * (lane % 4)
+        for i in range(4):
+            mm = m[i].T if trans else m[i]
+            assert got[lane, i] == int(mm[r, c]) | (int(mm[r, c + 1]) << 16), (lane, i)
+
+
+@pytest.mark.parametrize("m,n,k", [(16, 8, 16), (32, 24, 64), (48, 40, 160)])
+def test_a_cp_async_ldmatrix_mma_gemm_matches_numpy(emu, rng, m, n, k):
+    lib = emu.load_source(HERE / "tensor_core.cu")
+    x, w = bf16_bits(rng.standard_normal((m, k))), bf16_bits(rng.standard_normal((n, k)))
+    with Buffers(emu) as b:
+        y = b.empty((m, n), np.float32)
+        launch(emu, lib, "tc_gemm", (n // 8, m // 16), (32,),
+               (y, b.put(x), b.put(w), np.int32(m), np.int32(n), np.int32(k)))
+        got = b.get(y, (m, n), np.float32)
+    np.testing.assert_allclose(got, bf16_vals(x) @ bf16_vals(w).T, rtol=1e-5, atol=1e-4)
+
+
+def test_cp_async_lands_at_the_wait_and_zero_fills(emu):
+    lib = emu.load_source(HERE / "tensor_core.cu")
+    with Buffers(emu) as b:
+        out = b.empty((4,), np.float32)
+        launch(emu, lib, "cp_async_early_read", (1,), (1,),
+               (out, b.put(np.array([1.5, 2.5, 3.5, 4.5], np.float32))))
+        got = b.get(out, (4,), np.float32)
+    assert got.view(np.uint32)[0] == 0xFFFFFFFF and list(got[1:]) == [1.5, 2.5, 0.0]
+
+
+@pytest.mark.parametrize("func,message", [
+    ("cp_async_never_waited", "exited with 1 cp.async copies it never waited for"),
+    ("ldmatrix_from_global", "is not in shared memory"),
+    ("cp_async_to_global", "cp.async destination is not shared memory"),
+])
+def test_tensor_core_misuse_is_reported(emu, func, message):
+    lib = emu.load_source(HERE / "tensor_core.cu")
+    with Buffers(emu) as b:
+        p, q = b.put(np.zeros(256, np.float32)), b.put(np.zeros(256, np.float32))
+        args = (p,) if func == "cp_async_never_waited" else (p, q)
+        with pytest.raises(KernelError, match=message):
+            launch(emu, lib, func, (1,), (32,), args)

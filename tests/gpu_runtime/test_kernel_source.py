@@ -52,3 +52,16 @@ def test_inline_asm_needs_a_cuda_arch_guard_and_a_fallback(text, problem):
 def test_the_kernels_obey_the_asm_rule():
     for f in kernel_source.kernel_files():
         assert kernel_source.unguarded_asm(f.read_text()) == [], f.name
+
+
+@pytest.mark.parametrize("arch", kernel_source.ARCHS)
+def test_the_tensor_core_wrappers_compile_for_the_gpu(arch):
+    # kernels/mma.cuh's device branches (mma.sync, ldmatrix, cp.async), through the test
+    # kernels the emulator's tests run: NVRTC, no GPU needed
+    pytest.importorskip("cuda.bindings.nvrtc")
+    from pathlib import Path
+    src = Path(__file__).resolve().parent / "emu_kernels" / "tensor_core.cu"
+    _, log = kernel_source.compile_cubin(src, arch)
+    stats = {k["name"]: k for k in kernel_source.parse_ptxas(log)}
+    assert {"mma_direct", "ldmatrix_check", "tc_gemm"} <= set(stats)
+    assert all(k["spill_stores"] == 0 for k in stats.values())

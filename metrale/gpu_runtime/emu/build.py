@@ -63,10 +63,16 @@ def compiler_version() -> str:
                           check=False).stdout.strip()
 
 
+def _includes(path: Path) -> list[str]:
+    """The `.cu` file's directory, then kernels/ (its shared headers), then the stubs."""
+    from ..kernel_source import kernels_dir
+    return [f"-I{path.parent}", f"-I{kernels_dir()}", f"-I{INCLUDE_DIR}"]
+
+
 def entry_points_of(path: Path) -> list[str]:
     """`extern "C" __global__` function names of a `.cu` file, after the preprocessor."""
     proc = subprocess.run([compiler(), "-E", "-P", "-x", "c++", "-std=c++20",
-                           f"-I{path.parent}", f"-I{INCLUDE_DIR}", str(path)],
+                           *_includes(path), str(path)],
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise KernelError(f"{path.name}: preprocessing failed:\n{proc.stderr.strip()}")
@@ -111,7 +117,7 @@ def cache_dir() -> Path:
 
 def _emulator_files() -> list[Path]:
     return sorted([SHIM, EMU_DIR / "fiber.h", EMU_DIR / "intrinsics.h",
-                   *INCLUDE_DIR.glob("*.h")])
+                   EMU_DIR / "tensor_core.h", *INCLUDE_DIR.glob("*.h")])
 
 
 def build_library(path: Path, sanitize: bool = False) -> tuple[Path, list[str]]:
@@ -127,7 +133,9 @@ def build_library(path: Path, sanitize: bool = False) -> tuple[Path, list[str]]:
     unit = f'#line 1 "{path}"\n{source}\n{_trailer(module, names)}'
     flags = [*BASE_FLAGS, *ARCH_FLAGS, *(SANITIZE_FLAGS if sanitize else ())]
     h = hashlib.sha256(unit.encode())
-    for f in [*sorted(path.parent.glob("*.cuh")), *_emulator_files()]:
+    from ..kernel_source import kernels_dir
+    headers = {*path.parent.glob("*.cuh"), *kernels_dir().glob("*.cuh")}
+    for f in [*sorted(headers), *_emulator_files()]:
         h.update(f.name.encode())
         h.update(f.read_bytes())
     h.update("\0".join(flags).encode())
@@ -141,8 +149,8 @@ def build_library(path: Path, sanitize: bool = False) -> tuple[Path, list[str]]:
         cpp = Path(tmp) / f"{module}.emu.cpp"
         cpp.write_text(unit)
         lib = Path(tmp) / out.name
-        cmd = [compiler(), *flags, f"-I{path.parent}", f"-I{INCLUDE_DIR}", "-include",
-               str(SHIM), "-x", "c++", str(cpp), "-o", str(lib)]
+        cmd = [compiler(), *flags, *_includes(path), "-include", str(SHIM), "-x", "c++",
+               str(cpp), "-o", str(lib)]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise KernelError(f"{path.name}: the emulator build failed:\n"

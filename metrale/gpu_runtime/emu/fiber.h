@@ -58,6 +58,8 @@ enum Op : unsigned char {
     SHFL_IDX, SHFL_UP, SHFL_DOWN, SHFL_XOR, BALLOT, ALL, ANY, MATCH_ANY, MATCH_ALL, SYNCWARP,
     REDUCE_ADD, REDUCE_MIN, REDUCE_MAX, REDUCE_UMIN, REDUCE_UMAX, REDUCE_AND, REDUCE_OR,
     REDUCE_XOR,
+    // tensor-core collectives (tensor_core.h): operands and results through in/out pointers
+    MMA_BF16, LDMATRIX,
     // block barriers
     SYNC, SYNC_COUNT, SYNC_AND, SYNC_OR,
 };
@@ -68,7 +70,8 @@ inline const char *op_name(Op op) {
         "__ballot_sync", "__all_sync", "__any_sync", "__match_any_sync", "__match_all_sync",
         "__syncwarp", "__reduce_add_sync", "__reduce_min_sync", "__reduce_max_sync",
         "__reduce_min_sync", "__reduce_max_sync", "__reduce_and_sync", "__reduce_or_sync",
-        "__reduce_xor_sync", "__syncthreads", "__syncthreads_count", "__syncthreads_and",
+        "__reduce_xor_sync", "mma.sync.m16n8k16.bf16", "ldmatrix", "__syncthreads",
+        "__syncthreads_count", "__syncthreads_and",
         "__syncthreads_or"};
     return names[op];
 }
@@ -83,6 +86,8 @@ struct Fiber {
     int width, param;
     unsigned int size;
     unsigned long long val, result;
+    const void *in;           // tensor-core collectives: this lane's operands ...
+    void *out;                // ... and where its results go (both on its own stack)
     site_t site;
     char *stack;              // usable stack (above the guard page)
     size_t stack_size;
@@ -92,6 +97,10 @@ struct Fiber {
 #if defined(EMU_ASAN)
     void *fake_stack;
 #endif
+    // cp.async copies issued and not yet waited for (tensor_core.h)
+    int n_async, async_groups;
+    struct AsyncCopy { void *dst; const void *src; unsigned int bytes, src_bytes; int group; }
+        async[128];
 };
 
 enum Order { FORWARD = 0, REVERSE = 1, SHUFFLE = 2 };
@@ -127,6 +136,7 @@ struct Runtime {
     void (*body)(void **) = nullptr;
     void **args = nullptr;
     unsigned char *dyn_smem = nullptr;
+    size_t dyn_bytes = 0;
     int order = FORWARD;
     unsigned long long rng = 0;
     int queue[MAX_THREADS + 1];
@@ -187,6 +197,7 @@ emu_fiber_trampoline:
 #endif
 
 [[noreturn]] inline void fiber_main(Fiber *f);
+__attribute__((format(printf, 1, 2))) inline void report(const char *fmt, ...);
 
 inline void fiber_main_uc(unsigned int hi, unsigned int lo) {
     fiber_main(reinterpret_cast<Fiber *>((static_cast<uintptr_t>(hi) << 32) | lo));
@@ -263,6 +274,9 @@ inline void yield(Fiber *f, bool dying = false) {
     __sanitizer_finish_switch_fiber(nullptr, &rt.sched_bottom, &rt.sched_size);
 #endif
     rt.body(rt.args);
+    if (f->n_async)
+        report("thread (%u,%u,%u) exited with %d cp.async copies it never waited for",
+               f->tid.x, f->tid.y, f->tid.z, f->n_async);
     f->state = EXITED;
     yield(f, true);
     __builtin_trap();  // an exited fiber is never resumed
@@ -349,6 +363,8 @@ inline bool same_value(const Fiber &a, const Fiber &b) {
     return (a.val & m) == (b.val & m);
 }
 
+inline bool complete_tensor_op(Fiber *f, Fiber *w, unsigned int mask);  // tensor_core.h
+
 // Called when fiber f arrived at a warp operation: complete it if every lane named is there.
 inline void try_complete_warp(Fiber *f) {
     const unsigned int mask = f->mask;
@@ -380,6 +396,14 @@ inline void try_complete_warp(Fiber *f) {
         }
     }
     const Op op = f->op;
+    if (op == MMA_BF16 || op == LDMATRIX) {
+        if (complete_tensor_op(f, w, mask)) {
+            int ids[32], n = 0;
+            for (unsigned int m = mask; m; m &= m - 1) ids[n++] = static_cast<int>(w[__builtin_ctz(m)].lin);
+            enqueue(ids, n);
+        }
+        return;
+    }
     if (op <= SHFL_XOR && (f->width < 1 || f->width > 32 || (f->width & (f->width - 1)))) {
         report("warp %u: %s at %s:%u with width %d (must be a power of two in [1, 32])",
                f->warp, op_name(op), short_file(f->site.file_name()), f->site.line(), f->width);
@@ -630,6 +654,7 @@ inline int run_block() {
         f.tid.z = static_cast<unsigned int>(i) / (rt.block_dim.x * rt.block_dim.y);
         f.lane = static_cast<unsigned int>(i) & 31u;
         f.warp = static_cast<unsigned int>(i) >> 5;
+        f.n_async = f.async_groups = 0;
         prepare_fiber(&f);
     }
     fill_static_shared();
@@ -682,6 +707,7 @@ inline int launch(const char *kernel, const LaunchConfig *cfg, void (*body)(void
     const size_t dyn = static_cast<size_t>(cfg->shared_mem);
     if (!rc) {
         rt.dyn_smem = static_cast<unsigned char *>(std::malloc(dyn ? dyn : 1));
+        rt.dyn_bytes = dyn;
         if (!rt.dyn_smem) { report("out of memory for shared memory"); rc = 1; }
     }
 #if !defined(EMU_ASAN)
@@ -705,5 +731,13 @@ inline int launch(const char *kernel, const LaunchConfig *cfg, void (*body)(void
 }
 
 inline void *dynamic_smem() { return rt.dyn_smem; }
+
+// Whether [p, p + n) lies in this block's shared memory (static or dynamic).
+inline bool is_shared(const void *p, size_t n) {
+    const char *c = static_cast<const char *>(p);
+    if (__start_emu_shared && c >= __start_emu_shared && c + n <= __stop_emu_shared) return true;
+    const char *d = reinterpret_cast<const char *>(rt.dyn_smem);
+    return d && c >= d && c + n <= d + rt.dyn_bytes;
+}
 
 }  // namespace emu
