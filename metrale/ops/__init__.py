@@ -8,4 +8,4 @@ Importing this package imports every family, so every twin is in the device laye
 (`metrale.gpu_runtime.twins`) before a `HostBackend` can be asked for one.
 """
 from . import (activation, argmax, attention, cast, conv1d, dense_attention,  # noqa: F401
-               elementwise, embedding, gemm, kv_cache, rmsnorm, rope, sampling, vision)
+               elementwise, embedding, gemm, gemm_tc, kv_cache, rmsnorm, rope, sampling, vision)

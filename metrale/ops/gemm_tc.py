@@ -1,0 +1,146 @@
+"""The batch-invariant tensor-core GEMM (kernels/gemm_tc.cu, module "gemm_tc"): every linear
+layer of decode, verify and prefill, Y[m, n] = X[m, k] @ W[n, k]^T, BF16 in, FP32
+accumulation, BF16 or FP32 out.
+
+A row's result depends only on (x row, w row, k), never on m, its position in the batch or
+the tile the launcher picks (the argument is in the .cu header), so decode_batch rows equal
+solo decode, verify rows equal decode steps and chunked prefill equals whole prefill.
+
+The twin is batch-invariant by construction: it returns f32(f64(s)) for the exact dot
+product s of every (row, column). One float64 matmul gives s to within a rigorous error
+bound; where that interval could round to two different float32 values, the element is
+recomputed exactly (`math.fsum` of the exact float64 products of BF16 values). So no BLAS
+blocking, thread split or row position can reach the result.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InvalidArgument
+from ..gpu_runtime.types import DevicePtr
+from .bf16 import bf16_to_f32, f32_to_bf16
+from .checks import check_ptrs, check_sizes
+from .registry import twin
+
+MODULE = "gemm_tc"
+_MAX_GRID_Y = 65535
+# The 128x128 tile only when it still gives this many CTAs (about two per SM on an H200);
+# below that the 64x32 tile's 8x more CTAs keep more SMs streaming W.
+_BIG_TILE_MIN_CTAS = 256
+# Twin working set: W is widened to float64 in chunks of about this many elements (rows per
+# chunk depend only on k; chunking never changes a result, see exact_dot_f32).
+_CHUNK_ELEMS = 1 << 22
+
+
+@dataclass(frozen=True)
+class Tile:
+    """One CTA tile configuration of kernels/gemm_tc.cu (its header has the table)."""
+    name: str
+    bm: int
+    bn: int
+    threads: int
+
+    def grid(self, m: int, n: int) -> tuple[int, int]:
+        return -(-int(m) // self.bm), -(-int(n) // self.bn)
+
+
+TILES = {t.name: t for t in (Tile("16x16", 16, 16, 64), Tile("64x32", 64, 32, 128),
+                             Tile("128x128", 128, 128, 256))}
+
+
+def pick_tile(m: int, n: int) -> Tile:
+    """The tile for an (m, n) launch: speed only, every tile gives the same bits.
+
+    m <= 16 (decode): 16x16, n / 16 CTAs streaming W. Up to 64 rows, or while the big tile
+    would leave the GPU short of CTAs: 64x32. Prefill-sized launches: 128x128.
+    """
+    if m <= 16:
+        tile = TILES["16x16"]
+    elif m > 64 and math.prod(TILES["128x128"].grid(m, n)) >= _BIG_TILE_MIN_CTAS:
+        tile = TILES["128x128"]
+    else:
+        tile = TILES["64x32"]
+    if tile.grid(m, n)[1] > _MAX_GRID_Y:  # only for n > 1M: the widest tile still fits
+        tile = TILES["128x128"]
+    return tile
+
+
+def gemm_tc(backend, stream: int, y_ptr, x_ptr, w_ptr, m: int, n: int, k: int,
+            out_fp32: bool = False, tile: str | None = None) -> None:
+    """Y[m, n] = X[m, k] @ W[n, k]^T on tensor cores, batch-invariant.
+
+    x: [m, k] bf16; w: [n, k] bf16; y: [m, n] bf16, or float32 when out_fp32. Any m, n,
+    k >= 1 and any alignment (16-byte-aligned x, w with k % 8 == 0 take the cp.async path).
+    `tile` forces a configuration of TILES (tests, benchmarks); by default pick_tile.
+    """
+    check_sizes("gemm_tc", m=m, n=n, k=k)
+    check_ptrs("gemm_tc", y_ptr=y_ptr, x_ptr=x_ptr, w_ptr=w_ptr)
+    if tile is None:
+        t = pick_tile(m, n)
+    elif tile in TILES:
+        t = TILES[tile]
+    else:
+        raise InvalidArgument(f"gemm_tc: tile {tile!r} is not one of {sorted(TILES)}")
+    grid = t.grid(m, n)
+    if grid[1] > _MAX_GRID_Y:
+        raise InvalidArgument(f"gemm_tc: n = {n} exceeds {_MAX_GRID_Y * t.bn} for tile "
+                              f"{t.name} (grid.y limit)")
+    func = f"gemm_tc_{'fp32' if out_fp32 else 'bf16'}_{t.name}"
+    backend.launch(backend.kernel(MODULE, func), grid, (t.threads,), 0, stream,
+                   (DevicePtr(y_ptr), DevicePtr(x_ptr), DevicePtr(w_ptr), np.int32(m),
+                    np.int32(n), np.int32(k)))
+
+
+def exact_dot_f32(x_bits: np.ndarray, w_bits: np.ndarray) -> np.ndarray:
+    """x_bits [m, k], w_bits [n, k] uint16 BF16 -> float32 [m, n]: f32(f64(exact dot)).
+
+    Products of BF16 values are exact in float64, so any float64 summation s_hat of a row's
+    k products satisfies |s_hat - s| <= (k - 1) 2^-53 sum|p| <= (k - 1) 2^-53 |x| |w|
+    (Cauchy-Schwarz). With a 4x margin (norm rounding, the final rounding of s), every value
+    in [s_hat - e, s_hat + e] rounds to the same float32 unless the two ends do not: those
+    elements (rare; none with a NaN/Inf) are summed exactly. +0.0 is added so that an exact
+    zero is +0, as the kernel's accumulator (which starts at +0) gives.
+    """
+    m, k = x_bits.shape
+    n = w_bits.shape[0]
+    x = bf16_to_f32(x_bits).astype(np.float64)
+    x_norm = np.sqrt(np.einsum("ik,ik->i", x, x))
+    y = np.empty((m, n), np.float32)
+    step = max(1, _CHUNK_ELEMS // k)
+    for j0 in range(0, n, step):
+        w = bf16_to_f32(w_bits[j0:j0 + step]).astype(np.float64)
+        s = x @ w.T + 0.0
+        e = (k + 4) * 2.0**-51 * np.outer(x_norm, np.sqrt(np.einsum("jk,jk->j", w, w)))
+        e += np.abs(s) * 2.0**-51
+        yc = s.astype(np.float32)
+        with np.errstate(invalid="ignore"):  # inf - inf where a row holds an Inf
+            unsure = (s - e).astype(np.float32) != (s + e).astype(np.float32)
+        unsure &= np.isfinite(s)
+        for i, j in zip(*np.nonzero(unsure)):
+            yc[i, j] = np.float32(math.fsum((x[i] * w[j]).tolist()) + 0.0)
+        y[:, j0:j0 + step] = yc
+    return y
+
+
+def _gemm_tc_twin(ctx, y_ptr, x_ptr, w_ptr, m, n, k, out_fp32: bool) -> None:
+    m, n, k = int(m), int(n), int(k)
+    y = exact_dot_f32(ctx.view(x_ptr, m * k, np.uint16).reshape(m, k),
+                      ctx.view(w_ptr, n * k, np.uint16).reshape(n, k))
+    if out_fp32:
+        ctx.view(y_ptr, m * n, np.float32).reshape(m, n)[:] = y
+    else:
+        ctx.view(y_ptr, m * n, np.uint16).reshape(m, n)[:] = f32_to_bf16(y)
+
+
+def _register_twins() -> None:
+    for name in TILES:
+        twin(MODULE, f"gemm_tc_bf16_{name}")(
+            lambda ctx, y, x, w, m, n, k: _gemm_tc_twin(ctx, y, x, w, m, n, k, False))
+        twin(MODULE, f"gemm_tc_fp32_{name}")(
+            lambda ctx, y, x, w, m, n, k: _gemm_tc_twin(ctx, y, x, w, m, n, k, True))
+
+
+_register_twins()
