@@ -116,8 +116,7 @@ def cache_dir() -> Path:
 
 
 def _emulator_files() -> list[Path]:
-    return sorted([SHIM, EMU_DIR / "fiber.h", EMU_DIR / "intrinsics.h",
-                   EMU_DIR / "tensor_core.h", *INCLUDE_DIR.glob("*.h")])
+    return sorted([*EMU_DIR.glob("*.h"), *INCLUDE_DIR.glob("*.h")])
 
 
 def build_library(path: Path, sanitize: bool = False) -> tuple[Path, list[str]]:

@@ -22,7 +22,7 @@
 #pragma once
 #include <cstring>
 
-#include "fiber.h"
+#include "launch.h"
 
 namespace emu {
 
