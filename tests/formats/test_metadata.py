@@ -75,12 +75,16 @@ def test_rope_default_and_linear():
     m = meta(tiny_config(rope_scaling={"type": "linear", "factor": 2.0}))
     assert m.rope_scaling == RopeScaling("linear", factor=2.0)
     assert m.rope_theta == 10000.0
-    # rope_parameters wins over stale legacy keys; theta defaults to 10000 when absent
+    # transformers 5 takes a set rope_scaling over rope_parameters
+    # (PreTrainedConfig.convert_rope_params_to_dict: `rope_scaling or rope_parameters`);
+    # theta defaults to 10000 when absent
     cfg = tiny_config(rope_parameters={"rope_type": "linear", "factor": 3.0},
                       rope_scaling={"type": "linear", "factor": 9.0})
     cfg.pop("rope_theta")
     m = meta(cfg)
-    assert (m.rope_theta, m.rope_scaling.factor) == (10000.0, 3.0)
+    assert (m.rope_theta, m.rope_scaling.factor) == (10000.0, 9.0)
+    cfg["rope_scaling"] = None   # unset: rope_parameters
+    assert meta(cfg).rope_scaling.factor == 3.0
 
 
 def test_rope_yarn_defaults():
@@ -97,7 +101,7 @@ def test_rope_yarn_defaults():
 
 
 @pytest.mark.parametrize("scaling, exc, msg", [
-    ({"rope_type": "dynamic", "factor": 2.0}, Unsupported, "rope type 'dynamic'"),
+    ({"rope_type": "longrope", "factor": 2.0}, Unsupported, "rope type 'longrope'"),
     ({"rope_type": "llama3", "factor": 8.0}, FormatError, "low_freq_factor"),
     ({"type": "linear"}, FormatError, "factor"),
     ("linear", FormatError, "rope_scaling must be an object"),
@@ -140,9 +144,16 @@ def test_dtype_keys():
 def test_qwen2_bias_and_sliding_window():
     m = meta(tiny_config(model_type="qwen2", sliding_window=4096, use_sliding_window=False))
     assert m.attention_bias and not m.qk_norm and m.sliding_window is None
+    # HF's legacy rule: layers i >= max_window_layers (absent: 28) slide
     m = meta(tiny_config(model_type="qwen2", sliding_window=4096, use_sliding_window=True))
-    assert m.sliding_window == 4096
-    assert "model.layers.0.self_attn.k_proj.bias" in expected_tensors(m)
+    assert m.sliding_window is None and not any(m.layer_windows)
+    m = meta(tiny_config(model_type="qwen2", sliding_window=4096, use_sliding_window=True,
+                         max_window_layers=1, num_hidden_layers=3))
+    assert m.sliding_window == 4096 and m.layer_windows[0] == 0
+    assert set(m.layer_windows[1:]) == {4096}
+    t = expected_tensors(m)
+    assert "model.layers.0.self_attn.k_proj.bias" in t
+    assert "model.layers.0.self_attn.o_proj.bias" not in t   # qwen2: never an o_proj bias
 
 
 def test_qwen3_qk_norm_and_mistral_window():
@@ -159,8 +170,11 @@ def test_llama_attention_bias_and_tied():
     assert m.attention_bias and t["model.layers.0.self_attn.q_proj.bias"] == (32,)
     assert "lm_head.weight" not in t
     assert "lm_head.weight" in expected_tensors(meta(tiny_config()))
-    with pytest.raises(Unsupported, match="mlp_bias"):
-        meta(tiny_config(mlp_bias=True))
+    assert t["model.layers.0.self_attn.o_proj.bias"] == (32,)   # HF: o_proj too
+    m = meta(tiny_config(mlp_bias=True))
+    t = expected_tensors(m)
+    assert m.mlp_bias and t["model.layers.0.mlp.up_proj.bias"] == (m.intermediate_size,)
+    assert t["model.layers.0.mlp.down_proj.bias"] == (32,)
 
 
 def test_missing_and_bad_keys():
