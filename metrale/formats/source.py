@@ -97,6 +97,14 @@ def check_tensors(source: ModelSource, expected: dict[str, tuple],
         if dt not in ("BF16", "F16", "F32", "F64"):
             raise FormatError(f"{file_of(name)}: tensor {name!r} has dtype {dt}; "
                               "expected a floating type (BF16, F16, F32)")
+    if complete:
+        unused = sorted(n for n in have - set(expected)
+                        if not any(p.fullmatch(n) for p in HARMLESS_UNUSED))
+        if unused:
+            more = f" and {len(unused) - 8} more" if len(unused) > 8 else ""
+            raise FormatError(f"{files}: {len(unused)} tensor(s) that no part of the model "
+                              f"uses: {', '.join(unused[:8])}{more} (a config field the model "
+                              "would ignore, or a checkpoint of another architecture)")
 
 
 def _read_json(path: Path, required: bool) -> dict | None:
