@@ -39,9 +39,22 @@ def test_pointer_api_matches_hf(name, device_name):
 @pytest.mark.parametrize("kind", ["paged", "contiguous"])
 @pytest.mark.parametrize("name", FIELD_FIXTURES)
 def test_tensor_api_matches_hf(name, kind):
+    _tensor_api(name, kind, HostBackend())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["paged", "contiguous"])
+@pytest.mark.parametrize("name", [n for n in FIELD_FIXTURES if "window" in n])
+def test_tensor_api_windows_on_device(device, name, kind):
+    """Per-layer windows through the kernels (emu or CUDA), over the paged pool and the
+    dense cache."""
+    _tensor_api(name, kind, device)
+
+
+def _tensor_api(name, kind, be):
     g = golden(name)
     ids = g["input_ids"]
-    gm = metrale.load_generative(FIXTURES / name, HostBackend(), progress=False)
+    gm = metrale.load_generative(FIXTURES / name, be, progress=False)
     with gm.create_kv_cache(CacheConfig(kind=kind, max_seq_len=32)) as cache:
         rows = [to_numpy(gm.prefill(gm.embed(ids[:, :PREFIX]), cache, range(0, PREFIX)))[0]]
         for t in range(PREFIX, ids.shape[1]):
