@@ -141,8 +141,8 @@ def bench_activation(B, S):
     from metrale.ops import activation
     T, I = S["tokens"], S["inter"]
     gu, out = B.buf(T * 2 * I * 2), B.buf(T * I * 2)
-    B.run("activation", "silu_mul", dict(n_rows=T, intermediate=I),
-          lambda s: activation.silu_mul(B.be, s, out, gu, T, I), nbytes=3 * T * I * 2)
+    B.run("activation", "act_mul", dict(n_rows=T, intermediate=I),
+          lambda s: activation.act_mul(B.be, s, out, gu, T, I), nbytes=3 * T * I * 2)
     n = T * I
     B.run("activation", "gelu", dict(n=n),
           lambda s: activation.gelu(B.be, s, out, out, n, "none"), nbytes=2 * n * 2)

@@ -4,9 +4,9 @@ Pre-norm residual blocks with the residual add fused into RMSNorm:
     residual = embed(ids)
     per layer:  x = norm1(residual)                     (layer 0: no add)
                 qkv = x @ Wqkv^T (+ bias); rope(q, k) (+ q/k norm); write k, v to the cache
-                o = attention(q, cache) @ Wo^T
+                o = attention(q, cache; the layer's sliding window) @ Wo^T (+ bias)
                 x = norm2(residual += o)
-                h = silu(x @ Wgate^T) * (x @ Wup^T) @ Wdown^T
+                h = act(x @ Wgate^T (+ b)) * (x @ Wup^T (+ b)) @ Wdown^T (+ b)
     out = final_norm(residual += h)
 `decode=True` uses the batch-invariant GEMV (graph-capturable) and split-K decode
 attention, one query row per sequence row; `decode=False` uses cuBLAS GEMMs and the
@@ -14,6 +14,7 @@ ragged causal prefill attention.
 """
 from __future__ import annotations
 
+from ..formats.field_table import HF_ACTIVATIONS
 from ..gpu_runtime.types import NULL, DevicePtr
 from ..ops import activation, attention, elementwise, embedding, gemm, kv_cache, rmsnorm, rope
 
@@ -30,7 +31,7 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
     b, ws, m, W = model.backend, model._ws, model._meta, model._weights
     H, KV, D, hid = m.num_heads, m.num_kv_heads, m.head_dim, m.hidden_size
     inter, eps = m.intermediate_size, m.rms_norm_eps
-    window = m.sliding_window or 0
+    act = HF_ACTIVATIONS[m.hidden_act]
     linear = gemm.gemv if decode else gemm.gemm
     arena = ws if arena is None else arena
 
@@ -49,6 +50,7 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
         rope.apply_rope(b, stream, ws.qkv, ws.positions, model._rope_table, n, H, KV, D,
                         model._max_positions, L.q_norm, L.k_norm, eps)
         kc, vc = arena.k_cache(i), arena.v_cache(i)
+        window = m.layer_windows[i]   # 0: full attention (per-layer windows of qwen2/qwen3)
         kv_cache.write_kv(b, stream, ws.qkv, kc, vc, ws.slot_mapping, n, H, KV, D)
         if decode:
             attention.decode_attention(b, stream, ws.attn_out, ws.qkv, kc, vc, ws.block_tables,
@@ -61,11 +63,17 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
                                         max_q_len, H, KV, D, model._block_size,
                                         ws.max_blocks_per_seq, model._attn_scale, window)
         linear(b, stream, ws.hidden, ws.attn_out, L.o_proj, n, hid, H * D)
+        if not L.o_bias.is_null():
+            elementwise.add_bias(b, stream, ws.hidden, L.o_bias, n, hid)
         rmsnorm.rmsnorm(b, stream, ws.normed, ws.hidden, L.post_attention_layernorm, n, hid,
                         eps, residual_ptr=ws.residual)
         linear(b, stream, ws.gate_up, ws.normed, L.gate_up, n, 2 * inter, hid)
-        activation.silu_mul(b, stream, ws.act, ws.gate_up, n, inter)
+        if not L.gate_up_bias.is_null():
+            elementwise.add_bias(b, stream, ws.gate_up, L.gate_up_bias, n, 2 * inter)
+        activation.act_mul(b, stream, ws.act, ws.gate_up, n, inter, act)
         linear(b, stream, ws.hidden, ws.act, L.down_proj, n, hid, inter)
+        if not L.down_bias.is_null():
+            elementwise.add_bias(b, stream, ws.hidden, L.down_bias, n, hid)
     rmsnorm.rmsnorm(b, stream, out_ptr, ws.hidden, W.norm, n, hid, eps, residual_ptr=ws.residual)
 
 
