@@ -66,7 +66,7 @@ def entry_points(module: str) -> list[str]:
     """The `extern "C" __global__` kernels of `kernels/<module>.cu`, read from the
     preprocessed source (so kernels a macro generates count), in source order."""
     from .emu.build import entry_points_of
-    return entry_points_of(module_path(module))
+    return entry_points_of(module_path(module), [kernels_dir()])
 
 
 _ASM = re.compile(r"\basm\s*(?:volatile\s*|__volatile__\s*)?\(")

@@ -102,7 +102,8 @@ class EmuBackend(HostBackend):
 
     def load_source(self, path) -> EmuLibrary:
         """Build and load any `.cu` file (the emulator's own tests use this)."""
-        so, names = build_library(path, sanitize=self.sanitize)
+        so, names = build_library(path, sanitize=self.sanitize,
+                                  header_dirs=[kernel_source.kernels_dir()])
         return EmuLibrary(so, Path(path).stem, names)
 
     def kernel(self, module: str, func: str) -> KernelHandle:
