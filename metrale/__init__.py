@@ -16,9 +16,11 @@ __all__ = ["MetraleError", "FormatError", "Unsupported", "UnsupportedMedia", "Ca
            "InvalidArgument", "DeviceError", "KernelError", "ConcurrentUse", "CacheConfig",
            "to_numpy", "load", "load_generative", "device_array"]
 
-# Subpackages and modules `metrale.X` reaches after a plain `import metrale`.
-SUBMODULES = ("api", "audio", "bench", "cli", "engine", "errors", "formats", "generative",
-              "gpu_runtime", "kv", "model_engine", "ops", "vision", "whisper")
+# Subpackages and modules `metrale.X` reaches after a plain `import metrale`: every layer up
+# to the engine (DESIGN §1). The shell's layer above it (`metrale.bench`, `metrale.cli`) is
+# imported explicitly, so the package never reaches upward.
+SUBMODULES = ("api", "audio", "engine", "errors", "formats", "generative", "gpu_runtime",
+              "kv", "model_engine", "ops", "vision", "whisper")
 
 
 def __getattr__(name):
