@@ -17,6 +17,7 @@ heavy = sorted(m for m in ("torch", "cupy", "tokenizers", "jinja2", "ml_dtypes",
                if m in sys.modules)
 mel = metrale.audio.log_mel_spectrogram
 gen = metrale.engine.generate
+assert metrale.engine.transcribe.transcribe.__name__ == "transcribe"
 names = [metrale.formats.open_source.__name__, metrale.gpu_runtime.HostBackend.__name__,
          metrale.kv.CacheConfig.__name__, metrale.generative.GenerativeModel.__name__,
          metrale.model_engine.TransformerModel.__name__, metrale.whisper.WhisperModel.__name__,

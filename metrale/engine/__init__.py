@@ -16,3 +16,12 @@ __all__ = ["SamplingParams", "GenerationResult", "generate", "speculative_genera
            "Request", "apply_chat_template", "render_chat_template", "StreamDetokenizer",
            "GenerationDefaults", "generation_defaults"]
 
+
+
+def __getattr__(name):
+    # `metrale.engine.transcribe` (the module; its function is
+    # `metrale.engine.transcribe.transcribe`) pulls in the audio front end: on first use
+    if name == "transcribe":
+        import importlib
+        return importlib.import_module(f"{__name__}.transcribe")
+    raise AttributeError(f"module 'metrale.engine' has no attribute {name!r}")
