@@ -64,7 +64,8 @@ def block_id(b) -> str:
 def scratch(tmp_path_factory) -> Path:
     """A copy of the repository's tracked files plus the reader's inputs."""
     d = tmp_path_factory.mktemp("readme") / "metrale"
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True,
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                            "--exclude-standard"], cwd=ROOT, capture_output=True,
                            check=True).stdout.decode().split("\0")
     for f in filter(None, files):
         src = ROOT / f
