@@ -48,6 +48,15 @@ def module_path(module: str) -> Path:
     return p
 
 
+def has_module(module: str) -> bool:
+    """Whether `kernels/<module>.cu` exists."""
+    try:
+        module_path(module)
+        return True
+    except KernelError:
+        return False
+
+
 def read_source(module) -> tuple[str, str]:
     """`(source, hash)` of a module (or of a `.cu` file given as a Path); the hash covers
     every header in kernels/ too.
