@@ -67,7 +67,7 @@ def biases(c: _Cfg, arch: str) -> Biases:
 def activation(c: _Cfg) -> str:
     """The kernel activation of `hidden_act` (HF default silu); others are refused."""
     act = c.d.get("hidden_act", "silu")
-    if act not in HF_ACTIVATIONS:
+    if not isinstance(act, str) or act not in HF_ACTIVATIONS:
         raise Unsupported(f"{c.source}: hidden_act={act!r} is not supported (supported: "
                           f"{', '.join(HF_ACTIVATIONS)})")
     return act
@@ -99,7 +99,7 @@ def layer_windows(c: _Cfg, arch: str, n_layers: int) -> tuple[int | None, tuple[
         if not isinstance(types, list) or len(types) != n_layers:
             raise FormatError(f"{c.source}: layer_types must list one type per layer "
                               f"({n_layers}), got {types!r}")
-        bad = [t for t in types if t not in _LAYER_TYPES]
+        bad = [t for t in types if not isinstance(t, str) or t not in _LAYER_TYPES]
         if bad:
             raise Unsupported(f"{c.source}: layer_types value {bad[0]!r} is not supported "
                               f"(supported: {', '.join(_LAYER_TYPES)})")

@@ -107,3 +107,14 @@ def test_dynamic_rope_refuses_positions_past_its_limit():
     m.prefill(list(range(4, 36)), seq, 0)          # positions 0..31: the default rope, as HF
     with pytest.raises(InvalidArgument, match="max_seq_len=32 \\(rope type 'dynamic'"):
         m.decode(5, seq, 0)
+
+
+@pytest.mark.parametrize("name,edit", [
+    ("llama_gqa", _set(hidden_act=[])),                    # found by the config fuzzer
+    ("llama_gqa", _set(hidden_act={"name": "silu"})),
+    ("qwen2", _set(use_sliding_window=True, sliding_window=4,
+                   layer_types=[["sliding_attention"], "full_attention"])),
+])
+def test_malformed_values_are_refused_not_crashed(tmp_path, name, edit):
+    with pytest.raises(metrale.MetraleError):
+        metrale.load(_copy(tmp_path, name, edit), HostBackend(), progress=False)
