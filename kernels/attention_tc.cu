@@ -54,7 +54,8 @@
 //   fixed order, max/sum per row use the same shuffle pattern for every row, and each acc
 //   element accumulates tile after tile, 16 keys per mma in increasing order. Tiles a row
 //   does not see (before its window, after its position) leave its state bit-identical:
-//   its max does not move (alpha = 1 exactly), its p are 0 and 0 * v adds +0. So a row's
+//   its max does not move (alpha = 1 exactly), its p are 0 and 0 * v adds +0 (finite
+//   K/V: keys outside [kv_lo, kv_hi) are zero-filled, never read). So a row's
 //   result is the same however the query is chunked or batched and whichever CTA or row
 //   slot (token, head) holds it: chunked prefill == whole prefill, bit for bit.
 //
