@@ -17,6 +17,7 @@ from __future__ import annotations
 from ..formats.field_table import HF_ACTIVATIONS
 from ..gpu_runtime.types import NULL, DevicePtr
 from ..ops import activation, attention, elementwise, embedding, gemm, kv_cache, rmsnorm, rope
+from ..ops import attention_tc
 
 
 def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_len: int,
@@ -58,10 +59,12 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
                                        ws.max_blocks_per_seq, model._attn_scale, ws.decode_ws,
                                        ws.max_splits, window)
         else:
-            attention.prefill_attention(b, stream, ws.attn_out, ws.qkv, kc, vc,
-                                        ws.block_tables, ws.kv_lens, ws.qo_indptr, n_seqs, n,
-                                        max_q_len, H, KV, D, model._block_size,
-                                        ws.max_blocks_per_seq, model._attn_scale, window)
+            # tensor cores for the head dims that have an instance (attention_tc.py)
+            attention_tc.prefill_attention_auto(b, stream, ws.attn_out, ws.qkv, kc, vc,
+                                                ws.block_tables, ws.kv_lens, ws.qo_indptr,
+                                                n_seqs, n, max_q_len, H, KV, D,
+                                                model._block_size, ws.max_blocks_per_seq,
+                                                model._attn_scale, window)
         linear(b, stream, ws.hidden, ws.attn_out, L.o_proj, n, hid, H * D)
         if not L.o_bias.is_null():
             elementwise.add_bias(b, stream, ws.hidden, L.o_bias, n, hid)
