@@ -320,7 +320,11 @@ inline unsigned long long next_random() {  // splitmix64
     return z ^ (z >> 31);
 }
 
-// Append the fibers in `ids[0, n)` (ascending) to the run queue in the configured order.
+// Put the fibers in `ids[0, n)` (ascending) on the run queue in the configured order.
+// FORWARD appends them (breadth first: the warps of a block advance roughly in step).
+// REVERSE puts them first (depth first: the warp that just synchronised runs on until it
+// blocks at a barrier, far ahead of the others), so a missing barrier between one warp's
+// reads and another's writes of shared memory shows up; SHUFFLE picks either at random.
 inline void enqueue(int *ids, int n) {
     if (rt.order == REVERSE) {
         for (int i = 0, j = n - 1; i < j; ++i, --j) { int t = ids[i]; ids[i] = ids[j]; ids[j] = t; }
@@ -330,9 +334,19 @@ inline void enqueue(int *ids, int n) {
             int t = ids[i]; ids[i] = ids[j]; ids[j] = t;
         }
     }
-    for (int i = 0; i < n; ++i) {
-        rt.fibers[ids[i]].state = READY;
-        rt.queue[rt.q_tail++ % (MAX_THREADS + 1)] = ids[i];
+    constexpr int Q = MAX_THREADS + 1;
+    const bool front = rt.order == REVERSE || (rt.order == SHUFFLE && (next_random() & 1));
+    for (int i = 0; i < n; ++i) rt.fibers[ids[i]].state = READY;
+    if (front) {
+        for (int i = n - 1; i >= 0; --i) {
+            rt.q_head = (rt.q_head + Q - 1) % Q;
+            rt.queue[rt.q_head] = ids[i];
+        }
+    } else {
+        for (int i = 0; i < n; ++i) {
+            rt.queue[rt.q_tail] = ids[i];
+            rt.q_tail = (rt.q_tail + 1) % Q;
+        }
     }
 }
 

@@ -98,7 +98,8 @@ inline int run_block() {
     int exited = 0;
     for (;;) {
         while (rt.q_head != rt.q_tail) {
-            Fiber *f = rt.fibers + rt.queue[rt.q_head++ % (MAX_THREADS + 1)];
+            Fiber *f = rt.fibers + rt.queue[rt.q_head];
+            rt.q_head = (rt.q_head + 1) % (MAX_THREADS + 1);
             resume(f);
             if (rt.failed) return 1;
             if (f->state == EXITED) ++exited;
