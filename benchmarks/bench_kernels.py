@@ -143,8 +143,8 @@ def bench_activation(B, S):
     from metrale.ops import activation
     T, I = S["tokens"], S["inter"]
     gu, out = B.buf(T * 2 * I * 2), B.buf(T * I * 2)
-    B.run("activation", "silu_mul", dict(n_rows=T, intermediate=I),
-          lambda s: activation.silu_mul(B.be, s, out, gu, T, I), nbytes=3 * T * I * 2)
+    B.run("activation", "act_mul", dict(n_rows=T, intermediate=I),
+          lambda s: activation.act_mul(B.be, s, out, gu, T, I), nbytes=3 * T * I * 2)
     n = T * I
     B.run("activation", "gelu", dict(n=n),
           lambda s: activation.gelu(B.be, s, out, out, n, "none"), nbytes=2 * n * 2)
@@ -297,6 +297,36 @@ def bench_attention(B, S):
             B.bufs.remove(p)
 
 
+def bench_attention_tc(B, S):
+    """The tensor-core prefill attention against the CUDA-core one (the "attention" family's
+    prefill_attention row has the same whole-prompt shape): the whole prompt, and its last
+    chunk of T/8 rows against the cached prefix (where GQA rows fill the tiles)."""
+    from metrale.ops import attention, attention_tc
+    H, KV, D, bs = S["H"], S["KV"], S["D"], S["block"]
+    scale = 1.0 / D ** 0.5
+    T = S["tokens"]
+    qkv = B.buf(T * (H + 2 * KV) * D * 2)
+    out = B.buf(T * H * D * 2)
+    kc, vc, tables, mb = _paged(B, S, 1, T)
+    lens = B.upload(np.array([T], np.int32))
+    whole = B.upload(np.array([0, T], np.int32))
+    shape = dict(n_tokens=T, kv_len=T, heads=H, kv_heads=KV, head_dim=D)
+    B.run("attention_tc", "prefill_attention_tc", shape,
+          lambda s: attention_tc.prefill_attention_tc(B.be, s, out, qkv, kc, vc, tables, lens,
+                                                      whole, 1, T, T, H, KV, D, bs, mb, scale),
+          flops=4 * H * D * (T * (T + 1) // 2), bound="compute")
+    n = T // 8
+    indptr = B.upload(np.array([0, n], np.int32))
+    chunk = dict(shape, n_tokens=n)
+    flops = 4 * H * D * (n * (T - n) + n * (n + 1) // 2)
+    for mod, fn in (("attention_tc", attention_tc.prefill_attention_tc),
+                    ("attention", attention.prefill_attention)):
+        B.run(mod, f"{fn.__name__} chunk", chunk,
+              lambda s, fn=fn: fn(B.be, s, out, qkv, kc, vc, tables, lens, indptr, 1, n, n, H,
+                                  KV, D, bs, mb, scale),
+              flops=flops, bound="compute")
+
+
 def bench_argmax(B, S):
     from metrale.ops import argmax
     V, n = S["vocab"], max(S["rows"])
@@ -384,6 +414,7 @@ FAMILIES = {
     "argmax": [bench_argmax], "sampling": [bench_sampling], "conv1d": [bench_conv1d],
     "dense_attention": [bench_dense_attention],
     "vision": [bench_vision],
+    "attention_tc": [bench_attention_tc],
 }
 # helpers of metrale/ops with no kernel of their own (attention_tile: the twin of a header
 # that attention.cu and dense_attention.cu share, benchmarked through them)

@@ -1,16 +1,19 @@
 // Activations, FP32 math, one RNE rounding to BF16 per stored element.
 //
-//   silu_mul: out[r, c] = bf16( silu(g) * u ),  g = gate_up[r, c], u = gate_up[r, I + c],
-//             silu(g) = g / (1 + exp(-g)).  gate_up [n_rows, 2*I] (the fused gate_up
-//             projection: gate columns first, then up), out [n_rows, I].
+//   act_mul:  out[r, c] = bf16( act(g) * u ),  g = gate_up[r, c], u = gate_up[r, I + c],
+//             gate_up [n_rows, 2*I] (the fused gate_up projection: gate columns first, then
+//             up), out [n_rows, I]. act by `act` (the ACT_* codes below, ops/activation.py):
+//             0 silu g / (1 + exp(-g)); 1 gelu (erf) 0.5 g (1 + erf(g/sqrt2));
+//             2 gelu tanh 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))); 3 relu (g < 0 ? 0 : g);
+//             4 quick_gelu g * sigmoid(1.702 g). An unknown code gives NaN rows.
 //   gelu:     out[i] = bf16( gelu(x[i]) ),  x, out [n]; mode 0 "none": 0.5 x (1 + erf(x/sqrt2)),
 //             1 "tanh": 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
 //             2 "quick": x * sigmoid(1.702 x)  (CLIP's quick_gelu).
 //
-// Rounding choice: HF computes silu(gate) in BF16 and then multiplies (two roundings);
+// Rounding choice: HF computes act(gate) in BF16 and then multiplies (two roundings);
 // like vLLM/TensorRT-LLM we round once (the brief's contract); the difference is <= 1 ulp.
 //
-// silu_mul launch: grid (n_rows), block ACT_THREADS (256) striding over the row (common.cuh's
+// act_mul launch: grid (n_rows), block ACT_THREADS (256) striding over the row (common.cuh's
 //   row_stride_x8); vector path (8 bf16 per 128-bit access) when I % 8 == 0 and both
 //   pointers are 16-byte aligned, else one element per access. Any I >= 1.
 // gelu launch: 1-D grid-stride (common.cuh's grid_stride_x8), block 256, grid
@@ -21,6 +24,12 @@
 #include "common.cuh"
 
 #define ACT_THREADS 256
+
+#define ACT_SILU 0
+#define ACT_GELU 1
+#define ACT_GELU_TANH 2
+#define ACT_RELU 3
+#define ACT_QUICK_GELU 4
 
 __device__ __forceinline__ float silu_f(float g) { return g / (1.0f + expf(-g)); }
 
@@ -33,8 +42,20 @@ __device__ __forceinline__ float gelu_f(float x, int mode) {
     return x / (1.0f + expf(-1.702f * x));
 }
 
+// act(g) of a gated MLP; the branch is uniform across the grid (one `act` per launch).
+__device__ __forceinline__ float gated_act_f(float g, int act) {
+    switch (act) {
+    case ACT_SILU: return silu_f(g);
+    case ACT_GELU: return gelu_f(g, 0);
+    case ACT_GELU_TANH: return gelu_f(g, 1);
+    case ACT_RELU: return g < 0.0f ? 0.0f : g;  // NaN stays NaN, as torch.relu
+    case ACT_QUICK_GELU: return gelu_f(g, 2);
+    default: return __int_as_float(0x7fc00000);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(ACT_THREADS)
-silu_mul(bf16 *out, const bf16 *gate_up, int n_rows, int intermediate) {
+act_mul(bf16 *out, const bf16 *gate_up, int n_rows, int intermediate, int act) {
     const int r = blockIdx.x;
     if (r >= n_rows) return;
     const bf16 *g = gate_up + (long long)r * 2 * intermediate;
@@ -45,8 +66,10 @@ silu_mul(bf16 *out, const bf16 *gate_up, int n_rows, int intermediate) {
     bf16x8 *ov = reinterpret_cast<bf16x8 *>(o);
     row_stride_x8(
         intermediate, (intermediate & 7) == 0 && aligned16(g) && aligned16(o),
-        [&](int c) { ov[c] = map8(gv[c], uv[c], [](float g, float u) { return silu_f(g) * u; }); },
-        [&](int c) { o[c] = f2bf(silu_f(bf2f(g[c])) * bf2f(u[c])); });
+        [&](int c) {
+            ov[c] = map8(gv[c], uv[c], [&](float g, float u) { return gated_act_f(g, act) * u; });
+        },
+        [&](int c) { o[c] = f2bf(gated_act_f(bf2f(g[c]), act) * bf2f(u[c])); });
 }
 
 extern "C" __global__ void __launch_bounds__(ACT_THREADS)

@@ -1,4 +1,11 @@
-"""metrale: a CuPy-based, low-level LLM inference runtime with a raw-pointer model API."""
+"""metrale: a CuPy-based, low-level LLM inference runtime with a raw-pointer model API.
+
+`import metrale` loads only the errors and `CacheConfig`; every public subpackage
+(`metrale.engine`, `metrale.audio`, `metrale.formats`, ...) is imported on first attribute
+access through the module `__getattr__` below, so the import stays fast and torch/CuPy-free.
+"""
+import importlib
+
 from .errors import (CacheFull, ConcurrentUse, DeviceError, FormatError, InvalidArgument,
                      KernelError, MetraleError, Unsupported, UnsupportedMedia)
 
@@ -8,6 +15,24 @@ __version__ = "0.1.0"
 __all__ = ["MetraleError", "FormatError", "Unsupported", "UnsupportedMedia", "CacheFull",
            "InvalidArgument", "DeviceError", "KernelError", "ConcurrentUse", "CacheConfig",
            "to_numpy", "load", "load_generative", "device_array"]
+
+# Subpackages and modules `metrale.X` reaches after a plain `import metrale`: every layer up
+# to the engine (DESIGN §1). The shell's layer above it (`metrale.bench`, `metrale.cli`) is
+# imported explicitly, so the package never reaches upward.
+SUBMODULES = ("api", "audio", "engine", "errors", "formats", "generative", "gpu_runtime",
+              "kv", "model_engine", "ops", "vision", "whisper")
+
+
+def __getattr__(name):
+    if name in SUBMODULES:
+        module = importlib.import_module(f"{__name__}.{name}")
+        globals()[name] = module   # later lookups skip __getattr__
+        return module
+    raise AttributeError(f"module 'metrale' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(SUBMODULES))
 
 
 def load(path_or_source, device="auto", **options):

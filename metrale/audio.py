@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import os
-import wave
 from functools import lru_cache
 
 import numpy as np
@@ -151,36 +150,82 @@ def resample(audio: np.ndarray, orig_rate: int, target_rate: int = SAMPLE_RATE,
 
 
 # --------------------------------------------------------------------------- WAV
-def load_wav(path, *, resample_to: int | None = SAMPLE_RATE, downmix: bool = False
-             ) -> np.ndarray:
-    """Read a PCM WAV file (8/16/24/32-bit integer samples) as float32 mono in [-1, 1].
+# RIFF/WAVE format tags (the fmt chunk's first field; WAVE_FORMAT_EXTENSIBLE keeps the real
+# one in the first two bytes of its SubFormat GUID)
+WAVE_FORMAT_PCM, WAVE_FORMAT_IEEE_FLOAT, WAVE_FORMAT_EXTENSIBLE = 0x0001, 0x0003, 0xFFFE
+CONVERT_HINT = "convert it with e.g. ffmpeg -i IN -ac 1 -ar 16000 -c:a pcm_s16le OUT.wav"
 
-    `resample_to`: resample to this rate (16 kHz by default); None keeps the file's rate
-    only if it already is 16 kHz, else UnsupportedMedia. Multi-channel files raise
-    UnsupportedMedia unless `downmix` (average of the channels).
+
+def read_wav(path) -> tuple[np.ndarray, int]:
+    """Samples `[frames, channels]` float32 in [-1, 1] and the sample rate of a WAV file.
+
+    The RIFF chunks are parsed here (the standard library's `wave` reads integer PCM only):
+    PCM 8-bit unsigned / 16 / 24 / 32-bit signed, IEEE float 32 / 64-bit, plain or
+    WAVE_FORMAT_EXTENSIBLE. Anything else raises UnsupportedMedia naming the file.
     """
     p = os.fspath(path)
     if not os.path.isfile(p):
         raise InvalidArgument(f"{p}: no such audio file")
-    try:
-        with wave.open(p, "rb") as f:
-            channels, width, rate = f.getnchannels(), f.getsampwidth(), f.getframerate()
-            raw = f.readframes(f.getnframes())
-    except (wave.Error, EOFError) as e:
-        raise UnsupportedMedia(f"{p}: cannot read as a PCM WAV file ({e}); convert it to "
-                               "16-bit PCM WAV (e.g. ffmpeg -i IN -ac 1 -ar 16000 "
-                               "-c:a pcm_s16le OUT.wav)") from None
-    if width not in (1, 2, 3, 4):
-        raise UnsupportedMedia(f"{p}: {8 * width}-bit samples are not supported (PCM 8/16/"
-                               "24/32-bit only)")
-    x = _pcm_to_float(raw, width)
+    with open(p, "rb") as f:
+        blob = f.read()
+    if len(blob) < 12 or blob[:4] != b"RIFF" or blob[8:12] != b"WAVE":
+        raise UnsupportedMedia(f"{p}: not a RIFF/WAVE file; {CONVERT_HINT}")
+    fmt = data = None
+    pos = 12
+    while pos + 8 <= len(blob):
+        cid, size = blob[pos:pos + 4], int.from_bytes(blob[pos + 4:pos + 8], "little")
+        body = blob[pos + 8:pos + 8 + size]   # a streamed file's data may claim more
+        if cid == b"fmt ":
+            fmt = body
+        elif cid == b"data":
+            data = body
+            if fmt is not None:
+                break
+        pos += 8 + size + (size & 1)           # chunks are padded to even sizes
+    if fmt is None or len(fmt) < 16 or data is None:
+        raise UnsupportedMedia(f"{p}: no {'fmt' if fmt is None or len(fmt) < 16 else 'data'}"
+                               f" chunk; {CONVERT_HINT}")
+    tag, channels, rate = (int.from_bytes(fmt[0:2], "little"),
+                           int.from_bytes(fmt[2:4], "little"),
+                           int.from_bytes(fmt[4:8], "little"))
+    bits = int.from_bytes(fmt[14:16], "little")
+    if tag == WAVE_FORMAT_EXTENSIBLE and len(fmt) >= 26:
+        tag = int.from_bytes(fmt[24:26], "little")
+    if channels < 1 or rate < 1:
+        raise UnsupportedMedia(f"{p}: fmt chunk says {channels} channels at {rate} Hz")
+    width = (bits + 7) // 8
+    if tag == WAVE_FORMAT_PCM and width in (1, 2, 3, 4):
+        x = _pcm_to_float(data[: len(data) - len(data) % width], width)
+    elif tag == WAVE_FORMAT_IEEE_FLOAT and width in (4, 8):
+        x = np.frombuffer(data[: len(data) - len(data) % width],
+                          "<f4" if width == 4 else "<f8").astype(np.float32)
+    else:
+        kind = {WAVE_FORMAT_PCM: "PCM", WAVE_FORMAT_IEEE_FLOAT: "IEEE float"}.get(
+            tag, f"format tag 0x{tag:04x}")
+        raise UnsupportedMedia(f"{p}: {bits}-bit {kind} samples are not supported (PCM "
+                               f"8/16/24/32-bit and IEEE float 32/64-bit are); {CONVERT_HINT}")
+    return x[: x.size - x.size % channels].reshape(-1, channels), rate
+
+
+def load_wav(path, *, resample_to: int | None = SAMPLE_RATE, downmix: bool = True
+             ) -> np.ndarray:
+    """Read a WAV file (see `read_wav`) as float32 mono in [-1, 1].
+
+    `resample_to`: resample to this rate (16 kHz by default); None keeps the file's rate
+    only if it already is 16 kHz, else UnsupportedMedia. Multi-channel files are averaged
+    to mono (`downmix=False` raises UnsupportedMedia instead).
+    """
+    p = os.fspath(path)
+    x, rate = read_wav(p)
+    channels = x.shape[1]
     if x.size == 0:
         raise InvalidArgument(f"{p}: the file holds no audio samples")
-    x = x[: x.size - x.size % channels].reshape(-1, channels)
+    if not np.all(np.isfinite(x)):
+        raise InvalidArgument(f"{p}: contains NaN or infinite samples")
     if channels > 1:
         if not downmix:
-            raise UnsupportedMedia(f"{p}: {channels} channels; metrale transcribes mono audio "
-                                   "(pass downmix=True to average the channels)")
+            raise UnsupportedMedia(f"{p}: {channels} channels and downmix=False; metrale "
+                                   "transcribes mono audio")
         x = x.mean(axis=1, dtype=np.float64).astype(np.float32)
     else:
         x = x[:, 0]

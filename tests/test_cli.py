@@ -27,7 +27,7 @@ def _one_line_error(capsys) -> str:
 @pytest.mark.parametrize("argv, needle", [
     ([], "COMMAND"),
     (["nope"], "invalid choice"),
-    (["bench"], "--model --preset"),
+    (["bench"], "metrale bench MODEL"),
     (["bench", "--preset", "tiny", "--batch", "0"], "'0'"),
     (["bench", "--preset", "tiny", "--batch", "x"], "'x'"),
     (["bench", "--preset", "tiny", "--batch", "1,,2"], "comma-separated"),

@@ -1,12 +1,15 @@
 """`metrale` command line: bench | generate | ppl | embed | transcribe | info | check-kernels.
 
-`--model` takes a checkpoint directory (config.json + *.safetensors), a .safetensors file or
-`preset:NAME` (random weights at a real model's shapes, no download). Bad arguments exit
-with code 2 and one line on stderr; a failure metrale reports (MetraleError) exits with 1.
+Every command that runs a model takes it as its first argument MODEL (`--model MODEL` is
+the same): a local checkpoint directory (config.json + *.safetensors), a .safetensors file
+or `preset:NAME` (random weights at a real model's shapes, no download). Bad arguments exit
+with code 2 and one line on stderr; a failure metrale reports (MetraleError) exits with 1;
+output piped into a reader that stops early (`| head`) ends quietly with 141 (as SIGPIPE).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import bench, check_kernels, embed, generate, info, ppl, transcribe
@@ -34,12 +37,39 @@ def main(argv=None) -> int:
     except SystemExit as e:  # bad arguments (2) or --help (0), as a return code
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     args.argv = argv
+    resolve = getattr(args, "resolve", None)
+    if resolve is not None:
+        try:
+            resolve(args)
+        except argparse.ArgumentTypeError as e:
+            print(f"metrale: error: {' '.join(str(e).split())}", file=sys.stderr)
+            return 2
     from ..errors import MetraleError
     try:
-        return int(args.func(args) or 0)
+        rc = int(args.func(args) or 0)
+        sys.stdout.flush()   # a closed pipe shows here, not in the interpreter's last flush
+        return rc
     except MetraleError as e:
         print(f"metrale: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("metrale: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _closed_pipe()
+
+
+# 128 + SIGPIPE: what a command killed by the closed pipe reports in a shell
+CLOSED_PIPE_STATUS = 141
+
+
+def _closed_pipe() -> int:
+    """The reader of stdout went away: stop quietly. stdout is pointed at /dev/null so the
+    interpreter's final flush of what is still buffered cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):   # stdout is not a real file (captured in tests)
+        pass
+    return CLOSED_PIPE_STATUS

@@ -103,13 +103,26 @@ def preset_name(text: str) -> str:
     return text
 
 
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
+def hub_hint(text: str) -> str:
+    """Advice for a missing path that looks like a Hugging Face Hub id ("" otherwise)."""
+    if not HUB_ID.fullmatch(text):
+        return ""
+    name = text.split("/")[-1]
+    return (f"; metrale loads local checkpoint directories only, and {text!r} looks like a "
+            f"Hugging Face Hub id: download it first with huggingface-cli download {text} "
+            f"--local-dir {name} (pip install huggingface_hub), then pass {name}")
+
+
 def model_spec(text: str) -> str:
     """A checkpoint directory, a .safetensors file or preset:NAME."""
     if text.startswith("preset:"):
         return "preset:" + preset_name(text[len("preset:"):])
     p = Path(text)
     if not p.exists():
-        raise argparse.ArgumentTypeError(f"{text}: no such file or directory")
+        raise argparse.ArgumentTypeError(f"{text}: no such file or directory{hub_hint(text)}")
     if p.is_file() and p.suffix != ".safetensors":
         raise argparse.ArgumentTypeError(f"{text}: expected a checkpoint directory, a "
                                          ".safetensors file or preset:NAME")
@@ -140,9 +153,37 @@ def add_device(p) -> None:
                         "(default auto; env METRALE_DEVICE)")
 
 
+MODEL_HELP = "checkpoint directory (config.json + *.safetensors), .safetensors file or " \
+    "preset:NAME"
+
+
 def add_model(p) -> None:
-    p.add_argument("--model", type=model_spec, required=True, metavar="DIR",
-                   help="checkpoint directory, .safetensors file or preset:NAME")
+    """MODEL as the first positional argument, with `--model MODEL` kept as an alias;
+    `resolve_model` (run by `metrale.cli.main` after parsing) checks that exactly one was
+    given and validates it."""
+    p.add_argument("model", nargs="?", metavar="MODEL", help=MODEL_HELP)
+    p.add_argument("--model", dest="model_option", metavar="MODEL",
+                   help="the same as the positional MODEL")
+    p.set_defaults(resolve=resolve_model)
+
+
+def resolve_model(args) -> None:
+    """Merge the positional MODEL and --model into `args.model` (validated)."""
+    if args.model is not None and args.model_option is not None:
+        raise argparse.ArgumentTypeError("give the model once: as the first argument MODEL "
+                                         "or as --model MODEL, not both")
+    spec = args.model if args.model is not None else args.model_option
+    if spec is None:
+        raise argparse.ArgumentTypeError("the model is required: metrale "
+                                         f"{args.command} MODEL ... (a checkpoint directory "
+                                         "or preset:NAME)")
+    args.model = model_spec(spec)
+
+
+def add_max_seq_len(p) -> None:
+    p.add_argument("--max-seq-len", type=positive_int, default=None, metavar="N",
+                   help="context limit in tokens (load option max_seq_len; default: the "
+                        "checkpoint's max_position_embeddings, within the KV pool)")
 
 
 def add_ids(p, help_text: str) -> None:

@@ -1,12 +1,16 @@
-"""`metrale bench`: prefill and decode throughput, latency, memory and roofline per batch
-size (the harness is `metrale.bench`)."""
+"""`metrale bench MODEL`: prefill and decode throughput, latency, memory and roofline per
+batch size (the harness is `metrale.bench`)."""
 from __future__ import annotations
 
+import argparse
 import shlex
 import sys
 
-from .args import (add_device, batch_list, model_spec, nonneg_int, out_file, positive_float,
-                   positive_int, preset_name)
+from .args import (MODEL_HELP, add_device, batch_list, model_spec, nonneg_int, out_file,
+                   positive_float, positive_int, preset_name)
+
+DEFAULT_PROMPT_LEN, DEFAULT_GEN_LEN = 512, 128
+SEQ_SLACK = 2   # positions the harness keeps free beyond prompt + generation
 
 
 def register(sub) -> None:
@@ -17,18 +21,22 @@ def register(sub) -> None:
                        "time / measured copy bandwidth). Presets are random weights at real "
                        "shapes. On the CPU a time budget (--max-seconds, default 40) keeps the "
                        "defaults under a minute.")
-    src = b.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", type=model_spec, metavar="DIR",
-                     help="checkpoint directory, .safetensors file or preset:NAME")
+    b.add_argument("model", nargs="?", metavar="MODEL", help=MODEL_HELP)
+    src = b.add_mutually_exclusive_group()
+    src.add_argument("--model", dest="model_option", metavar="MODEL",
+                     help="the same as the positional MODEL")
     src.add_argument("--preset", type=preset_name, metavar="NAME",
-                     help="random weights at a preset's shapes (tiny, llama-3.1-8b, ...)")
+                     help="random weights at a preset's shapes (tiny, llama-3.1-8b, ...); "
+                          "the same as MODEL preset:NAME")
     add_device(b)
     b.add_argument("--batch", type=batch_list, default=(1, 8, 32, 64), metavar="1,8,32,64",
                    help="batch sizes, comma-separated (default 1,8,32,64)")
-    b.add_argument("--prompt-len", type=positive_int, default=512,
-                   help="prompt tokens per sequence (default 512)")
-    b.add_argument("--gen-len", type=positive_int, default=128,
-                   help="decode steps (default 128)")
+    b.add_argument("--prompt-len", type=positive_int, default=None,
+                   help=f"prompt tokens per sequence (default {DEFAULT_PROMPT_LEN}, less when "
+                        "the model has fewer positions)")
+    b.add_argument("--gen-len", type=positive_int, default=None,
+                   help=f"decode steps (default {DEFAULT_GEN_LEN}, less when the model has "
+                        "fewer positions)")
     b.add_argument("--cache", choices=["paged", "contiguous"], default="paged",
                    help="KV cache: the paged pool or the contiguous baseline (default paged)")
     b.add_argument("--graphs", choices=["on", "off"], default=None,
@@ -45,7 +53,50 @@ def register(sub) -> None:
     b.add_argument("--plot", type=out_file, metavar="FILE.png",
                    help="plot tokens/s and roofline fraction against batch size (needs "
                         "matplotlib: pip install 'metrale[plot]')")
-    b.set_defaults(func=run)
+    b.set_defaults(func=run, resolve=resolve_model)
+
+
+def resolve_model(args) -> None:
+    """Exactly one of MODEL, --model, --preset becomes `args.model`."""
+    given = [x for x in (args.model, args.model_option,
+                         None if args.preset is None else f"preset:{args.preset}") if x]
+    if len(given) != 1:
+        raise argparse.ArgumentTypeError("give the model once: metrale bench MODEL (a "
+                                         "checkpoint directory or preset:NAME), --model "
+                                         "MODEL or --preset NAME")
+    args.model = model_spec(given[0])
+
+
+def fit_lengths(prompt_len, gen_len, max_positions, model: str) -> tuple[int, int, str]:
+    """(prompt_len, gen_len, note): the defaults shrunk to a model with few positions;
+    InvalidArgument naming the flag to change when the lengths given cannot fit."""
+    from ..errors import InvalidArgument
+    room = None if max_positions is None else max_positions - SEQ_SLACK
+    p = DEFAULT_PROMPT_LEN if prompt_len is None else prompt_len
+    g = DEFAULT_GEN_LEN if gen_len is None else gen_len
+    if room is None or p + g <= room:
+        return p, g, ""
+    if prompt_len is not None and gen_len is not None:
+        raise InvalidArgument(f"--prompt-len {p} + --gen-len {g} (+{SEQ_SLACK}) exceed "
+                              f"{model}'s max_position_embeddings {max_positions}: lower "
+                              "--prompt-len or --gen-len")
+    if prompt_len is not None:        # the user's prompt stays; the generation shrinks
+        if p >= room:
+            raise InvalidArgument(f"--prompt-len {p} leaves no room to generate in {model}'s "
+                                  f"max_position_embeddings {max_positions}: lower "
+                                  f"--prompt-len below {room}")
+        g = room - p
+    elif gen_len is not None:
+        if g >= room:
+            raise InvalidArgument(f"--gen-len {g} leaves no room for a prompt in {model}'s "
+                                  f"max_position_embeddings {max_positions}: lower "
+                                  f"--gen-len below {room}")
+        p = room - g
+    else:                              # both defaults: keep their 4:1 ratio
+        p = max(1, room * DEFAULT_PROMPT_LEN // (DEFAULT_PROMPT_LEN + DEFAULT_GEN_LEN))
+        g = max(1, room - p)
+    return p, g, (f"bench: {model} has {max_positions} positions, so prompt {p} + gen {g} "
+                  "tokens (set --prompt-len / --gen-len to choose)")
 
 
 def run(args) -> int:
@@ -53,9 +104,17 @@ def run(args) -> int:
     if args.plot:
         from ..bench.plot import require_matplotlib
         require_matplotlib()  # fail before a long run, not after it
-    model = f"preset:{args.preset}" if args.preset else args.model
+    model = args.model
+    from .checkpoint import open_checkpoint
+    meta = open_checkpoint(model).metadata()
+    # other architectures get the harness's own refusal
+    positions = meta.max_position_embeddings if meta.architecture in \
+        ("llama", "mistral", "qwen2", "qwen3") else None
+    prompt_len, gen_len, note = fit_lengths(args.prompt_len, args.gen_len, positions, model)
+    if note:
+        print(note, file=sys.stderr)
     cfg = BenchConfig(model=model, device=args.device, batches=tuple(args.batch),
-                      prompt_len=args.prompt_len, gen_len=args.gen_len, cache=args.cache,
+                      prompt_len=prompt_len, gen_len=gen_len, cache=args.cache,
                       graphs=None if args.graphs is None else args.graphs == "on",
                       reps=args.reps, warmup=args.warmup, max_seconds=args.max_seconds,
                       seed=args.seed,

@@ -1,32 +1,37 @@
-"""What the model-running subcommands share: opening `--model`, its tokenizer, the model."""
+"""What the model-running subcommands share: opening MODEL, its tokenizer, the model."""
 from __future__ import annotations
 
 
 def open_checkpoint(spec: str):
-    """The `ModelSource` of a `--model` value (directory, .safetensors file, preset:NAME)."""
+    """The `ModelSource` of a MODEL value (directory, .safetensors file, preset:NAME)."""
     from ..formats import open_source
     return open_source(spec)
 
 
+def require_text_model(source, command: str) -> None:
+    """Unsupported (exit 1) when `source` is a speech model: `command` (generate, ppl,
+    embed) runs text models; transcription has its own command."""
+    if source.metadata().architecture == "whisper":
+        from ..errors import Unsupported
+        raise Unsupported(f"{source.description}: this is a speech model: use metrale "
+                          f"transcribe MODEL AUDIO.wav (metrale {command} runs text models)")
+
+
 def load_model(source, device: str, **options):
-    """The right model for `source` on `device` (`metrale.load`)."""
+    """The right model for `source` on `device` (`metrale.load`); options that are None
+    are left at their defaults."""
     from ..api import load
-    return load(source, device, **options)
+    return load(source, device, **{k: v for k, v in options.items() if v is not None})
 
 
 def load_tokenizer(source):
     """The checkpoint's tokenizer.json through the `tokenizers` package, or None when the
-    checkpoint has none. Unsupported (exit 1) when it has one but the package is missing."""
+    checkpoint has none."""
     path = source.tokenizer_path()
     if path is None:
         return None
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        from ..errors import Unsupported
-        raise Unsupported(f"{path}: reading it needs the tokenizers package; pip install "
-                          "'metrale[tokenizers]' (or pass token ids with --ids)") from None
-    return Tokenizer.from_file(str(path))
+    from ..engine.chat import load_tokenizer as load_from_dir
+    return load_from_dir(path.parent)
 
 
 def text_tokenizer(source, what: str):

@@ -1,10 +1,10 @@
-"""`metrale embed`: embedding vectors (final-norm hidden states) of texts or token ids."""
+"""`metrale embed MODEL`: embedding vectors (final-norm hidden states) of texts or token ids."""
 from __future__ import annotations
 
 import json
 
 from .args import add_device, add_model, nonneg_int, token_ids
-from .checkpoint import load_model, open_checkpoint, text_tokenizer
+from .checkpoint import load_model, open_checkpoint, require_text_model, text_tokenizer
 
 
 def register(sub) -> None:
@@ -31,6 +31,7 @@ def run(args) -> int:
 
     from ..engine import embed
     source = open_checkpoint(args.model)
+    require_text_model(source, "embed")
     if args.ids is not None:
         batch = [list(x) for x in args.ids]
         labels = [",".join(map(str, x)) for x in batch]

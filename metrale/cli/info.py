@@ -1,5 +1,6 @@
-"""`metrale info`: architecture, parameter count, dtype and the device memory a checkpoint
-needs (weights + KV cache + workspaces)."""
+"""`metrale info`: architecture, parameter count, the context metrale runs, every config
+field that changes the math (info_math.py) and the device memory a checkpoint needs
+(weights + KV cache + workspaces)."""
 from __future__ import annotations
 
 import json
@@ -32,11 +33,19 @@ def human_bytes(n: float) -> str:
 
 
 def run(args) -> int:
-    from ..formats import num_parameters
+    import math
+
+    from ..formats import expected_tensors
+    from ..formats.layout import head_name
     from ..model_engine.memory_plan import weight_bytes
+    from .info_math import math_fields
     source = open_checkpoint(args.model)
     meta = source.metadata()
-    n_params = int(num_parameters(meta))
+    names = source.tensor_names()
+    used = expected_tensors(meta, names)   # what the model reads (tied head counted once)
+    n_params = sum(math.prod(source.tensor_shape(n)) for n in used if n in set(names))
+    head_stored = meta.tie_word_embeddings and head_name(meta) in used
+    fields = math_fields(meta, source, head_stored)
     w = weight_bytes(meta)
     kv_tok = meta.num_layers * 2 * meta.num_kv_heads * meta.head_dim * 2
     kv = kv_tok * args.context * args.batch
@@ -56,7 +65,12 @@ def run(args) -> int:
         "intermediate_size": meta.intermediate_size, "heads": meta.num_heads,
         "kv_heads": meta.num_kv_heads, "head_dim": meta.head_dim,
         "vocab_size": meta.vocab_size, "max_position_embeddings": meta.max_position_embeddings,
-        "tie_word_embeddings": meta.tie_word_embeddings,
+        "context_length": meta.context_length, "tie_word_embeddings": meta.tie_word_embeddings,
+        "rope_type": "default" if meta.rope_scaling is None else meta.rope_scaling.rope_type,
+        "layer_windows": list(meta.layer_windows), "hidden_act": meta.hidden_act,
+        "biases": {"qkv": meta.attention_bias, "o_proj": meta.o_proj_bias,
+                   "mlp": meta.mlp_bias},
+        "math": fields,
         "weight_bytes": w, "kv_bytes_per_token": kv_tok,
         "context": args.context, "batch": args.batch,
         "memory_needed_bytes": w + kv_and_ws,
@@ -68,11 +82,15 @@ def run(args) -> int:
     print(f"model          {info['model']}")
     print(f"architecture   {meta.architecture}")
     print(f"parameters     {n_params:,} ({n_params / 1e9:.2f} B)")
-    print(f"dtype          {meta.dtype} in the checkpoint, bfloat16 on the device")
     print(f"shape          {meta.num_layers} layers, hidden {meta.hidden_size}, "
           f"intermediate {meta.intermediate_size}, {meta.num_heads} heads / "
           f"{meta.num_kv_heads} kv heads x {meta.head_dim}, vocab {meta.vocab_size}")
-    print(f"context        up to {meta.max_position_embeddings:,} positions")
+    ctx = f"{meta.context_length:,} positions"
+    if meta.context_length != meta.max_position_embeddings:
+        ctx += f" (max_position_embeddings {meta.max_position_embeddings:,}, scaled by the rope)"
+    print(f"context        {ctx}")
+    for k, v in fields.items():
+        print(f"{k.replace('_', ' '):14s} {v}")
     print(f"weights        {human_bytes(w)}")
     print(f"KV cache       {human_bytes(kv_tok)} per token")
     print(f"memory needed  {human_bytes(info['memory_needed_bytes'])} for batch {args.batch} "

@@ -1,54 +1,82 @@
-"""`metrale transcribe`: speech to text of a .wav file with a Whisper checkpoint."""
+"""`metrale transcribe MODEL AUDIO.wav`: speech to text with a Whisper checkpoint."""
 from __future__ import annotations
 
+import argparse
 import json
 
-from .args import add_device, add_model, existing_file
-from .checkpoint import load_model, load_tokenizer, open_checkpoint
+from .args import MODEL_HELP, add_device, existing_file, model_spec, positive_int
 
 
 def register(sub) -> None:
     t = sub.add_parser("transcribe", help="speech to text with a Whisper checkpoint",
-                       description="Transcribe a .wav file with a Whisper checkpoint.")
-    t.add_argument("file", type=existing_file, metavar="FILE.wav", help="audio file")
-    add_model(t)
+                       description="Transcribe (or translate to English) a WAV file with a "
+                       "Whisper checkpoint: PCM 8/16/24/32-bit or IEEE float 32/64-bit, any "
+                       "sample rate (resampled to 16 kHz), several channels averaged to mono.")
+    t.add_argument("inputs", nargs="*", metavar="MODEL AUDIO.wav",
+                   help=f"the model ({MODEL_HELP}) and the audio file; with --model, only "
+                        "the audio file")
+    t.add_argument("--model", dest="model_option", metavar="MODEL",
+                   help="the same as the positional MODEL")
+    t.add_argument("--language", metavar="CODE",
+                   help="spoken language, e.g. en or <|en|> (default: the checkpoint's "
+                        "forced language, else detected)")
+    t.add_argument("--task", choices=["transcribe", "translate"], default="transcribe",
+                   help="transcribe (default) or translate to English")
+    t.add_argument("--max-new-tokens", type=positive_int, default=224,
+                   help="most tokens per 30 s window (default 224)")
+    t.add_argument("--timestamps", action="store_true",
+                   help="print each segment with its start and end time (needs a checkpoint "
+                        "with timestamp tokens)")
     t.add_argument("--json", action="store_true", help="print JSON")
     add_device(t)
-    t.set_defaults(func=run)
+    t.set_defaults(func=run, resolve=resolve_inputs)
+
+
+def resolve_inputs(args) -> None:
+    """`MODEL AUDIO` or `AUDIO --model MODEL` into args.model and args.file (validated)."""
+    given = list(args.inputs)
+    if args.model_option is not None:
+        given.insert(0, args.model_option)
+    if len(given) != 2:
+        raise argparse.ArgumentTypeError("expected metrale transcribe MODEL AUDIO.wav (or "
+                                         "AUDIO.wav --model MODEL)")
+    args.model = model_spec(given[0])
+    args.file = existing_file(given[1])
 
 
 def run(args) -> int:
-    from ..errors import MetraleError, Unsupported
-    try:
-        from ..audio import load_wav
-        from ..engine.transcribe import transcribe
-    except ImportError as e:
-        raise Unsupported(f"transcription is not available in this build ({e})") from None
+    from ..audio import load_wav
+    from ..engine.transcribe import transcribe
+    from .checkpoint import load_model, load_tokenizer, open_checkpoint
     source = open_checkpoint(args.model)
+    if source.metadata().architecture != "whisper":
+        from ..errors import Unsupported
+        raise Unsupported(f"{source.description}: transcribe needs a Whisper (speech) "
+                          f"checkpoint, this is {source.metadata().architecture!r} (use "
+                          "metrale generate)")
     tok = load_tokenizer(source)
-    try:
-        audio = load_wav(args.file)
-    except MetraleError:
-        raise
-    except Exception as e:  # wave.Error, EOFError, ValueError...: a bad file, one line
-        from ..errors import FormatError
-        raise FormatError(f"{args.file}: cannot read as WAV audio ({type(e).__name__}: "
-                          f"{e})") from None
+    audio = load_wav(args.file)   # downmixed to mono, resampled to 16 kHz
     model = load_model(source, args.device)
     try:
-        result = transcribe(model, audio, tokenizer=tok)
+        result = transcribe(model, audio, tokenizer=tok, language=args.language,
+                            task=args.task, max_new_tokens=args.max_new_tokens,
+                            timestamps=args.timestamps)
     finally:
-        teardown = getattr(model, "teardown", None)
-        if teardown is not None:
-            teardown()
-    text = result if isinstance(result, str) else getattr(result, "text", None)
+        close = getattr(model, "close", None)
+        if close is not None:
+            close()
     if args.json:
-        tokens = getattr(result, "tokens", None)
-        print(json.dumps({"file": args.file, "text": text,
-                          "tokens": list(tokens) if tokens is not None else None}))
-    elif text is not None:
-        print(text)
+        print(json.dumps({"file": args.file, "text": result.text, "tokens": result.tokens,
+                          "language": result.language,
+                          "segments": [{"start": s.start, "end": s.end, "text": s.text,
+                                        "tokens": s.tokens} for s in result.segments]}))
+        return 0
+    if args.timestamps:
+        for s in result.segments:
+            body = s.text if s.text is not None else " ".join(map(str, s.tokens))
+            print(f"[{s.start:7.2f} --> {s.end:7.2f}] {body.strip()}")
+    elif result.text is not None:
+        print(result.text)
     else:
-        tokens = getattr(result, "tokens", result)
-        print(" ".join(str(t) for t in tokens))
+        print(" ".join(str(t) for t in result.tokens))
     return 0

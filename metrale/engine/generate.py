@@ -1,4 +1,6 @@
-"""`generate`: prompt in, new tokens out, streaming through `on_token`, stopping at stop ids.
+"""`generate`: prompt in, new tokens out, streaming through `on_token`, stopping at stop ids,
+after `max_new_tokens` or at the model's context limit (both `finish_reason="length"`, the
+OpenAI/vLLM convention; the tokens made so far are returned).
 
 Runs on the pointer API (prefill, then one `decode` per token, the next token chosen on the
 device); a `GenerativeModel` that is not a decoder adapter runs through the tensor
@@ -14,7 +16,7 @@ import numpy as np
 
 from ..errors import InvalidArgument
 from ..kv.config import CacheConfig
-from .models import eos_ids, generative_model, pointer_model
+from .models import context_limit, eos_ids, generative_model, pointer_model
 from .sampler import DeviceSampler
 from .sampling import SamplingParams, resolve_seed
 
@@ -22,7 +24,8 @@ from .sampling import SamplingParams, resolve_seed
 @dataclass
 class GenerationResult:
     """tokens: the new tokens only (a stop token that ended generation included);
-    finish_reason: "stop" (a stop id), "length" (max_new_tokens reached)."""
+    finish_reason: "stop" (a stop id), "length" (max_new_tokens or the context limit
+    reached; `extra["context_limit"]` is True when the context limit stopped it)."""
 
     tokens: list[int]
     finish_reason: str
@@ -54,6 +57,33 @@ def check_max_new(max_new_tokens) -> int:
     return int(max_new_tokens)
 
 
+def check_prompt_fits(prompt_len: int, model, what: str = "prompt") -> int | None:
+    """The model's context limit (None when it has none); InvalidArgument naming the
+    prompt length, the limit and the load option that raises it when the prompt alone does
+    not fit."""
+    limit = context_limit(model)
+    if limit is not None and prompt_len > limit:
+        raise InvalidArgument(f"{what} of {prompt_len} tokens exceeds the model's context "
+                              f"limit of {limit} tokens; {limit_advice(model)}")
+    return limit
+
+
+def limit_advice(model) -> str:
+    """Which load option raises the context limit of `model` (a pointer-API model)."""
+    m = pointer_model(model)
+    max_pos = m.metadata().max_position_embeddings
+    pool = m.num_total_blocks() * m.kv_block_size()
+    if m._max_seq_len >= max_pos:
+        return (f"that is the checkpoint's max_position_embeddings ({max_pos}): shorten the "
+                "prompt")
+    if pool <= m._max_seq_len:
+        return (f"the KV pool holds {m.num_total_blocks()} blocks of {m.kv_block_size()}: "
+                f"load with more, metrale.load(..., kv_blocks=N) (at most "
+                f"max_position_embeddings={max_pos} positions are usable)")
+    return (f"load with metrale.load(..., max_seq_len=N) (command line: --max-seq-len N), up "
+            f"to max_position_embeddings={max_pos}")
+
+
 def resolve_stops(model, stop_token_ids) -> set[int]:
     return set(eos_ids(model)) if stop_token_ids is None else {int(t) for t in stop_token_ids}
 
@@ -65,7 +95,9 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int,
 
     sampling: None is greedy (the device argmax rule). stop_token_ids: None stops at the
     checkpoint's eos ids; an empty list never stops early. on_token(id) is called for
-    each new token as soon as it is chosen.
+    each new token as soon as it is chosen. Generation also stops ("length") when the
+    sequence fills the model's context (`max_seq_len`); a prompt longer than that raises
+    InvalidArgument naming both and the load option that raises the limit.
     """
     sampling = sampling or SamplingParams()
     if not isinstance(sampling, SamplingParams):
@@ -77,13 +109,18 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int,
     if pm is None:
         return _generate_tensor(generative_model(model), prompt, max_new, sampling, stops,
                                 on_token)
-    return _generate_pointer(pm, prompt, max_new, sampling, stops, on_token)
+    limit = check_prompt_fits(len(prompt), pm)
+    return _generate_pointer(pm, prompt, max_new, sampling, stops, on_token, limit)
 
 
-def _decode_loop(first, advance, max_new: int, stops, on_token) -> GenerationResult:
+def _decode_loop(first, advance, max_new: int, stops, on_token,
+                 max_out: int | None = None) -> GenerationResult:
     """The loop both paths share. first() -> the first new token (after the prompt);
-    advance(tok, out) -> the next token after feeding `tok` (out: tokens so far)."""
+    advance(tok, out) -> the next token after feeding `tok` (out: tokens so far).
+    max_out: most tokens the context can take (prompt + all but the last new token must
+    fit), or None."""
     out: list[int] = []
+    extra: dict = {}
     t0 = time.perf_counter()
     tok = first()
     ttft = time.perf_counter() - t0
@@ -98,13 +135,23 @@ def _decode_loop(first, advance, max_new: int, stops, on_token) -> GenerationRes
             break
         if len(out) >= max_new:
             break
+        if max_out is not None and len(out) >= max_out:
+            extra["context_limit"] = True
+            break
         tok = advance(tok, out)
     dt = time.perf_counter() - t1
     rate = (len(out) - 1) / dt if len(out) > 1 and dt > 0 else 0.0
-    return GenerationResult(out, reason, ttft, rate)
+    return GenerationResult(out, reason, ttft, rate, extra=extra)
 
 
-def _generate_pointer(m, prompt, max_new, sampling, stops, on_token) -> GenerationResult:
+def _max_out(prompt_len: int, limit: int | None) -> int | None:
+    """New tokens a context of `limit` positions allows after the prompt: the last one is
+    chosen from the logits of the final position and never needs a position itself."""
+    return None if limit is None else limit - prompt_len + 1
+
+
+def _generate_pointer(m, prompt, max_new, sampling, stops, on_token,
+                      limit) -> GenerationResult:
     stream = m.default_stream()
     seed = resolve_seed(sampling)
     sampler = DeviceSampler(m)
@@ -116,7 +163,7 @@ def _generate_pointer(m, prompt, max_new, sampling, stops, on_token) -> Generati
         return _decode_loop(lambda: pick(m.prefill(prompt, seq, stream), 0, prompt),
                             lambda tok, out: pick(m.decode(tok, seq, stream), len(out),
                                                   prompt + out),
-                            max_new, stops, on_token)
+                            max_new, stops, on_token, _max_out(len(prompt), limit))
     finally:
         m.free_sequence(seq)
         sampler.free()
@@ -139,7 +186,7 @@ def _generate_tensor(gm, prompt, max_new, sampling, stops, on_token) -> Generati
                                             np.asarray([history], np.int32),
                                             np.asarray([len(history)], np.int32))[0])
 
-    cache = gm.create_kv_cache(CacheConfig(max_seq_len=len(prompt) + max_new,
+    cache = gm.create_kv_cache(CacheConfig(max_seq_len=len(prompt) + max_new - 1,
                                            block_size=_block_size(gm)))
     try:
         ids = np.asarray([prompt], np.int32)

@@ -13,7 +13,10 @@ first) and it is recomputed later — its prompt by prefill, the tokens it had g
 verify-width decode rows, which compute exactly what its decode steps computed, so its
 output is unchanged by preemption.
 
-Greedy (device argmax) decoding.
+Greedy (device argmax) decoding. A request finishes with "stop" (a stop id), "length"
+(`max_new_tokens`, or its sequence filled the context: the model's `max_seq_len` or the
+whole pool, whichever is smaller) or "cancelled". A prompt that alone exceeds that context
+is refused by `add_request`.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from typing import Sequence
 from ..errors import CacheFull, InvalidArgument
 from ..model_engine.forward import PrefillSlice
 from ..model_engine.transformer import MAX_VERIFY_ROWS
-from .generate import check_max_new, check_prompt
+from .generate import check_max_new, check_prompt, check_prompt_fits, limit_advice
 from .models import eos_ids, pointer_model
 
 
@@ -57,6 +60,9 @@ class Scheduler:
         if chunk_tokens < 1:
             raise InvalidArgument(f"chunk_tokens must be >= 1, got {chunk_tokens}")
         self.chunk_tokens = chunk_tokens
+        # positions one request may hold: the model's limit, and never more than the pool
+        self.context = min(self.model._max_seq_len,
+                           self.model.num_total_blocks() * self.model.kv_block_size())
         self.stream = self.model.default_stream()
         self.waiting: list[Request] = []
         self.running: list[Request] = []
@@ -74,11 +80,11 @@ class Scheduler:
         m = self.model
         prompt = check_prompt(prompt_ids, m.vocab_size())
         max_new = check_max_new(max_new_tokens)
-        if len(prompt) + max_new > min(m._max_seq_len,
-                                      m.num_total_blocks() * m.kv_block_size()):
-            raise InvalidArgument(f"request of {len(prompt)} + {max_new} tokens can never fit "
-                                  f"(max_seq_len {m._max_seq_len}, pool "
-                                  f"{m.num_total_blocks()} blocks)")
+        check_prompt_fits(len(prompt), m)
+        if len(prompt) > self.context:
+            raise InvalidArgument(f"prompt of {len(prompt)} tokens exceeds the KV pool of "
+                                  f"{m.num_total_blocks()} blocks x {m.kv_block_size()} "
+                                  f"tokens; {limit_advice(m)}")
         stops = set(eos_ids(m)) if stop_token_ids is None else {int(t) for t in stop_token_ids}
         r = Request(next(self._ids), prompt, max_new, stops)
         self.waiting.append(r)
@@ -228,6 +234,9 @@ class Scheduler:
         if tok in r.stop_ids:
             r.finish_reason = "stop"
         elif len(r.output) >= r.max_new_tokens:
+            r.finish_reason = "length"
+        elif len(r.prompt) + len(r.output) > self.context:
+            # feeding this token would need one position more than the context holds
             r.finish_reason = "length"
         if r.done:
             self._hold = False

@@ -3,7 +3,9 @@
 
 Greedy only: the target's verify rows are computed exactly like its decode steps (same
 kernels, per-row reduction order), so the output equals `generate`'s greedy output token
-for token, whatever the draft proposes.
+for token, whatever the draft proposes — up to the target's context limit, where both stop
+with `finish_reason="length"`. Near a limit the draft proposes fewer tokens; once the draft's
+own context is full the target goes on alone, one verify row per token.
 """
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from typing import Callable, Sequence
 
 from ..errors import InvalidArgument, Unsupported
 from ..model_engine.transformer import MAX_VERIFY_ROWS
-from .generate import GenerationResult, check_max_new, check_prompt, resolve_stops
+from .generate import (GenerationResult, check_max_new, check_prompt, check_prompt_fits,
+                       resolve_stops)
 from .models import pointer_model
 from .sampling import SamplingParams
 
@@ -40,11 +43,14 @@ def speculative_generate(target, draft, prompt_ids: Sequence[int], max_new_token
     max_new = check_max_new(max_new_tokens)
     prompt = check_prompt(prompt_ids, tm.vocab_size())
     stops = resolve_stops(target, stop_token_ids)
+    t_limit = check_prompt_fits(len(prompt), tm)
+    d_limit = check_prompt_fits(len(prompt), dm, "prompt (for the draft model)")
     ts, ds = tm.default_stream(), dm.default_stream()
     tseq, dseq = tm.alloc_sequence(), None
     out: list[int] = []
     accepted = proposed = 0
     reason = "length"
+    extra: dict = {}
     try:
         dseq = dm.alloc_sequence()
         t0 = time.perf_counter()
@@ -67,9 +73,15 @@ def speculative_generate(target, draft, prompt_ids: Sequence[int], max_new_token
                     break
             if done:
                 break
+            # the target holds prompt + out[:-1] (so does the draft while it proposes)
+            fed = len(prompt) + len(out) - 1
+            if fed + 1 > t_limit:
+                extra["context_limit"] = True
+                break
             last = out[-1]
-            # the draft proposes up to k tokens (never more than are still wanted)
-            kk = min(k, max_new - len(out))
+            # the draft proposes up to k tokens: never more than are still wanted, than the
+            # target can verify (last + kk rows) or the draft can hold (kk + 1 positions)
+            kk = max(0, min(k, max_new - len(out), t_limit - fed - 1, d_limit - fed - 1))
             proposals, feed = [], last
             for _ in range(kk):
                 feed = dm.argmax_on_device(dm.decode(feed, dseq, ds), ds)
@@ -81,9 +93,9 @@ def speculative_generate(target, draft, prompt_ids: Sequence[int], max_new_token
             accepted += j
             proposed += kk
             tm.rollback(tseq, kk - j)              # keep last + accepted proposals
-            if j == kk:
+            if kk and j == kk:
                 dm.decode(proposals[-1], dseq, ds)   # the draft never consumed its last one
-            else:
+            elif kk:
                 dm.rollback(dseq, kk - 1 - j)
             pending = proposals[:j] + [verdict[j]]
         dt = time.perf_counter() - t1
@@ -92,4 +104,5 @@ def speculative_generate(target, draft, prompt_ids: Sequence[int], max_new_token
         if dseq is not None:
             dm.free_sequence(dseq)
     rate = (len(out) - 1) / dt if len(out) > 1 and dt > 0 else 0.0
-    return GenerationResult(out, reason, ttft, rate, accepted=accepted, proposed=proposed)
+    return GenerationResult(out, reason, ttft, rate, accepted=accepted, proposed=proposed,
+                            extra=extra)

@@ -12,6 +12,16 @@ lang_to_id, task_to_id, no_timestamps_token_id; forced_decoder_ids fill the lang
 none is given; otherwise the language is detected from the first step's logits). At every
 step `suppress_tokens` are masked, at the first generated step `begin_suppress_tokens` too;
 decoding stops at eos or after `max_new_tokens`.
+
+With `timestamps=True` the prompt leaves out <|notimestamps|> and, after the suppression
+masks, transformers' timestamp rules shape every step (WhisperTimeStampLogitsProcessor):
+<|notimestamps|> is masked; timestamps come in pairs (after two timestamps text must
+follow, after text + one timestamp another timestamp or eos); they never go backwards; the
+first token is a timestamp no later than `max_initial_timestamp_index` (when
+generation_config.json sets it); and when the timestamps' total probability beats every
+text token a timestamp is forced. Each timestamp pair becomes a `Segment` (0.02 s steps,
+plus the window's offset). Checkpoints whose vocabulary ends at <|notimestamps|> have no
+timestamp tokens and refuse.
 """
 from __future__ import annotations
 
@@ -25,6 +35,7 @@ from ..errors import InvalidArgument
 from ..gpu_runtime.arrays import to_numpy
 
 TASKS = ("transcribe", "translate")
+TIME_PRECISION = 0.02   # seconds per timestamp token (30 s / 1500 encoder positions)
 
 
 @dataclass
@@ -47,11 +58,14 @@ class Transcription:
 
 def transcribe(model, audio, tokenizer=None, language: str | None = None,
                task: str = "transcribe", max_new_tokens: int = 224, *,
+               timestamps: bool = False,
                sampling_rate: int = SAMPLE_RATE) -> Transcription:
     """Transcribe (or translate) `audio` — a float numpy array of 16 kHz mono samples, or a
-    path to a WAV file — with greedy decoding. `tokenizer`: anything with
-    `decode(ids, skip_special_tokens=True)`; `language`: "en" or "<|en|>" (None: forced
-    by the checkpoint or detected)."""
+    path to a WAV file (multi-channel files are averaged) — with greedy decoding.
+    `tokenizer`: anything with `decode(ids, skip_special_tokens=True)`; `language`: "en" or
+    "<|en|>" (None: forced by the checkpoint or detected); `task`: "transcribe" or
+    "translate" (to English); `timestamps`: segment times from the model's timestamp
+    tokens (`result.segments`), which then stay out of `result.tokens`."""
     w = model.metadata().whisper
     if w is None:
         raise InvalidArgument("transcribe: the model is not a Whisper (speech-to-text) model")
@@ -67,6 +81,7 @@ def transcribe(model, audio, tokenizer=None, language: str | None = None,
     lang_token = _language_token(w, language)
     task_token = _task_token(w, task)
     V = model.metadata().vocab_size
+    rules = _timestamp_rules(model.metadata(), V) if timestamps else None
     eos = set(model.metadata().eos_token_ids)
     suppress = np.array([t for t in w.suppress_tokens if 0 <= t < V], np.int64)
     begin = np.array([t for t in w.begin_suppress_tokens if 0 <= t < V], np.int64)
@@ -90,22 +105,26 @@ def transcribe(model, audio, tokenizer=None, language: str | None = None,
         nots = w.no_timestamps_token_id
         if nots is None:
             nots = dict(w.forced_decoder_ids).get(len(prompt))
-        if nots is not None:
+        if nots is not None and rules is None:
             prompt.append(int(nots))
         out = _greedy(model, prompt, encoded, eos, suppress, begin,
-                      min(int(max_new_tokens), w.max_target_positions - len(prompt)))
-        seg = Segment(start=wi * N_SAMPLES / SAMPLE_RATE,
-                      end=min(x.size, (wi + 1) * N_SAMPLES) / SAMPLE_RATE, tokens=out)
-        if tokenizer is not None:
-            seg.text = _decode(tokenizer, out)
-        result.segments.append(seg)
-        result.tokens.extend(out)
+                      min(int(max_new_tokens), w.max_target_positions - len(prompt)), rules)
+        start = wi * N_SAMPLES / SAMPLE_RATE
+        end = min(x.size, (wi + 1) * N_SAMPLES) / SAMPLE_RATE
+        segs = [Segment(start, end, out)] if rules is None else \
+            _timestamp_segments(out, rules[0], start, end)
+        for seg in segs:
+            if tokenizer is not None:
+                seg.text = _decode(tokenizer, seg.tokens)
+            result.segments.append(seg)
+            result.tokens.extend(seg.tokens)
     if tokenizer is not None:
         result.text = _decode(tokenizer, result.tokens)
     return result
 
 
-def _greedy(model, prompt, encoded, eos, suppress, begin, budget: int) -> list[int]:
+def _greedy(model, prompt, encoded, eos, suppress, begin, budget: int,
+            rules=None) -> list[int]:
     tokens, out = list(prompt), []
     for step in range(max(0, budget)):
         logits = np.array(to_numpy(model.decode_step(tokens, encoded)), np.float32)
@@ -113,12 +132,81 @@ def _greedy(model, prompt, encoded, eos, suppress, begin, budget: int) -> list[i
             logits[suppress] = -np.inf
         if step == 0 and begin.size:
             logits[begin] = -np.inf
+        if rules is not None:
+            _apply_timestamp_rules(logits, out, *rules)
         nxt = int(np.argmax(logits))
         if nxt in eos:
             break
         tokens.append(nxt)
         out.append(nxt)
     return out
+
+
+def _timestamp_rules(meta, vocab: int):
+    """(first timestamp id, <|notimestamps|> id, eos id, max initial index or None), or
+    InvalidArgument when the checkpoint has no timestamp tokens."""
+    w = meta.whisper
+    nots = w.no_timestamps_token_id
+    if nots is None or nots + 1 >= vocab:
+        raise InvalidArgument(f"transcribe: timestamps need timestamp tokens after "
+                              f"<|notimestamps|> (no_timestamps_token_id {nots}), and this "
+                              f"checkpoint's vocabulary ends at {vocab - 1}: it cannot time "
+                              "its output; transcribe without timestamps")
+    gen = meta.generation_config or {}
+    max_initial = gen.get("max_initial_timestamp_index")
+    eos = meta.eos_token_ids[0] if meta.eos_token_ids else w.decoder_start_token_id
+    return int(nots) + 1, int(nots), int(eos), (None if max_initial is None
+                                                else int(max_initial))
+
+
+def _apply_timestamp_rules(logits, out, ts_begin, nots, eos, max_initial) -> None:
+    """Mask `logits` [vocab] in place by the timestamp rules, `out`: tokens generated so far
+    in this window."""
+    logits[nots] = -np.inf
+    last_ts = len(out) >= 1 and out[-1] >= ts_begin
+    penultimate_ts = len(out) < 2 or out[-2] >= ts_begin
+    if last_ts:
+        if penultimate_ts:
+            logits[ts_begin:] = -np.inf   # a pair just closed (or opened the window): text
+        else:
+            logits[:eos] = -np.inf        # text then one timestamp: its pair, or eos
+    stamps = [t for t in out if t >= ts_begin]
+    if stamps:
+        # never backwards; after a closed pair not the same time again
+        floor = stamps[-1] if last_ts and not penultimate_ts else stamps[-1] + 1
+        logits[ts_begin:floor] = -np.inf
+    if not out:
+        logits[:ts_begin] = -np.inf
+        if max_initial is not None:
+            logits[ts_begin + max_initial + 1:] = -np.inf
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = logits.astype(np.float64)
+        top = np.max(x)
+        if not np.isfinite(top):
+            return
+        logp = x - (top + np.log(np.sum(np.exp(x - top))))
+        ts_mass = np.logaddexp.reduce(logp[ts_begin:])
+        if ts_mass > np.max(logp[:ts_begin]):
+            logits[:ts_begin] = -np.inf
+
+
+def _timestamp_segments(out, ts_begin, offset: float, window_end: float) -> list[Segment]:
+    """Split one window's tokens at timestamp pairs: <|t0|> text <|t1|> -> Segment."""
+    segs, start, text = [], None, []
+    for t in out:
+        if t >= ts_begin:
+            when = offset + (t - ts_begin) * TIME_PRECISION
+            if start is None:
+                start = when
+            else:
+                if text:   # an empty pair times nothing
+                    segs.append(Segment(start, when, text))
+                start, text = None, []
+        else:
+            text.append(t)
+    if text:   # the window ended (or the budget ran out) inside a segment
+        segs.append(Segment(offset if start is None else start, window_end, text))
+    return segs
 
 
 def _detect_language(model, prompt, encoded, w) -> str:

@@ -1,9 +1,11 @@
 """Layer 2: checkpoints. `ModelSource` (directory or random in-memory weights), safetensors
 parsing with validation, `ModelMetadata` from config.json, and weight upload.
 
-One direction inside: config_fields <- multimodal <- metadata (config.json is parsed first)
-<- layout (the tensors derived from the metadata) <- source (reads the files and checks them
-against the layout)."""
+One direction inside: field_table (every HF config field: honoured, refused or irrelevant)
+<- config_fields <- decoder_fields, rope_config, multimodal <- metadata (config.json is
+parsed first) <- layout (the tensors derived from the metadata) <- source (reads the files
+and checks them against the layout: missing, mis-shaped and unused tensors)."""
+from .field_table import FIELD_TABLE, HF_ACTIVATIONS
 from .layout import expected_tensors, num_parameters
 from .metadata import ARCHITECTURES, DECODER_ARCHS, ModelMetadata, RopeScaling, parse_rope
 from .multimodal import VisionConfig, WhisperConfig
@@ -16,6 +18,6 @@ __all__ = [
     "ModelSource", "DirectorySource", "MemorySource", "open_source", "PRESETS", "preset_config",
     "ModelMetadata", "RopeScaling", "WhisperConfig", "VisionConfig", "parse_rope",
     "ARCHITECTURES", "DECODER_ARCHS", "expected_tensors", "num_parameters", "check_tensors",
-    "WeightUploader",
+    "WeightUploader", "FIELD_TABLE", "HF_ACTIVATIONS",
     "SafetensorsFile", "TensorInfo", "parse_header", "to_bf16",
 ]

@@ -29,6 +29,8 @@ def decoder_tensors(m: "ModelMetadata", prefix: str = "") -> dict[str, tuple[int
             t[p + "self_attn.q_proj.bias"] = (q,)
             t[p + "self_attn.k_proj.bias"] = (kv,)
             t[p + "self_attn.v_proj.bias"] = (kv,)
+        if m.o_proj_bias:
+            t[p + "self_attn.o_proj.bias"] = (h,)
         if m.qk_norm:
             t[p + "self_attn.q_norm.weight"] = (hd,)
             t[p + "self_attn.k_norm.weight"] = (hd,)
@@ -36,6 +38,10 @@ def decoder_tensors(m: "ModelMetadata", prefix: str = "") -> dict[str, tuple[int
         t[p + "mlp.gate_proj.weight"] = (i, h)
         t[p + "mlp.up_proj.weight"] = (i, h)
         t[p + "mlp.down_proj.weight"] = (h, i)
+        if m.mlp_bias:
+            t[p + "mlp.gate_proj.bias"] = (i,)
+            t[p + "mlp.up_proj.bias"] = (i,)
+            t[p + "mlp.down_proj.bias"] = (h,)
     t[f"{prefix}model.norm.weight"] = (h,)
     if not m.tie_word_embeddings:
         t[f"{prefix}lm_head.weight"] = (m.vocab_size, h)
@@ -122,13 +128,29 @@ def llava_tensors(m: "ModelMetadata") -> dict[str, tuple[int, ...]]:
     return t
 
 
-def expected_tensors(meta: "ModelMetadata") -> dict[str, tuple[int, ...]]:
-    """Every tensor the checkpoint must hold: HF key name -> shape. Tied: no lm_head."""
+def head_name(meta: "ModelMetadata") -> str:
+    """The output projection's tensor name (tied to the input embedding or not)."""
     if meta.architecture == "whisper":
-        return whisper_tensors(meta)
-    if meta.architecture == "llava":
-        return llava_tensors(meta)
-    return decoder_tensors(meta)
+        return "proj_out.weight"
+    return "language_model.lm_head.weight" if meta.architecture == "llava" else "lm_head.weight"
+
+
+def expected_tensors(meta: "ModelMetadata",
+                     names=None) -> dict[str, tuple[int, ...]]:
+    """Every tensor the checkpoint must hold: HF key name -> shape. Tied: no head, unless
+    `names` (the checkpoint's tensor names) holds one: transformers 5 then keeps the stored
+    head (`tie_weights` does not tie a head that differs from the embedding), so it is used
+    too."""
+    if meta.architecture == "whisper":
+        t = whisper_tensors(meta)
+    elif meta.architecture == "llava":
+        t = llava_tensors(meta)
+    else:
+        t = decoder_tensors(meta)
+    head = head_name(meta)
+    if meta.tie_word_embeddings and names is not None and head in set(names):
+        t[head] = (meta.vocab_size, meta.hidden_size)
+    return t
 
 
 def num_parameters(meta: "ModelMetadata") -> int:

@@ -8,39 +8,21 @@ either from the older `rope_scaling` + top-level `rope_theta` keys or from the n
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Mapping
 
 from ..errors import FormatError, Unsupported
+from . import decoder_fields as df
 from .config_fields import _Cfg, _pick, _token_ids
 from .multimodal import VisionConfig, WhisperConfig, vision_config, whisper_config
+from .rope_config import RopeScaling, context_length, parse_rope
+
+__all__ = ["ModelMetadata", "RopeScaling", "parse_rope", "ARCHITECTURES", "DECODER_ARCHS"]
 
 DECODER_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 ARCHITECTURES = DECODER_ARCHS + ("whisper", "llava")
 _DTYPES = ("bfloat16", "float16", "float32")
-
-
-@dataclass(frozen=True)
-class RopeScaling:
-    """Rope frequency scaling; `rope_type` is "default" | "linear" | "llama3" | "yarn"."""
-
-    rope_type: str
-    factor: float = 1.0
-    low_freq_factor: float = 1.0          # llama3
-    high_freq_factor: float = 4.0         # llama3
-    original_max_position_embeddings: int | None = None   # llama3 / yarn
-    beta_fast: float = 32.0               # yarn
-    beta_slow: float = 1.0                # yarn
-    attention_factor: float | None = None  # yarn mscale; None -> 0.1 * ln(factor) + 1 (HF)
-    truncate: bool = True                 # yarn: floor/ceil the correction range (HF default)
-
-    def yarn_attention_factor(self) -> float:
-        """The yarn cos/sin multiplier HF uses (`attention_factor`, else 0.1 ln(f) + 1)."""
-        if self.attention_factor is not None:
-            return float(self.attention_factor)
-        return 0.1 * math.log(self.factor) + 1.0 if self.factor > 1 else 1.0
 
 
 @dataclass(frozen=True)
@@ -58,14 +40,19 @@ class ModelMetadata:
     rope_theta: float
     rope_scaling: RopeScaling | None
     rms_norm_eps: float
-    attention_bias: bool
+    attention_bias: bool                  # biases on q/k/v
     qk_norm: bool
     tie_word_embeddings: bool
-    sliding_window: int | None
+    sliding_window: int | None            # the configured window, None if no layer uses one
     max_position_embeddings: int
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     dtype: str
+    o_proj_bias: bool = False             # llama / qwen3 attention_bias
+    mlp_bias: bool = False                # llama mlp_bias: gate/up/down biases
+    hidden_act: str = "silu"              # HF name (field_table.HF_ACTIVATIONS)
+    layer_windows: tuple[int, ...] = ()   # per layer: sliding window, 0 = full attention
+    context_length: int = 0               # positions metrale runs (rope_config.context_length)
     text: "ModelMetadata | None" = None
     whisper: WhisperConfig | None = None  # multimodal.py
     vision: VisionConfig | None = None    # multimodal.py
@@ -105,44 +92,37 @@ def _frozen(d: dict) -> Mapping:
 
 
 def _decoder(config: dict, gen: dict | None, source: str, arch: str) -> ModelMetadata:
+    """A llama/mistral/qwen2/qwen3 config, field by field as field_table.py says."""
     c = _Cfg(config, source)
+    df.refuse_quantized(config, source)
     hidden = c.int("hidden_size", required=True)
     heads = c.int("num_attention_heads", required=True)
-    kv = c.int("num_key_value_heads", heads)
-    head_dim = c.int("head_dim")
-    if head_dim is None:
-        if hidden % heads:
-            raise FormatError(f"{source}: hidden_size {hidden} is not a multiple of "
-                              f"num_attention_heads {heads} and no head_dim is given")
-        head_dim = hidden // heads
+    kv = df.kv_heads(c, arch, heads)
+    head_dim = df.head_dim(c, arch, hidden, heads)
     if heads % kv:
         raise FormatError(f"{source}: num_attention_heads {heads} is not a multiple of "
                           f"num_key_value_heads {kv}")
-    if c.bool("mlp_bias", False):
-        raise Unsupported(f"{source}: mlp_bias=true is not supported")
-    max_pos = c.int("max_position_embeddings", 2048)
-    theta, scaling = parse_rope(config, source, max_pos)
-    sliding = c.int("sliding_window")
-    if arch == "qwen2" or arch == "qwen3":
-        # Qwen configs carry a sliding_window value even when it is off.
-        if not c.bool("use_sliding_window", False):
-            sliding = None
-    elif arch == "llama":
-        sliding = None
+    layers = c.int("num_hidden_layers", required=True)
+    max_pos = c.int("max_position_embeddings", df.MAX_POSITIONS_DEFAULT[arch])
+    theta, scaling = parse_rope(config, source, max_pos, head_dim)
+    bias = df.biases(c, arch)
+    sliding, windows = df.layer_windows(c, arch, layers)
     return ModelMetadata(
         architecture=arch,
         vocab_size=c.int("vocab_size", required=True),
         hidden_size=hidden,
         intermediate_size=c.int("intermediate_size", required=True),
-        num_layers=c.int("num_hidden_layers", required=True),
+        num_layers=layers,
         num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
         rope_theta=theta, rope_scaling=scaling,
         rms_norm_eps=c.float("rms_norm_eps", 1e-6),
-        attention_bias=True if arch == "qwen2" else c.bool("attention_bias", False),
+        attention_bias=bias.qkv, o_proj_bias=bias.o, mlp_bias=bias.mlp,
+        hidden_act=df.activation(c),
         qk_norm=arch == "qwen3",
         tie_word_embeddings=c.bool("tie_word_embeddings", False),
-        sliding_window=sliding,
+        sliding_window=sliding, layer_windows=windows,
         max_position_embeddings=max_pos,
+        context_length=context_length(max_pos, scaling),
         bos_token_id=_bos(config, gen, source),
         eos_token_ids=_eos(config, gen, source),
         dtype=_dtype(config, source),
@@ -151,6 +131,7 @@ def _decoder(config: dict, gen: dict | None, source: str, arch: str) -> ModelMet
 
 def _whisper(config: dict, gen: dict | None, source: str) -> ModelMetadata:
     """ModelMetadata of a Whisper config; decoder fields at the top, the rest in .whisper."""
+    df.refuse_quantized(config, source)
     w = whisper_config(config, gen, source)
     c = _Cfg(config, source)
     heads = w.decoder_attention_heads
@@ -163,7 +144,8 @@ def _whisper(config: dict, gen: dict | None, source: str) -> ModelMetadata:
         rms_norm_eps=w.layer_norm_eps, attention_bias=True, qk_norm=False,
         tie_word_embeddings=c.bool("tie_word_embeddings", True),
         sliding_window=None, max_position_embeddings=w.max_target_positions,
-        bos_token_id=_bos(config, gen, source), eos_token_ids=_eos(config, gen, source),
+        layer_windows=(0,) * w.decoder_layers, context_length=w.max_target_positions,
+        hidden_act=w.activation_function, bos_token_id=_bos(config, gen, source), eos_token_ids=_eos(config, gen, source),
         dtype=_dtype(config, source), whisper=w)
 
 
@@ -172,11 +154,15 @@ def _llava(config: dict, gen: dict | None, source: str) -> ModelMetadata:
     text_cfg, vis_cfg = config.get("text_config"), config.get("vision_config")
     if not isinstance(text_cfg, dict) or not isinstance(vis_cfg, dict):
         raise FormatError(f"{source}: llava needs text_config and vision_config objects")
-    text_cfg = {"model_type": "llama", **text_cfg}
-    if text_cfg["model_type"] not in DECODER_ARCHS:
-        raise Unsupported(f"{source}: llava text model {text_cfg['model_type']!r} is not "
+    df.refuse_quantized(config, source)
+    text_arch = text_cfg.get("model_type", "llama")   # HF's default text model
+    if text_arch not in DECODER_ARCHS:
+        raise Unsupported(f"{source}: llava text model {text_arch!r} is not "
                           f"supported (supported: {', '.join(DECODER_ARCHS)})")
-    text = _decoder(text_cfg, None, f"{source} (text_config)", text_cfg["model_type"])
+    text = _decoder(text_cfg, None, f"{source} (text_config)", text_arch)
+    # LlavaConfig: the head is tied when either the top level or the text model says so
+    if _Cfg(config, source).bool("tie_word_embeddings", False):
+        text = replace(text, tie_word_embeddings=True)
     vision = vision_config(config, source, text.hidden_size, text.vocab_size)
     return replace(text, architecture="llava",
                    bos_token_id=_bos(config, gen, source, text_cfg),
@@ -184,60 +170,6 @@ def _llava(config: dict, gen: dict | None, source: str) -> ModelMetadata:
                    dtype=_dtype(config, source) if ("torch_dtype" in config or "dtype" in config)
                    else text.dtype,
                    text=text, vision=vision)
-
-
-def parse_rope(config: dict, source: str, max_pos: int) -> tuple[float, RopeScaling | None]:
-    """(rope_theta, scaling) from `rope_parameters`, else `rope_scaling` + `rope_theta`."""
-    params = config.get("rope_parameters")
-    if params is not None:
-        if not isinstance(params, dict):
-            raise FormatError(f"{source}: rope_parameters must be an object, got {params!r}")
-        if params and all(isinstance(v, dict) for v in params.values()):
-            raise Unsupported(f"{source}: per-layer-type rope_parameters are not supported")
-        theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
-        scaling = params
-        key = "rope_parameters"
-    else:
-        theta = config.get("rope_theta", 10000.0)
-        scaling = config.get("rope_scaling")
-        key = "rope_scaling"
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
-        raise FormatError(f"{source}: rope_theta must be a positive number, got {theta!r}")
-    if scaling is None:
-        return float(theta), None
-    if not isinstance(scaling, dict):
-        raise FormatError(f"{source}: {key} must be an object or null, got {scaling!r}")
-    # "rope_type" is the current name; "type" the older one (both may be present).
-    rtype = scaling.get("rope_type", scaling.get("type", "default"))
-    if rtype == "default":
-        return float(theta), None
-    c = _Cfg(scaling, f"{source} ({key})")
-    if rtype == "linear":
-        rs = RopeScaling("linear", factor=c.float("factor", required=True))
-    elif rtype == "llama3":
-        rs = RopeScaling("llama3", factor=c.float("factor", required=True),
-                         low_freq_factor=c.float("low_freq_factor", required=True),
-                         high_freq_factor=c.float("high_freq_factor", required=True),
-                         original_max_position_embeddings=c.int(
-                             "original_max_position_embeddings", required=True))
-    elif rtype == "yarn":
-        factor = c.float("factor", required=True)
-        att = scaling.get("attention_factor")
-        if att is None and scaling.get("mscale") and scaling.get("mscale_all_dim"):
-            def ms(scale, m):  # HF's get_mscale (DeepSeek-style yarn configs)
-                return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-            att = ms(factor, scaling["mscale"]) / ms(factor, scaling["mscale_all_dim"])
-        rs = RopeScaling("yarn", factor=factor,
-                         original_max_position_embeddings=c.int(
-                             "original_max_position_embeddings", max_pos),
-                         beta_fast=c.float("beta_fast", 32.0),
-                         beta_slow=c.float("beta_slow", 1.0),
-                         attention_factor=None if att is None else float(att),
-                         truncate=bool(scaling.get("truncate", True)))
-    else:
-        raise Unsupported(f"{source}: rope type {rtype!r} in {key} is not supported "
-                          "(supported: default, linear, llama3, yarn)")
-    return float(theta), rs
 
 
 def _bos(config: dict, gen: dict | None, source: str, fallback: dict | None = None):
@@ -252,7 +184,8 @@ def _eos(config: dict, gen: dict | None, source: str, fallback: dict | None = No
 
 
 def _dtype(config: dict, source: str) -> str:
-    v = config.get("torch_dtype", config.get("dtype")) or "float32"  # HF's default
+    # `dtype` wins over the older `torch_dtype` (PreTrainedConfig.__post_init__)
+    v = config.get("dtype") or config.get("torch_dtype") or "float32"  # HF's default
     if v not in _DTYPES:
         raise Unsupported(f"{source}: dtype {v!r} is not supported (supported: "
                           f"{', '.join(_DTYPES)})")

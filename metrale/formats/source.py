@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import zlib
 from functools import cached_property
 from pathlib import Path
@@ -63,10 +64,22 @@ def open_source(path_or_source) -> ModelSource:
     raise FormatError(f"{p}: no such file or directory")
 
 
-def check_tensors(source: ModelSource, expected: dict[str, tuple]) -> None:
+# Checkpoint tensors no code consumes and whose absence changes nothing: buffers that old
+# transformers versions saved next to the weights and recompute at load.
+HARMLESS_UNUSED = (
+    re.compile(r"(.*\.)?rotary_emb\.inv_freq"),   # rope frequencies (recomputed from config)
+    re.compile(r"(.*\.)?embeddings\.position_ids"),  # CLIP's arange(num_positions) buffer
+)
+
+
+def check_tensors(source: ModelSource, expected: dict[str, tuple],
+                  complete: bool = True) -> None:
     """Check presence, shape and float dtype of every expected tensor (before any upload).
 
-    Raises `FormatError` naming the source and the first missing or mis-shaped tensor.
+    With `complete` (`expected` is every tensor the model uses), a checkpoint tensor that
+    is not expected is an error too, unless it is on the HARMLESS_UNUSED list: a tensor
+    nobody reads is how a field the model ignores goes unnoticed.
+    Raises `FormatError` naming the source and the tensors at fault.
     """
     have = set(source.tensor_names())
     # DirectorySource names the safetensors file(s); other sources their description.
@@ -84,6 +97,14 @@ def check_tensors(source: ModelSource, expected: dict[str, tuple]) -> None:
         if dt not in ("BF16", "F16", "F32", "F64"):
             raise FormatError(f"{file_of(name)}: tensor {name!r} has dtype {dt}; "
                               "expected a floating type (BF16, F16, F32)")
+    if complete:
+        unused = sorted(n for n in have - set(expected)
+                        if not any(p.fullmatch(n) for p in HARMLESS_UNUSED))
+        if unused:
+            more = f" and {len(unused) - 8} more" if len(unused) > 8 else ""
+            raise FormatError(f"{files}: {len(unused)} tensor(s) that no part of the model "
+                              f"uses: {', '.join(unused[:8])}{more} (a config field the model "
+                              "would ignore, or a checkpoint of another architecture)")
 
 
 def _read_json(path: Path, required: bool) -> dict | None:

@@ -193,11 +193,7 @@ class CudaBackend:
         return h
 
     def has_module(self, module: str) -> bool:
-        try:
-            kernel_source.module_path(module)
-            return True
-        except KernelError:
-            return False
+        return kernel_source.has_module(module)
 
     def launch(self, kernel: KernelHandle, grid, block, shared_mem: int, stream: int,
                args: Sequence) -> None:

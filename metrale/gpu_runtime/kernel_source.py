@@ -48,6 +48,15 @@ def module_path(module: str) -> Path:
     return p
 
 
+def has_module(module: str) -> bool:
+    """Whether `kernels/<module>.cu` exists."""
+    try:
+        module_path(module)
+        return True
+    except KernelError:
+        return False
+
+
 def read_source(module) -> tuple[str, str]:
     """`(source, hash)` of a module (or of a `.cu` file given as a Path); the hash covers
     every header in kernels/ too.
@@ -66,7 +75,7 @@ def entry_points(module: str) -> list[str]:
     """The `extern "C" __global__` kernels of `kernels/<module>.cu`, read from the
     preprocessed source (so kernels a macro generates count), in source order."""
     from .emu.build import entry_points_of
-    return entry_points_of(module_path(module))
+    return entry_points_of(module_path(module), [kernels_dir()])
 
 
 _ASM = re.compile(r"\basm\s*(?:volatile\s*|__volatile__\s*)?\(")

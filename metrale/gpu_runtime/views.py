@@ -12,6 +12,20 @@ from ..errors import InvalidArgument
 from .types import DevicePtr
 
 
+def check_device_range(backend, ptr, nbytes: int, what: str, align: int = 1) -> None:
+    """`nbytes` at `ptr` must lie inside one live allocation of `backend` and be
+    `align`-byte aligned; InvalidArgument naming `what` otherwise."""
+    found = backend.find_allocation(ptr)
+    if found is None:
+        raise InvalidArgument(f"{what}: {ptr!r} is not inside any live device allocation")
+    base, size = found
+    if int(ptr) + nbytes > int(base) + size:
+        raise InvalidArgument(f"{what}: {nbytes} bytes at {ptr!r} run past the end of its "
+                              f"allocation ({size} bytes at {base!r})")
+    if int(ptr) % align:
+        raise InvalidArgument(f"{what}: {ptr!r} is not {align}-byte aligned")
+
+
 def device_array(ptr, shape, dtype, device):
     """An array of `shape` and `dtype` viewing device memory at `ptr`, without a copy.
 
@@ -37,15 +51,7 @@ def device_array(ptr, shape, dtype, device):
         raise InvalidArgument(f"device_array: shape {shape} has a negative dimension")
     count = int(np.prod(shape, dtype=np.int64))
     nbytes = count * dtype.itemsize
-    found = backend.find_allocation(ptr)
-    if found is None:
-        raise InvalidArgument(f"device_array: {ptr!r} is not inside any live device allocation")
-    base, size = found
-    if int(ptr) + nbytes > int(base) + size:
-        raise InvalidArgument(f"device_array: {nbytes} bytes at {ptr!r} run past the end of "
-                              f"its allocation ({size} bytes at {base!r})")
-    if int(ptr) % dtype.itemsize:
-        raise InvalidArgument(f"device_array: {ptr!r} is not aligned for {dtype}")
+    check_device_range(backend, ptr, nbytes, "device_array", dtype.itemsize)
     if backend.name.startswith("cuda"):
         cp = backend.cp
         mem = cp.cuda.UnownedMemory(int(ptr), nbytes, backend, backend.device_id)

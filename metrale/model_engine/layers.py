@@ -4,20 +4,22 @@ Pre-norm residual blocks with the residual add fused into RMSNorm:
     residual = embed(ids)
     per layer:  x = norm1(residual)                     (layer 0: no add)
                 qkv = x @ Wqkv^T (+ bias); rope(q, k) (+ q/k norm); write k, v to the cache
-                o = attention(q, cache) @ Wo^T
+                o = attention(q, cache; the layer's sliding window) @ Wo^T (+ bias)
                 x = norm2(residual += o)
-                h = silu(x @ Wgate^T) * (x @ Wup^T) @ Wdown^T
+                h = act(x @ Wgate^T (+ b)) * (x @ Wup^T (+ b)) @ Wdown^T (+ b)
     out = final_norm(residual += h)
 Every linear layer (and the lm_head) is the batch-invariant tensor-core GEMM (ops.gemm_tc,
 graph-capturable), for decode, verify and prefill alike: a row's bits never depend on how
 many rows share the launch or which path runs it. `decode=True` uses split-K decode
-attention, one query row per sequence row; `decode=False` the ragged causal prefill
-attention.
+attention, one query row per sequence row; `decode=False` the causal prefill attention
+(tensor cores for the head dims attention_tc has).
 """
 from __future__ import annotations
 
+from ..formats.field_table import HF_ACTIVATIONS
 from ..gpu_runtime.types import NULL, DevicePtr
 from ..ops import activation, attention, elementwise, embedding, gemm_tc, kv_cache, rmsnorm, rope
+from ..ops import attention_tc
 
 
 def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_len: int,
@@ -32,7 +34,7 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
     b, ws, m, W = model.backend, model._ws, model._meta, model._weights
     H, KV, D, hid = m.num_heads, m.num_kv_heads, m.head_dim, m.hidden_size
     inter, eps = m.intermediate_size, m.rms_norm_eps
-    window = m.sliding_window or 0
+    act = HF_ACTIVATIONS[m.hidden_act]
     linear = gemm_tc.gemm_tc  # the same kernel family for every row count (invariance)
     arena = ws if arena is None else arena
 
@@ -51,6 +53,7 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
         rope.apply_rope(b, stream, ws.qkv, ws.positions, model._rope_table, n, H, KV, D,
                         model._max_positions, L.q_norm, L.k_norm, eps)
         kc, vc = arena.k_cache(i), arena.v_cache(i)
+        window = m.layer_windows[i]   # 0: full attention (per-layer windows of qwen2/qwen3)
         kv_cache.write_kv(b, stream, ws.qkv, kc, vc, ws.slot_mapping, n, H, KV, D)
         if decode:
             attention.decode_attention(b, stream, ws.attn_out, ws.qkv, kc, vc, ws.block_tables,
@@ -58,16 +61,24 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
                                        ws.max_blocks_per_seq, model._attn_scale, ws.decode_ws,
                                        ws.max_splits, window)
         else:
-            attention.prefill_attention(b, stream, ws.attn_out, ws.qkv, kc, vc,
-                                        ws.block_tables, ws.kv_lens, ws.qo_indptr, n_seqs, n,
-                                        max_q_len, H, KV, D, model._block_size,
-                                        ws.max_blocks_per_seq, model._attn_scale, window)
+            # tensor cores for the head dims that have an instance (attention_tc.py)
+            attention_tc.prefill_attention_auto(b, stream, ws.attn_out, ws.qkv, kc, vc,
+                                                ws.block_tables, ws.kv_lens, ws.qo_indptr,
+                                                n_seqs, n, max_q_len, H, KV, D,
+                                                model._block_size, ws.max_blocks_per_seq,
+                                                model._attn_scale, window)
         linear(b, stream, ws.hidden, ws.attn_out, L.o_proj, n, hid, H * D)
+        if not L.o_bias.is_null():
+            elementwise.add_bias(b, stream, ws.hidden, L.o_bias, n, hid)
         rmsnorm.rmsnorm(b, stream, ws.normed, ws.hidden, L.post_attention_layernorm, n, hid,
                         eps, residual_ptr=ws.residual)
         linear(b, stream, ws.gate_up, ws.normed, L.gate_up, n, 2 * inter, hid)
-        activation.silu_mul(b, stream, ws.act, ws.gate_up, n, inter)
+        if not L.gate_up_bias.is_null():
+            elementwise.add_bias(b, stream, ws.gate_up, L.gate_up_bias, n, 2 * inter)
+        activation.act_mul(b, stream, ws.act, ws.gate_up, n, inter, act)
         linear(b, stream, ws.hidden, ws.act, L.down_proj, n, hid, inter)
+        if not L.down_bias.is_null():
+            elementwise.add_bias(b, stream, ws.hidden, L.down_bias, n, hid)
     rmsnorm.rmsnorm(b, stream, out_ptr, ws.hidden, W.norm, n, hid, eps, residual_ptr=ws.residual)
 
 

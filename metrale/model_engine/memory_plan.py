@@ -36,8 +36,9 @@ def plan_memory(backend, meta, *, kv_blocks, block_size, max_rows, max_tokens, m
     """Size the pool (from free memory on a GPU when `kv_blocks` is None) and check that
     weights + workspaces + pool fit; DeviceError naming bytes needed and free otherwise."""
     w = weight_bytes(meta)
-    limit = meta.max_position_embeddings if max_seq_len is None else \
-        min(max_seq_len, meta.max_position_embeddings)
+    # the checkpoint's context (max_position_embeddings; yarn: its scaled length)
+    context = meta.context_length or meta.max_position_embeddings
+    limit = context if max_seq_len is None else min(max_seq_len, context)
     per_block = meta.num_layers * 2 * block_size * meta.num_kv_heads * meta.head_dim * 2
     free = backend.free_memory()
 

@@ -49,8 +49,14 @@ class DecoderPasses:
     def _check_capacity(self, seq: SequenceState, n_new: int) -> None:
         limit = self._max_seq_len if seq.arena is None else seq.arena.max_seq_len
         if seq.seq_len + n_new > limit:
+            why = ""
+            rs = self._meta.rope_scaling
+            if rs is not None and rs.rope_type == "dynamic" and \
+                    limit == self._meta.max_position_embeddings:
+                why = (" (rope type 'dynamic': positions past max_position_embeddings are "
+                       "refused; transformers rescales the rope there per call)")
             raise InvalidArgument(f"sequence {seq.seq_id}: {seq.seq_len} + {n_new} tokens exceed "
-                                  f"max_seq_len={limit}")
+                                  f"max_seq_len={limit}{why}")
 
     def _check_decode_batch(self, tokens, seqs, what: str) -> None:
         if len(tokens) != len(seqs):

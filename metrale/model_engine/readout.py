@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import InvalidArgument
 from ..gpu_runtime.types import DevicePtr
+from ..gpu_runtime.views import check_device_range
 from ..ops import argmax as argmax_ops
 from .args import int_arg, ptr_arg
 from .guard import exclusive
@@ -129,15 +130,7 @@ class LogitsReadout:
 
     def _device_range(self, ptr: DevicePtr, nbytes: int, what: str, align: int = 1) -> None:
         """`nbytes` at `ptr` must lie inside one live device allocation (and be aligned)."""
-        found = self.backend.find_allocation(ptr)
-        if found is None:
-            raise InvalidArgument(f"{what}: {ptr!r} is not inside any live device allocation")
-        base, size = found
-        if int(ptr) + nbytes > int(base) + size:
-            raise InvalidArgument(f"{what}: {nbytes} bytes at {ptr!r} run past the end of its "
-                                  f"allocation ({size} bytes at {base!r})")
-        if int(ptr) % align:
-            raise InvalidArgument(f"{what}: {ptr!r} is not {align}-byte aligned for its rows")
+        check_device_range(self.backend, ptr, nbytes, what, align)
 
 
 def _host_destination(dst, what: str) -> tuple[np.ndarray, str | None]:

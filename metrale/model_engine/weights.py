@@ -22,9 +22,12 @@ class LayerWeights:
     q_norm: DevicePtr                 # [D] or NULL (qwen3)
     k_norm: DevicePtr                 # [D] or NULL
     o_proj: DevicePtr                 # [hidden, H * D]
+    o_bias: DevicePtr                 # [hidden] or NULL (llama / qwen3 attention_bias)
     post_attention_layernorm: DevicePtr  # [hidden]
     gate_up: DevicePtr                # [2 * intermediate, hidden]
+    gate_up_bias: DevicePtr           # [2 * intermediate] or NULL (llama mlp_bias)
     down_proj: DevicePtr              # [hidden, intermediate]
+    down_bias: DevicePtr              # [hidden] or NULL
 
 
 class DecoderWeights:
@@ -33,7 +36,7 @@ class DecoderWeights:
     def __init__(self, backend, source, meta, progress: bool = True) -> None:
         self.backend = backend
         self._owned: list[DevicePtr] = []
-        expected = expected_tensors(meta)
+        expected = expected_tensors(meta, source.tensor_names())
         check_tensors(source, expected)
         self.nbytes = sum(2 * _numel(s) for s in expected.values())
         H, KV, D, hid = meta.num_heads, meta.num_kv_heads, meta.head_dim, meta.hidden_size
@@ -55,6 +58,12 @@ class DecoderWeights:
                     gate_up = self._alloc(2 * meta.intermediate_size * hid * 2)
                     up.upload_into([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"],
                                    gate_up)
+                    gate_up_bias = down_bias = NULL
+                    if meta.mlp_bias:
+                        gate_up_bias = self._alloc(2 * meta.intermediate_size * 2)
+                        up.upload_into([p + "mlp.gate_proj.bias", p + "mlp.up_proj.bias"],
+                                       gate_up_bias)
+                        down_bias = self._own(up.upload(p + "mlp.down_proj.bias"))
                     self.layers.append(LayerWeights(
                         input_layernorm=self._own(up.upload(p + "input_layernorm.weight")),
                         qkv=qkv,
@@ -62,14 +71,18 @@ class DecoderWeights:
                         q_norm=self._own(up.upload(att + "q_norm.weight")) if meta.qk_norm else NULL,
                         k_norm=self._own(up.upload(att + "k_norm.weight")) if meta.qk_norm else NULL,
                         o_proj=self._own(up.upload(att + "o_proj.weight")),
+                        o_bias=(self._own(up.upload(att + "o_proj.bias")) if meta.o_proj_bias
+                                else NULL),
                         post_attention_layernorm=self._own(
                             up.upload(p + "post_attention_layernorm.weight")),
-                        gate_up=gate_up,
+                        gate_up=gate_up, gate_up_bias=gate_up_bias,
                         down_proj=self._own(up.upload(p + "mlp.down_proj.weight")),
+                        down_bias=down_bias,
                     ))
                 self.norm = self._own(up.upload("model.norm.weight"))
-                self.lm_head = (self.embed_tokens if meta.tie_word_embeddings
-                                else self._own(up.upload("lm_head.weight")))
+                # tied: the embedding, unless the checkpoint stores a head (layout.py)
+                self.lm_head = (self._own(up.upload("lm_head.weight"))
+                                if "lm_head.weight" in expected else self.embed_tokens)
         except BaseException:
             self.free()
             raise

@@ -85,7 +85,7 @@ class Workspace:
         buffer is pageable: CUDA stages it before the call returns, so the next step may
         refill it at once.
         """
-        n, r, mb = n_tokens, n_rows, self.max_blocks_per_seq
+        n, r = n_tokens, n_rows
         parts = (self.h_tokens[:n], self.h_positions[:n], self.h_slots[:n],
                  self.h_kv_lens[:r], self.h_indptr[:r + 1], self.h_tables[:r].reshape(-1))
         ptrs, off = [], 0

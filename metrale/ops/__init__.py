@@ -7,5 +7,9 @@ np.int32 / np.float32 scalars, in the order of the `.cu` entry point.
 Importing this package imports every family, so every twin is in the device layer's table
 (`metrale.gpu_runtime.twins`) before a `HostBackend` can be asked for one.
 """
-from . import (activation, argmax, attention, cast, conv1d, dense_attention,  # noqa: F401
+from . import (activation, argmax, attention, attention_tc, cast, conv1d, dense_attention,
                elementwise, embedding, gemm, gemm_tc, kv_cache, rmsnorm, rope, sampling, vision)
+
+__all__ = ["activation", "argmax", "attention", "attention_tc", "cast", "conv1d",
+           "dense_attention", "elementwise", "embedding", "gemm", "gemm_tc", "kv_cache",
+           "rmsnorm", "rope", "sampling", "vision"]

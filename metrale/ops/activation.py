@@ -1,10 +1,11 @@
 """Activations (kernels/activation.cu): launchers and numpy twins. FP32 math, one BF16
 rounding per stored element.
 
-  silu_mul: out[r, c] = bf16(silu(g) * u), gate_up [n_rows, 2*I] = [gate | up], out [n_rows, I]
-  gelu:     out = bf16(gelu(x)); approximate "none" (erf), "tanh", "quick" (x*sigmoid(1.702x))
+  act_mul: out[r, c] = bf16(act(g) * u), gate_up [n_rows, 2*I] = [gate | up], out [n_rows, I];
+           act one of ACTIVATIONS: silu, gelu (erf), gelu_tanh, relu, quick_gelu
+  gelu:    out = bf16(gelu(x)); approximate "none" (erf), "tanh", "quick" (x*sigmoid(1.702x))
 
-HF computes silu(gate) in BF16 before the multiply (two roundings); the fused kernel rounds
+HF computes act(gate) in BF16 before the multiply (two roundings); the fused kernel rounds
 once (within one BF16 ulp of HF). Any sizes >= 1 (128-bit accesses when aligned).
 """
 from __future__ import annotations
@@ -24,20 +25,25 @@ MODULE = "activation"
 THREADS = 256
 _MAX_BLOCKS = 8192
 GELU_MODES = {"none": 0, "tanh": 1, "quick": 2}
+# act_mul's `act` codes (kernels/activation.cu ACT_*)
+ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3, "quick_gelu": 4}
 
 _erf = np.frompyfunc(math.erf, 1, 1)
 
 
-def silu_mul(backend, stream: int, out_ptr, gate_up_ptr, n_rows: int, intermediate: int) -> None:
-    """out = silu(gate) * up. gate_up: [n_rows, 2*intermediate] bf16 (gate columns first);
-    out: [n_rows, intermediate] bf16."""
-    _check_sizes("silu_mul", n_rows=n_rows, intermediate=intermediate)
+def act_mul(backend, stream: int, out_ptr, gate_up_ptr, n_rows: int, intermediate: int,
+            act: str = "silu") -> None:
+    """out = act(gate) * up (a gated MLP). gate_up: [n_rows, 2*intermediate] bf16 (gate
+    columns first); out: [n_rows, intermediate] bf16; act: a key of ACTIVATIONS."""
+    if act not in ACTIVATIONS:
+        raise InvalidArgument(f"act_mul: act must be one of {sorted(ACTIVATIONS)}, got {act!r}")
+    _check_sizes("act_mul", n_rows=n_rows, intermediate=intermediate)
     if 2 * int(intermediate) >= 2**31:
-        raise InvalidArgument(f"silu_mul: 2*intermediate must be < 2^31, got {2 * intermediate}")
-    _check_ptrs("silu_mul", out_ptr=out_ptr, gate_up_ptr=gate_up_ptr)
-    backend.launch(backend.kernel(MODULE, "silu_mul"), (int(n_rows),), (THREADS,), 0, stream,
+        raise InvalidArgument(f"act_mul: 2*intermediate must be < 2^31, got {2 * intermediate}")
+    _check_ptrs("act_mul", out_ptr=out_ptr, gate_up_ptr=gate_up_ptr)
+    backend.launch(backend.kernel(MODULE, "act_mul"), (int(n_rows),), (THREADS,), 0, stream,
                    (DevicePtr(out_ptr), DevicePtr(gate_up_ptr), np.int32(n_rows),
-                    np.int32(intermediate)))
+                    np.int32(intermediate), np.int32(ACTIVATIONS[act])))
 
 
 def gelu(backend, stream: int, out_ptr, x_ptr, n: int, approximate: str = "none") -> None:
@@ -60,6 +66,20 @@ def silu_f32(g: np.ndarray) -> np.ndarray:
         return (g / (np.float32(1.0) + np.exp(-g))).astype(np.float32)
 
 
+def act_f32(g: np.ndarray, code: int) -> np.ndarray:
+    """act(g) in FP32 for an ACTIVATIONS code (NaN for an unknown one, like the kernel)."""
+    g = np.asarray(g, np.float32)
+    if code == ACTIVATIONS["silu"]:
+        return silu_f32(g)
+    if code == ACTIVATIONS["relu"]:
+        return np.where(g < 0, np.float32(0.0), g).astype(np.float32)  # NaN stays NaN
+    gelu_mode = {ACTIVATIONS["gelu"]: 0, ACTIVATIONS["gelu_tanh"]: 1,
+                 ACTIVATIONS["quick_gelu"]: 2}.get(code)
+    if gelu_mode is None:
+        return np.full(g.shape, np.nan, np.float32)
+    return gelu_f32(g, gelu_mode)
+
+
 def gelu_f32(x: np.ndarray, mode: int) -> np.ndarray:
     x = np.asarray(x, np.float32)
     if mode == 0:
@@ -74,11 +94,12 @@ def gelu_f32(x: np.ndarray, mode: int) -> np.ndarray:
     raise InvalidArgument(f"gelu: unknown mode {mode}")
 
 
-@twin(MODULE, "silu_mul")
-def silu_mul_twin(ctx, out_ptr, gate_up_ptr, n_rows, intermediate) -> None:
+@twin(MODULE, "act_mul")
+def act_mul_twin(ctx, out_ptr, gate_up_ptr, n_rows, intermediate, act) -> None:
     r, i = int(n_rows), int(intermediate)
     gu = bf16_to_f32(ctx.view(gate_up_ptr, r * 2 * i, np.uint16)).reshape(r, 2 * i)
-    y = silu_f32(gu[:, :i]) * gu[:, i:]
+    with np.errstate(invalid="ignore"):
+        y = act_f32(gu[:, :i], int(act)) * gu[:, i:]
     ctx.view(out_ptr, r * i, np.uint16).reshape(r, i)[:] = f32_to_bf16(y)
 
 

@@ -61,11 +61,7 @@ def _check_common(what, num_heads, num_kv_heads, head_dim, block_size, max_block
         raise InvalidArgument(f"{what}: num_heads {num_heads} exceeds {_GRID_YZ_MAX}")
 
 
-def _check_ptrs(what, align, **ptrs) -> None:
-    check_ptrs(what, align, **ptrs)
-
-
-def _gather(ctx, cache_ptr, table, lo, hi, block_size, num_kv_heads, head_dim, what):
+def gather_paged(ctx, cache_ptr, table, lo, hi, block_size, num_kv_heads, head_dim, what):
     """float32 [hi - lo, KV, D] of cached positions [lo, hi) through the block table."""
     row = num_kv_heads * head_dim
     blk_elems = block_size * row
@@ -74,7 +70,7 @@ def _gather(ctx, cache_ptr, table, lo, hi, block_size, num_kv_heads, head_dim, w
     for b in range(b0, b1 + 1):
         blk = int(table[b])
         if blk < 0:
-            raise KernelError(f"attention.{what}: block table entry {b} is {blk} (< 0) "
+            raise KernelError(f"{what}: block table entry {b} is {blk} (< 0) "
                               "inside the sequence")
         parts.append(ctx.view(int(cache_ptr) + blk * blk_elems * 2, blk_elems, np.uint16))
     flat = np.concatenate(parts).reshape(-1, num_kv_heads, head_dim)
@@ -97,24 +93,12 @@ def prefill_smem_bytes(head_dim: int) -> int:
     return head_dim * (4 * bq + 128)
 
 
-def prefill_attention(backend, stream: int, out_ptr, qkv_ptr, k_cache_ptr, v_cache_ptr,
-                      block_tables_ptr, kv_lens_ptr, qo_indptr_ptr, n_seqs: int,
-                      n_tokens: int, max_q_len: int, num_heads: int, num_kv_heads: int,
-                      head_dim: int, block_size: int, max_blocks_per_seq: int, scale: float,
-                      sliding_window: int = 0) -> None:
-    """Causal attention of a ragged batch of query chunks against the paged cache.
-
-    out [n_tokens, H*D] bf16; qkv [n_tokens, (H+2KV)*D] bf16 (q read from it);
-    k_cache/v_cache [num_blocks, block_size, KV, D] bf16, already holding this step's k/v;
-    block_tables int32 [n_seqs, max_blocks_per_seq]; kv_lens int32 [n_seqs] (including the
-    new tokens); qo_indptr int32 [n_seqs+1]. Query row i of sequence s sits at position
-    kv_lens[s] - q_len_s + i. max_q_len (>= every q_len_s) sizes the grid.
-    """
-    n_seqs, n_tokens, max_q_len = int(n_seqs), int(n_tokens), int(max_q_len)
-    num_heads, num_kv_heads, head_dim = int(num_heads), int(num_kv_heads), int(head_dim)
-    block_size, max_blocks_per_seq = int(block_size), int(max_blocks_per_seq)
-    scale, sliding_window = float(scale), int(sliding_window)
-    what = "prefill_attention"
+def check_prefill(what, out_ptr, qkv_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr,
+                  kv_lens_ptr, qo_indptr_ptr, n_seqs, n_tokens, max_q_len, num_heads,
+                  num_kv_heads, head_dim, block_size, max_blocks_per_seq, scale,
+                  sliding_window) -> None:
+    """The argument checks every prefill attention launcher makes before launching (this
+    module's and attention_tc's); raises InvalidArgument naming `what` and the argument."""
     _check_common(what, num_heads, num_kv_heads, head_dim, block_size, max_blocks_per_seq,
                   scale, sliding_window)
     if not 1 <= n_seqs <= _GRID_YZ_MAX:
@@ -124,28 +108,60 @@ def prefill_attention(backend, stream: int, out_ptr, qkv_ptr, k_cache_ptr, v_cac
     if not 1 <= max_q_len <= n_tokens:
         raise InvalidArgument(f"{what}: max_q_len must be in [1, n_tokens={n_tokens}], "
                               f"got {max_q_len}")
-    _check_ptrs(what, 4, out=out_ptr, qkv=qkv_ptr, k_cache=k_cache_ptr, v_cache=v_cache_ptr,
+    check_ptrs(what, 4, out=out_ptr, qkv=qkv_ptr, k_cache=k_cache_ptr, v_cache=v_cache_ptr,
                 block_tables=block_tables_ptr, kv_lens=kv_lens_ptr, qo_indptr=qo_indptr_ptr)
+
+
+def prefill_args(out_ptr, qkv_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, kv_lens_ptr,
+                 qo_indptr_ptr, n_seqs, n_tokens, max_q_len, num_heads, num_kv_heads,
+                 head_dim, block_size, max_blocks_per_seq, scale, sliding_window) -> tuple:
+    """The C argument tuple shared by every prefill attention kernel (attention.cu's and
+    attention_tc.cu's entry points take the same parameters)."""
+    return (DevicePtr(out_ptr), DevicePtr(qkv_ptr), DevicePtr(k_cache_ptr),
+            DevicePtr(v_cache_ptr), DevicePtr(block_tables_ptr), DevicePtr(kv_lens_ptr),
+            DevicePtr(qo_indptr_ptr), np.int32(n_seqs), np.int32(n_tokens),
+            np.int32(max_q_len), np.int32(num_heads), np.int32(num_kv_heads),
+            np.int32(head_dim), np.int32(block_size), np.int32(max_blocks_per_seq),
+            np.float32(scale), np.int32(sliding_window))
+
+
+def prefill_attention(backend, stream: int, out_ptr, qkv_ptr, k_cache_ptr, v_cache_ptr,
+                      block_tables_ptr, kv_lens_ptr, qo_indptr_ptr, n_seqs: int,
+                      n_tokens: int, max_q_len: int, num_heads: int, num_kv_heads: int,
+                      head_dim: int, block_size: int, max_blocks_per_seq: int, scale: float,
+                      sliding_window: int = 0) -> None:
+    """Causal attention of a ragged batch of query chunks against the paged cache, on CUDA
+    cores (any even head_dim <= 256; attention_tc.prefill_attention_auto picks the
+    tensor-core kernel where it applies).
+
+    out [n_tokens, H*D] bf16; qkv [n_tokens, (H+2KV)*D] bf16 (q read from it);
+    k_cache/v_cache [num_blocks, block_size, KV, D] bf16, already holding this step's k/v;
+    block_tables int32 [n_seqs, max_blocks_per_seq]; kv_lens int32 [n_seqs] (including the
+    new tokens); qo_indptr int32 [n_seqs+1]. Query row i of sequence s sits at position
+    kv_lens[s] - q_len_s + i. max_q_len (>= every q_len_s) sizes the grid.
+    """
+    n_seqs, n_tokens, max_q_len = int(n_seqs), int(n_tokens), int(max_q_len)
+    num_heads, head_dim = int(num_heads), int(head_dim)
+    a = (out_ptr, qkv_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, kv_lens_ptr,
+         qo_indptr_ptr, n_seqs, n_tokens, max_q_len, num_heads, int(num_kv_heads), head_dim,
+         int(block_size), int(max_blocks_per_seq), float(scale), int(sliding_window))
+    check_prefill("prefill_attention", *a)
     name, bq = _prefill_variant(head_dim)
-    grid = (-(-max_q_len // bq), num_heads, n_seqs)
-    backend.launch(backend.kernel(MODULE, name), grid, (THREADS,), prefill_smem_bytes(head_dim),
-                   stream,
-                   (DevicePtr(out_ptr), DevicePtr(qkv_ptr), DevicePtr(k_cache_ptr),
-                    DevicePtr(v_cache_ptr), DevicePtr(block_tables_ptr),
-                    DevicePtr(kv_lens_ptr), DevicePtr(qo_indptr_ptr), np.int32(n_seqs),
-                    np.int32(n_tokens), np.int32(max_q_len), np.int32(num_heads),
-                    np.int32(num_kv_heads), np.int32(head_dim), np.int32(block_size),
-                    np.int32(max_blocks_per_seq), np.float32(scale),
-                    np.int32(sliding_window)))
+    backend.launch(backend.kernel(MODULE, name), (-(-max_q_len // bq), num_heads, n_seqs),
+                   (THREADS,), prefill_smem_bytes(head_dim), stream, prefill_args(*a))
 
 
 _PREFILL_ROWS = 128  # query rows per twin step (per sequence; never mixes sequences)
 
 
-def _prefill_twin(ctx, out_ptr, qkv_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr,
-                  kv_lens_ptr, qo_indptr_ptr, n_seqs, n_tokens, max_q_len, num_heads,
-                  num_kv_heads, head_dim, block_size, max_blocks_per_seq, scale,
-                  sliding_window) -> None:
+def prefill_twin(ctx, attend, what, out_ptr, qkv_ptr, k_cache_ptr, v_cache_ptr,
+                 block_tables_ptr, kv_lens_ptr, qo_indptr_ptr, n_seqs, n_tokens, max_q_len,
+                 num_heads, num_kv_heads, head_dim, block_size, max_blocks_per_seq, scale,
+                 sliding_window) -> None:
+    """The twin of every prefill attention kernel, given how its rows attend:
+    `attend(scores [KV, G*R, T] float64 base-2 with masked keys -inf, values [KV, T, D]
+    float64, key_pos [T] absolute positions)` -> [KV, G*R, D]. Raises KernelError where the
+    kernel writes NaN rows."""
     ns, nt, mq = int(n_seqs), int(n_tokens), int(max_q_len)
     h, kv, d = int(num_heads), int(num_kv_heads), int(head_dim)
     bs, mb, w = int(block_size), int(max_blocks_per_seq), int(sliding_window)
@@ -161,15 +177,15 @@ def _prefill_twin(ctx, out_ptr, qkv_ptr, k_cache_ptr, v_cache_ptr, block_tables_
         if not (q_start >= 0 and 0 <= q_len <= mq and q_start + q_len <= nt
                 and q_len <= kv_len <= mb * bs):
             raise KernelError(
-                f"attention.prefill_attention: sequence {s} is inconsistent: qo_indptr "
+                f"{what}: sequence {s} is inconsistent: qo_indptr "
                 f"[{q_start}, {q_start + q_len}), max_q_len {mq}, n_tokens {nt}, kv_len "
                 f"{kv_len}, capacity {mb * bs} (the kernel writes NaN rows)")
         if q_len == 0:
             continue
         pos_first = kv_len - q_len
         lo = max(0, pos_first - w + 1) if w > 0 else 0
-        k = _gather(ctx, k_cache_ptr, tables[s], lo, kv_len, bs, kv, d, "prefill_attention")
-        v = _gather(ctx, v_cache_ptr, tables[s], lo, kv_len, bs, kv, d, "prefill_attention")
+        k = gather_paged(ctx, k_cache_ptr, tables[s], lo, kv_len, bs, kv, d, what)
+        v = gather_paged(ctx, v_cache_ptr, tables[s], lo, kv_len, bs, kv, d, what)
         # float64 so a row's result does not depend on how many keys or rows share its
         # matmul: a prompt prefilled in chunks caches the same values as one prefilled whole
         # (differences ~1e-16 vanish in the BF16 store).
@@ -187,9 +203,14 @@ def _prefill_twin(ctx, out_ptr, qkv_ptr, k_cache_ptr, v_cache_ptr, block_tables_
             if w > 0:
                 allowed &= kpos[None, :] > qpos[:, None] - w
             sc = np.where(allowed[None, None], sc, -np.inf).reshape(kv, g * (r1 - r0), -1)
-            o = attend_base2(sc, vt).reshape(kv, g, r1 - r0, d).astype(np.float32)
+            o = attend(sc, vt, kpos).reshape(kv, g, r1 - r0, d).astype(np.float32)
             out[q_start + r0:q_start + r1] = f32_to_bf16(
                 o.transpose(2, 0, 1, 3).reshape(r1 - r0, h, d))
+
+
+def _prefill_twin(ctx, *args) -> None:
+    prefill_twin(ctx, lambda sc, vt, kpos: attend_base2(sc, vt),
+                 "attention.prefill_attention", *args)
 
 
 for _maxp in (1, 2, 4):
@@ -250,10 +271,10 @@ def decode_attention(backend, stream: int, out_ptr, qkv_ptr, k_cache_ptr, v_cach
         raise InvalidArgument(f"{what}: n_seqs must be in [1, {_GRID_YZ_MAX}], got {n_seqs}")
     if not 1 <= max_splits < 2**31:
         raise InvalidArgument(f"{what}: max_splits must be >= 1, got {max_splits}")
-    _check_ptrs(what, 4, out=out_ptr, qkv=qkv_ptr, k_cache=k_cache_ptr, v_cache=v_cache_ptr,
+    check_ptrs(what, 4, out=out_ptr, qkv=qkv_ptr, k_cache=k_cache_ptr, v_cache=v_cache_ptr,
                 block_tables=block_tables_ptr, kv_lens=kv_lens_ptr)
     if max_splits > 1 or int(workspace_ptr):
-        _check_ptrs(what, 4, workspace=workspace_ptr)
+        check_ptrs(what, 4, workspace=workspace_ptr)
     name, _, gt, n_hg = _decode_variant(num_heads, num_kv_heads, head_dim,
                                         (qkv_ptr, k_cache_ptr, v_cache_ptr))
     if num_kv_heads * n_hg > _GRID_YZ_MAX:
@@ -309,8 +330,10 @@ def _decode_split_twin(ctx, out_ptr, workspace_ptr, qkv_ptr, k_cache_ptr, v_cach
         start, first, n_splits = _decode_seq(kv_len, bs, mb, msp, w, s, "decode_attention")
         q = bf16_to_f32(ctx.view(int(qkv_ptr) + s * qkv_row * 2, h * d, np.uint16))
         q = (q * sl2).reshape(kv, g, d)                                   # pre-scaled
-        k = _gather(ctx, k_cache_ptr, tables[s], start, kv_len, bs, kv, d, "decode_attention")
-        v = _gather(ctx, v_cache_ptr, tables[s], start, kv_len, bs, kv, d, "decode_attention")
+        k = gather_paged(ctx, k_cache_ptr, tables[s], start, kv_len, bs, kv, d,
+                         "attention.decode_attention")
+        v = gather_paged(ctx, v_cache_ptr, tables[s], start, kv_len, bs, kv, d,
+                         "attention.decode_attention")
         for i in range(first, n_splits):
             t0, t1 = max(i * S, start) - start, min(i * S + S, kv_len) - start
             kt = np.ascontiguousarray(k[t0:t1].transpose(1, 2, 0))       # [KV, D, n]

@@ -1,17 +1,22 @@
-"""Numpy twin of kernels/attention_tile.cuh, the flash-attention tile that prefill_attention
-(attention.py) and dense_attention (dense_attention.py) share.
+"""Numpy twins of the flash-attention tiles: kernels/attention_tile.cuh (CUDA cores, shared
+by prefill_attention and dense_attention) and the tensor-core tile of kernels/attention_tc.cu.
 
-The kernel walks 32-key tiles with an online softmax (running max m, sum l, rescaled acc);
-the closed form it computes per query row is
+The CUDA-core tile walks 32-key tiles with an online softmax (running max m, sum l, rescaled
+acc) in FP32 throughout; the closed form it computes per query row is
 
-    p = exp2(s - max(s)),   out = (p @ V) / sum(p)
+    p = exp2(s - max(s)),   out = (p @ V) / sum(p)                       (`attend_base2`)
 
-over base-2 scores s = (q . k) * scale * log2(e), masked keys -inf. Both twins call
+over base-2 scores s = (q . k) * scale * log2(e), masked keys -inf. Both of its twins call
 `attend_base2` with their own scores, so a change to this math lands once.
+
+The tensor-core tile rounds P to BF16 before the P.V mma, against the running max of the key
+tile it is in, so its closed form keeps the tiles (`attend_base2_bf16p`).
 """
 from __future__ import annotations
 
 import numpy as np
+
+from .bf16 import round_bf16
 
 
 def attend_base2(scores: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -23,3 +28,33 @@ def attend_base2(scores: np.ndarray, values: np.ndarray) -> np.ndarray:
     """
     p = np.exp2(scores - scores.max(axis=-1, keepdims=True))
     return np.matmul(p, values) / p.sum(axis=-1, keepdims=True, dtype=p.dtype)
+
+
+def attend_base2_bf16p(scores: np.ndarray, values: np.ndarray, key_pos: np.ndarray,
+                       tile: int) -> np.ndarray:
+    """What the tensor-core tile computes: the online softmax over key tiles of `tile`
+    consecutive absolute positions (tile t = positions [t*tile, (t+1)*tile)), P rounded to
+    BF16 against the running max when its tile is processed.
+
+    scores [..., T] base-2 (masked keys -inf; taken as float32 like the kernel's S),
+    values [..., T, D] float64, key_pos [T] consecutive increasing positions -> [..., D]
+    float64. Per row, with M_t the running max through tile t (-inf -> 0):
+        w_p = bf16(exp2(s_p - M_t(p))) * 2^(M_t(p) - M_last),  out = sum w v / sum w
+    (the kernel's l sums the same rounded p, rescaled tile by tile). A row with no visible
+    key gives 0, as the kernel.
+    """
+    s = np.asarray(scores, np.float32)
+    first = int(key_pos[0]) // tile
+    tile_of = np.asarray(key_pos, np.int64) // tile - first        # [T]
+    n_tiles = int(tile_of[-1]) + 1
+    front = int(key_pos[0]) - first * tile
+    pad = [(0, 0)] * (s.ndim - 1) + [(front, n_tiles * tile - s.shape[-1] - front)]
+    tile_max = np.pad(s, pad, constant_values=-np.inf).reshape(
+        *s.shape[:-1], n_tiles, tile).max(axis=-1)                  # [..., n_tiles]
+    running = np.maximum.accumulate(tile_max, axis=-1)
+    ref = np.where(running == -np.inf, np.float32(0), running)     # the kernel's mu
+    ref_p = ref[..., tile_of]                                       # [..., T]
+    p = round_bf16(np.exp2(s - ref_p))
+    w = p.astype(np.float64) * np.exp2(ref_p.astype(np.float64) - ref[..., -1:])
+    total = w.sum(axis=-1, keepdims=True)
+    return np.matmul(w, values) / np.where(total > 0, total, 1.0)

@@ -4,7 +4,7 @@ the numpy twin of the in-place kernel (with Qwen3's optional per-head q/k RMSNor
 Table: float32 [max_positions, head_dim]; row p holds cos(p * inv_freq[j]) * attention_factor
 in columns [0, D/2) and sin(p * inv_freq[j]) * attention_factor in [D/2, D), computed in
 float64 and cast once. inv_freq follows Hugging Face transformers' `modeling_rope_utils`
-(default, linear, llama3, yarn).
+(default, linear, llama3, yarn; dynamic below its limit, where it is the default).
 
 Kernel, per token t and per q/k head (NeoX rotate-half layout, x1 = x[:D/2], x2 = x[D/2:]):
     if a norm weight w is given:  x = bf16(x * rsqrt(mean(x^2) + eps) * w)      (fp32 math)
@@ -58,6 +58,16 @@ def rope_inv_freq(head_dim: int, rope_theta: float, rope_scaling,
     inv_freq = 1.0 / pos_freqs
     rope_type = _get(rope_scaling, "rope_type", None) or _get(rope_scaling, "type", "default")
     if rope_type == "default":
+        return inv_freq, 1.0
+    if rope_type == "dynamic":
+        # HF's dynamic NTK rope rescales only once a call reaches a position past
+        # original_max_position_embeddings (= max_position_embeddings); below that it is the
+        # default rope, and a table reaching past it is refused (HF's rescaling there
+        # depends on how the tokens were chunked and batched).
+        limit = _get(rope_scaling, "original_max_position_embeddings", None)
+        if limit is None or (max_positions is not None and max_positions > int(limit)):
+            raise InvalidArgument(f"rope: dynamic rope covers positions below "
+                                  f"max_position_embeddings={limit}, not {max_positions}")
         return inv_freq, 1.0
     if rope_type == "linear":
         factor = float(_get(rope_scaling, "factor", 1.0))
@@ -122,7 +132,7 @@ def rope_inv_freq(head_dim: int, rope_theta: float, rope_scaling,
         inv_interp = 1.0 / (factor * pos_freqs)
         return inv_interp * (1.0 - extrap) + inv_freq * extrap, float(attention_factor)
     raise InvalidArgument(f"rope_scaling.rope_type {rope_type!r} is not supported "
-                          "(default, linear, llama3, yarn)")
+                          "(default, linear, dynamic, llama3, yarn)")
 
 
 def rope_table(head_dim: int, max_positions: int, rope_theta: float,

@@ -32,7 +32,7 @@ class LlavaModel(ModelVision, TransformerModel):
             raise Unsupported(f"{source.description}: model_type {meta.architecture!r} is not "
                               "llava")
         # every tensor, under its checkpoint name, before the first byte is uploaded
-        check_tensors(source, expected_tensors(meta))
+        check_tensors(source, expected_tensors(meta, source.tensor_names()))
         self._llava_meta = meta
         self._source = source
         self._features, self._features_capacity, self._features_rows = NULL, 0, 0

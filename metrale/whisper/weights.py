@@ -71,7 +71,7 @@ class WhisperWeights:
         self.backend = backend
         self._owned: list[DevicePtr] = []
         self._source = source
-        expected = expected_tensors(meta)
+        expected = expected_tensors(meta, source.tensor_names())
         check_tensors(source, expected)
         w = meta.whisper
         d = w.d_model
@@ -103,8 +103,9 @@ class WhisperWeights:
                                    for i in range(w.decoder_layers)]
                 self.dec_ln_w = self._tensor("model.decoder.layer_norm.weight")
                 self.dec_ln_b = self._tensor("model.decoder.layer_norm.bias")
-                self.lm_head = (self.embed_tokens if meta.tie_word_embeddings
-                                else self._tensor("proj_out.weight"))
+                # tied: the embedding, unless the checkpoint stores a head (layout.py)
+                self.lm_head = (self._tensor("proj_out.weight") if "proj_out.weight" in expected
+                                else self.embed_tokens)
                 self._up = None
         except BaseException:
             self.free()

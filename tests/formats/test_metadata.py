@@ -75,12 +75,16 @@ def test_rope_default_and_linear():
     m = meta(tiny_config(rope_scaling={"type": "linear", "factor": 2.0}))
     assert m.rope_scaling == RopeScaling("linear", factor=2.0)
     assert m.rope_theta == 10000.0
-    # rope_parameters wins over stale legacy keys; theta defaults to 10000 when absent
+    # transformers 5 takes a set rope_scaling over rope_parameters
+    # (PreTrainedConfig.convert_rope_params_to_dict: `rope_scaling or rope_parameters`);
+    # theta defaults to 10000 when absent
     cfg = tiny_config(rope_parameters={"rope_type": "linear", "factor": 3.0},
                       rope_scaling={"type": "linear", "factor": 9.0})
     cfg.pop("rope_theta")
     m = meta(cfg)
-    assert (m.rope_theta, m.rope_scaling.factor) == (10000.0, 3.0)
+    assert (m.rope_theta, m.rope_scaling.factor) == (10000.0, 9.0)
+    cfg["rope_scaling"] = None   # unset: rope_parameters
+    assert meta(cfg).rope_scaling.factor == 3.0
 
 
 def test_rope_yarn_defaults():
@@ -97,7 +101,7 @@ def test_rope_yarn_defaults():
 
 
 @pytest.mark.parametrize("scaling, exc, msg", [
-    ({"rope_type": "dynamic", "factor": 2.0}, Unsupported, "rope type 'dynamic'"),
+    ({"rope_type": "longrope", "factor": 2.0}, Unsupported, "rope type 'longrope'"),
     ({"rope_type": "llama3", "factor": 8.0}, FormatError, "low_freq_factor"),
     ({"type": "linear"}, FormatError, "factor"),
     ("linear", FormatError, "rope_scaling must be an object"),
@@ -140,9 +144,16 @@ def test_dtype_keys():
 def test_qwen2_bias_and_sliding_window():
     m = meta(tiny_config(model_type="qwen2", sliding_window=4096, use_sliding_window=False))
     assert m.attention_bias and not m.qk_norm and m.sliding_window is None
+    # HF's legacy rule: layers i >= max_window_layers (absent: 28) slide
     m = meta(tiny_config(model_type="qwen2", sliding_window=4096, use_sliding_window=True))
-    assert m.sliding_window == 4096
-    assert "model.layers.0.self_attn.k_proj.bias" in expected_tensors(m)
+    assert m.sliding_window is None and not any(m.layer_windows)
+    m = meta(tiny_config(model_type="qwen2", sliding_window=4096, use_sliding_window=True,
+                         max_window_layers=1, num_hidden_layers=3))
+    assert m.sliding_window == 4096 and m.layer_windows[0] == 0
+    assert set(m.layer_windows[1:]) == {4096}
+    t = expected_tensors(m)
+    assert "model.layers.0.self_attn.k_proj.bias" in t
+    assert "model.layers.0.self_attn.o_proj.bias" not in t   # qwen2: never an o_proj bias
 
 
 def test_qwen3_qk_norm_and_mistral_window():
@@ -159,8 +170,11 @@ def test_llama_attention_bias_and_tied():
     assert m.attention_bias and t["model.layers.0.self_attn.q_proj.bias"] == (32,)
     assert "lm_head.weight" not in t
     assert "lm_head.weight" in expected_tensors(meta(tiny_config()))
-    with pytest.raises(Unsupported, match="mlp_bias"):
-        meta(tiny_config(mlp_bias=True))
+    assert t["model.layers.0.self_attn.o_proj.bias"] == (32,)   # HF: o_proj too
+    m = meta(tiny_config(mlp_bias=True))
+    t = expected_tensors(m)
+    assert m.mlp_bias and t["model.layers.0.mlp.up_proj.bias"] == (m.intermediate_size,)
+    assert t["model.layers.0.mlp.down_proj.bias"] == (32,)
 
 
 def test_missing_and_bad_keys():
@@ -223,3 +237,83 @@ def test_llava_config():
                                             ("qwen3-8b", 8.19), ("mistral-7b", 7.25)])
 def test_real_preset_parameter_counts(name, billions):
     assert num_parameters(meta(PRESETS[name])) / 1e9 == pytest.approx(billions, abs=0.01)
+
+
+# -- HF's per-family defaults and precedence rules (transformers 5.24, field_table.py) ----
+def _bare(model_type, **over):
+    cfg = tiny_config(model_type=model_type, **over)
+    for k in ("num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window"):
+        if k not in over:
+            cfg.pop(k, None)
+    return cfg
+
+
+@pytest.mark.parametrize("arch, kv, max_pos, window", [
+    ("llama", 4, 2048, None), ("mistral", 8, 131072, 4096), ("qwen2", 32, 32768, None),
+    ("qwen3", 32, 32768, None)])
+def test_absent_keys_take_the_family_defaults(arch, kv, max_pos, window):
+    cfg = _bare(arch, num_attention_heads=32 if arch != "llama" else 4,
+                hidden_size=256 if arch != "llama" else 32)
+    m = meta(cfg)
+    assert (m.num_kv_heads, m.max_position_embeddings, m.sliding_window) == (kv, max_pos, window)
+    assert m.head_dim == (128 if arch == "qwen3" else m.hidden_size // m.num_heads)
+    assert meta({**cfg, "num_key_value_heads": None}).num_kv_heads == m.num_heads  # null
+    assert meta({**cfg, "sliding_window": None}).sliding_window is None
+
+
+def test_rope_precedence_rules():
+    # top-level original_max_position_embeddings overrides the dict's (llama3 / yarn)
+    m = meta(tiny_config(rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                       "original_max_position_embeddings": 100},
+                         original_max_position_embeddings=77))
+    assert m.rope_scaling.original_max_position_embeddings == 77
+    # yarn factor null: max_position_embeddings / original
+    m = meta(tiny_config(max_position_embeddings=1024,
+                         rope_scaling={"rope_type": "yarn", "factor": None,
+                                       "original_max_position_embeddings": 256}))
+    assert m.rope_scaling.factor == 4.0 and m.context_length == 1024
+    # the dict's rope_theta wins over the top-level one
+    m = meta(tiny_config(rope_theta=5.0, rope_scaling={"rope_type": "linear", "factor": 2.0,
+                                                       "rope_theta": 7.0}))
+    assert m.rope_theta == 7.0
+    # partial_rotary_factor: ignored by the default rope (as HF), refused when it shortens
+    assert meta(tiny_config(partial_rotary_factor=0.5)).rope_scaling is None
+    with pytest.raises(Unsupported, match="partial_rotary_factor=0.5"):
+        meta(tiny_config(partial_rotary_factor=0.5,
+                         rope_scaling={"rope_type": "linear", "factor": 2.0}))
+    # dynamic: the default rope up to max_position_embeddings, which is the context
+    m = meta(tiny_config(rope_scaling={"rope_type": "dynamic", "factor": 2.0}))
+    assert m.rope_scaling.original_max_position_embeddings == m.context_length == 2048
+
+
+def test_dtype_key_wins_over_torch_dtype_and_quantized_is_refused():
+    assert meta(tiny_config(dtype="float16", torch_dtype="bfloat16")).dtype == "float16"
+    with pytest.raises(Unsupported, match="quantization_config .quant_method='awq'"):
+        meta(tiny_config(quantization_config={"quant_method": "awq"}))
+
+
+def test_activation_names():
+    for name in ("silu", "swish", "gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast",
+                 "relu", "quick_gelu"):
+        assert meta(tiny_config(hidden_act=name)).hidden_act == name
+    with pytest.raises(Unsupported, match="hidden_act='mish'"):
+        meta(tiny_config(hidden_act="mish"))
+
+
+def test_qwen3_layer_types_win_over_max_window_layers():
+    m = meta(tiny_config(model_type="qwen3", num_hidden_layers=3, use_sliding_window=True,
+                         sliding_window=7, max_window_layers=0,
+                         layer_types=["full_attention", "sliding_attention", "attention"]))
+    assert m.layer_windows == (0, 7, 0)
+    with pytest.raises(FormatError, match="one type per layer"):
+        meta(tiny_config(model_type="qwen3", layer_types=["full_attention"] * 2))
+
+
+def test_llava_top_level_tie_ties_the_text_model():
+    import json
+
+    from tests.model.common import FIXTURES
+    cfg = json.loads((FIXTURES / "llava_tiny" / "config.json").read_text())
+    assert not meta(cfg).text.tie_word_embeddings
+    m = meta({**cfg, "tie_word_embeddings": True})   # LlavaConfig: top level OR text model
+    assert m.tie_word_embeddings and m.text.tie_word_embeddings

@@ -334,3 +334,21 @@ def test_tensor_core_misuse_is_reported(emu, func, message):
         args = (p,) if func == "cp_async_never_waited" else (p, q)
         with pytest.raises(KernelError, match=message):
             launch(emu, lib, func, (1,), (32,), args)
+
+
+def test_depth_first_order_exposes_a_missing_barrier_before_a_refill():
+    src = np.arange(4 * 256, dtype=np.float32)
+    want = np.array([sum(src[it * 256 + 4 * ((t + 32) % 64)] for it in range(4))
+                     for t in range(64)], np.float32)
+    for order in ("forward", "reverse", "shuffle:3"):
+        be = EmuBackend(order=order)
+        lib = be.load_source(HERE / "tensor_core.cu")
+        with Buffers(be) as b:
+            out, sp = b.empty((64,), np.float32), b.put(src)
+            launch(be, lib, "refill", (1,), (64,), (out, sp, np.int32(1)))
+            assert np.array_equal(b.get(out, (64,), np.float32), want), order
+            launch(be, lib, "refill", (1,), (64,), (out, sp, np.int32(0)))
+            racy = b.get(out, (64,), np.float32)
+        # breadth-first forward order keeps the warps in step and cannot see this race;
+        # depth-first reverse order runs one warp into the other's unread data
+        assert np.array_equal(racy, want) == (order == "forward"), order

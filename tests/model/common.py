@@ -11,6 +11,11 @@ from metrale.ops.bf16 import bf16_to_f32
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 DECODER_FIXTURES = ["llama_gqa", "llama_mqa_tied", "mistral", "qwen2", "qwen3"]
+# one tiny checkpoint per honoured config field (make_fixtures.py FIELD_FIXTURES)
+FIELD_FIXTURES = ["llama_attention_bias", "llama_mlp_bias", "qwen3_attention_bias",
+                  "llama_gelu", "llama_gelu_pytorch_tanh", "mistral_gelu_new", "qwen2_relu",
+                  "llama_quick_gelu", "mistral_window", "qwen2_window_max_window_layers",
+                  "qwen3_window_layer_types", "llama_dynamic_rope", "llama_tied_stored_head"]
 
 
 def golden(name: str) -> dict:

@@ -1,4 +1,5 @@
-"""activation family: fused SiLU-and-multiply and GELU (erf, tanh, quick)."""
+"""activation family: the fused gated activation act(gate) * up (silu, gelu, gelu_tanh,
+relu, quick_gelu) and GELU (erf, tanh, quick)."""
 import math
 
 import numpy as np
@@ -12,19 +13,35 @@ from tests.conftest import assert_close
 from tests.helpers import Buffers
 
 MODES = ["none", "tanh", "quick"]
+ACTS = list(activation.ACTIVATIONS)
 
 
 def rand_bf16(rng, shape, scale=3.0):
     return f32_to_bf16((rng.standard_normal(shape) * scale).astype(np.float32))
 
 
-def run_silu_mul(backend, gate_up):
+def run_act_mul(backend, gate_up, act="silu"):
     rows, two_i = gate_up.shape
     i = two_i // 2
     with Buffers(backend) as b:
         gp, op = b.put(gate_up), b.empty((rows, i), np.uint16)
-        activation.silu_mul(backend, backend.default_stream(), op, gp, rows, i)
+        activation.act_mul(backend, backend.default_stream(), op, gp, rows, i, act)
         return b.get(op, (rows, i), np.uint16)
+
+
+def run_silu_mul(backend, gate_up):
+    return run_act_mul(backend, gate_up, "silu")
+
+
+def ref_act(g, act):
+    """float64 act(g), the formulas of transformers' ACT2FN."""
+    g = g.astype(np.float64)
+    if act == "silu":
+        with np.errstate(over="ignore"):
+            return g / (1 + np.exp(-g))
+    if act == "relu":
+        return np.maximum(g, 0.0)
+    return ref_gelu(g, {"gelu": "none", "gelu_tanh": "tanh", "quick_gelu": "quick"}[act])
 
 
 def run_gelu(backend, x, approximate, in_place=False, offset_elems=0):
@@ -47,7 +64,7 @@ def ref_gelu(x, approximate):
 
 
 def test_entry_points_exist():
-    assert {"silu_mul", "gelu"} <= set(kernel_source.entry_points(activation.MODULE))
+    assert {"act_mul", "gelu"} <= set(kernel_source.entry_points(activation.MODULE))
 
 
 @pytest.mark.parametrize("rows", [1, 7, 19])
@@ -86,6 +103,29 @@ def test_silu_mul_real_size_and_extremes(host, rng):
     assert_close(got, bf16_to_f32(f32_to_bf16(ref.astype(np.float32))), "twin_bf16")
 
 
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("rows,inter", [(1, 1), (3, 7), (2, 111), (5, 4097), (4, 1024)])
+def test_act_mul_matches_float64(host, rng, act, rows, inter):
+    gu = rand_bf16(rng, (rows, 2 * inter))
+    g = bf16_to_f32(gu[:, :inter]).astype(np.float64)
+    u = bf16_to_f32(gu[:, inter:]).astype(np.float64)
+    ref = bf16_to_f32(f32_to_bf16((ref_act(g, act) * u).astype(np.float32)))
+    assert_close(bf16_to_f32(run_act_mul(host, gu, act)), ref, "twin_bf16", act)
+
+
+def test_act_mul_modes_differ_and_relu_edges(host):
+    gu = np.zeros((1, 64), np.float32)
+    gu[0, :32] = np.linspace(-4, 4, 32)
+    gu[0, 32:] = 1.0
+    outs = {a: bf16_to_f32(run_act_mul(host, f32_to_bf16(gu), a)) for a in ACTS}
+    for a in ACTS:
+        for b in ACTS:
+            assert a == b or not np.array_equal(outs[a], outs[b]), (a, b)
+    assert not outs["relu"][0, :16].any()          # negative gates -> 0
+    gu[0, 0] = np.nan
+    assert np.isnan(bf16_to_f32(run_act_mul(host, f32_to_bf16(gu), "relu"))[0, 0])
+
+
 @pytest.mark.parametrize("approximate", MODES)
 @pytest.mark.parametrize("n", [1, 7, 19, 111, 4097, 4096 * 8])
 def test_gelu_matches_float64(host, rng, approximate, n):
@@ -112,9 +152,11 @@ def test_gelu_modes_differ(host, rng):
 
 def test_bad_arguments_raise_before_launch(host):
     with pytest.raises(InvalidArgument, match="n_rows"):
-        activation.silu_mul(host, 0, 8, 8, 0, 4)
+        activation.act_mul(host, 0, 8, 8, 0, 4)
     with pytest.raises(InvalidArgument, match="intermediate"):
-        activation.silu_mul(host, 0, 8, 8, 2, 0)
+        activation.act_mul(host, 0, 8, 8, 2, 0)
+    with pytest.raises(InvalidArgument, match="act must be one of"):
+        activation.act_mul(host, 0, 8, 8, 2, 4, "gelu_fast")
     with pytest.raises(InvalidArgument, match="n must be"):
         activation.gelu(host, 0, 8, 8, 0)
     with pytest.raises(InvalidArgument, match="approximate"):
@@ -130,6 +172,15 @@ def test_gpu_silu_mul_matches_twin(device, host, rng, rows, inter):
     gu = rand_bf16(rng, (rows, 2 * inter))
     assert_close(bf16_to_f32(run_silu_mul(device, gu)), bf16_to_f32(run_silu_mul(host, gu)),
                  "gpu_vs_twin_bf16")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("rows,inter", [(1, 1), (7, 7), (3, 111), (2, 4097), (5, 64)])
+def test_gpu_act_mul_matches_twin(device, host, rng, act, rows, inter):
+    gu = rand_bf16(rng, (rows, 2 * inter))
+    assert_close(bf16_to_f32(run_act_mul(device, gu, act)),
+                 bf16_to_f32(run_act_mul(host, gu, act)), "gpu_vs_twin_bf16", act)
 
 
 @pytest.mark.gpu

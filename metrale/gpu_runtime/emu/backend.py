@@ -13,8 +13,10 @@ Modes (constructor arguments; `backend("emu")` reads them from the environment):
       and dynamic shared memory is exactly the requested size, so a read past either is
       reported with the kernel's file and line.
   order — `METRALE_EMU_ORDER=forward|reverse|shuffle:SEED`: the order in which the threads
-      of a block resume at every barrier; with shuffle, each launch draws from SEED and a
-      launch counter, so runs are reproducible.
+      of a block resume at every barrier, whether a warp that completed a warp operation
+      runs on ahead of the others (reverse: depth first) or queues behind them (forward),
+      and whether cp.async data lands at the wait (forward) or at once (reverse); shuffle
+      draws each of these from SEED and a launch counter, so runs are reproducible.
   check_twins — every launch also runs the kernel's numpy twin and records how far the two
       results are apart (`twin_agreement()`, see twin_check.py); for measurements, slow.
 """
@@ -102,7 +104,8 @@ class EmuBackend(HostBackend):
 
     def load_source(self, path) -> EmuLibrary:
         """Build and load any `.cu` file (the emulator's own tests use this)."""
-        so, names = build_library(path, sanitize=self.sanitize)
+        so, names = build_library(path, sanitize=self.sanitize,
+                                  header_dirs=[kernel_source.kernels_dir()])
         return EmuLibrary(so, Path(path).stem, names)
 
     def kernel(self, module: str, func: str) -> KernelHandle:
@@ -116,11 +119,7 @@ class EmuBackend(HostBackend):
         return KernelHandle(lib.module, func, lib.kernel(func))
 
     def has_module(self, module: str) -> bool:
-        try:
-            kernel_source.module_path(module)
-            return True
-        except KernelError:
-            return False
+        return kernel_source.has_module(module)
 
     def launch(self, kernel: KernelHandle, grid, block, shared_mem: int, stream: int,
                args) -> None:

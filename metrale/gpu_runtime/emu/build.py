@@ -63,16 +63,16 @@ def compiler_version() -> str:
                           check=False).stdout.strip()
 
 
-def _includes(path: Path) -> list[str]:
-    """The `.cu` file's directory, then kernels/ (its shared headers), then the stubs."""
-    from ..kernel_source import kernels_dir
-    return [f"-I{path.parent}", f"-I{kernels_dir()}", f"-I{INCLUDE_DIR}"]
+def _includes(path: Path, header_dirs) -> list[str]:
+    """The `.cu` file's directory, then `header_dirs` (kernels/), then the stub headers."""
+    return [f"-I{d}" for d in (path.parent, *header_dirs, INCLUDE_DIR)]
 
 
-def entry_points_of(path: Path) -> list[str]:
-    """`extern "C" __global__` function names of a `.cu` file, after the preprocessor."""
+def entry_points_of(path: Path, header_dirs=()) -> list[str]:
+    """`extern "C" __global__` function names of a `.cu` file, after the preprocessor;
+    `header_dirs`: where its `#include "x.cuh"` headers are besides its own directory."""
     proc = subprocess.run([compiler(), "-E", "-P", "-x", "c++", "-std=c++20",
-                           *_includes(path), str(path)],
+                           *_includes(path, header_dirs), str(path)],
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise KernelError(f"{path.name}: preprocessing failed:\n{proc.stderr.strip()}")
@@ -116,25 +116,26 @@ def cache_dir() -> Path:
 
 
 def _emulator_files() -> list[Path]:
-    return sorted([SHIM, EMU_DIR / "fiber.h", EMU_DIR / "intrinsics.h",
-                   EMU_DIR / "tensor_core.h", *INCLUDE_DIR.glob("*.h")])
+    return sorted([*EMU_DIR.glob("*.h"), *INCLUDE_DIR.glob("*.h")])
 
 
-def build_library(path: Path, sanitize: bool = False) -> tuple[Path, list[str]]:
-    """Build (or find in the cache) the library for one `.cu` file.
+def build_library(path: Path, sanitize: bool = False,
+                  header_dirs=()) -> tuple[Path, list[str]]:
+    """Build (or find in the cache) the library for one `.cu` file; `header_dirs` as for
+    `entry_points_of`.
 
     Returns `(library path, entry point names)`. Raises KernelError with the compiler's
     output when the file does not compile.
     """
     path = Path(path).resolve()
     module = path.stem
-    names = entry_points_of(path)
+    names = entry_points_of(path, header_dirs)
     source = rewrite_dynamic_shared(path.read_text(), path.name)
     unit = f'#line 1 "{path}"\n{source}\n{_trailer(module, names)}'
     flags = [*BASE_FLAGS, *ARCH_FLAGS, *(SANITIZE_FLAGS if sanitize else ())]
     h = hashlib.sha256(unit.encode())
-    from ..kernel_source import kernels_dir
-    headers = {*path.parent.glob("*.cuh"), *kernels_dir().glob("*.cuh")}
+    headers = {*path.parent.glob("*.cuh")}
+    headers.update(h for d in header_dirs for h in Path(d).glob("*.cuh"))
     for f in [*sorted(headers), *_emulator_files()]:
         h.update(f.name.encode())
         h.update(f.read_bytes())
@@ -149,8 +150,8 @@ def build_library(path: Path, sanitize: bool = False) -> tuple[Path, list[str]]:
         cpp = Path(tmp) / f"{module}.emu.cpp"
         cpp.write_text(unit)
         lib = Path(tmp) / out.name
-        cmd = [compiler(), *flags, *_includes(path), "-include", str(SHIM), "-x", "c++",
-               str(cpp), "-o", str(lib)]
+        cmd = [compiler(), *flags, *_includes(path, header_dirs), "-include", str(SHIM),
+               "-x", "c++", str(cpp), "-o", str(lib)]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise KernelError(f"{path.name}: the emulator build failed:\n"

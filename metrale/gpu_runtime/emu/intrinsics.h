@@ -18,7 +18,7 @@
 #include <limits>
 #include <time.h>
 
-#include "fiber.h"
+#include "sync.h"
 
 #define EMU_VEC2(T, N, A) struct __attribute__((aligned(A))) N { T x, y; };
 #define EMU_VEC3(T, N) struct N { T x, y, z; };

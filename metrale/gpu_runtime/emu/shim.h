@@ -29,7 +29,7 @@
 #include <utility>
 
 #include "intrinsics.h"
-#include "tensor_core.h"
+#include "tensor_core.h"  // includes launch.h
 
 #define threadIdx (static_cast<const uint3 &>(::emu::rt.cur->tid))
 #define blockIdx (static_cast<const uint3 &>(::emu::rt.bid))

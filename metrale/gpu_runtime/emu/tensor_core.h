@@ -16,13 +16,15 @@
 // ldmatrix: lanes 8 i .. 8 i + 7 give the row addresses of matrix i (16-byte aligned, in
 //   shared memory); lane l receives row l / 4, columns 2 (l % 4), +1 of each matrix (.trans:
 //   column l / 4, rows 2 (l % 4), +1).
-// cp.async: the copy happens at the wait that covers its group, not before, so a kernel that
-//   reads shared memory too early reads the 0xFF fill (NaN); a thread that exits with copies
-//   it never waited for is reported. src_bytes < bytes zero-fills the rest (the zfill form).
+// cp.async: in FORWARD order the copy happens at the wait that covers its group, not before,
+//   so a kernel that reads shared memory too early reads the 0xFF fill (NaN); in REVERSE
+//   order it lands at once, so a refill racing another warp's reads (a missing barrier) is
+//   seen; SHUFFLE draws per copy. A thread that exits with copies it never waited for is
+//   reported. src_bytes < bytes zero-fills the rest (the zfill form).
 #pragma once
 #include <cstring>
 
-#include "fiber.h"
+#include "launch.h"
 
 namespace emu {
 
@@ -166,6 +168,15 @@ inline void cp_async(void *dst, const void *src, unsigned int bytes, unsigned in
     if (f->n_async == static_cast<int>(sizeof f->async / sizeof f->async[0]))
         fail_here("more than 128 cp.async copies in flight in one thread", site);
     f->async[f->n_async++] = {dst, src, bytes, src_bytes, f->async_groups};
+    // Where the copy lands: at the covering wait (FORWARD: a read before the wait sees the
+    // fill), or at once (REVERSE: a write into a buffer another warp still reads, with no
+    // barrier between, is seen by that warp); SHUFFLE draws one per copy.
+    if (rt.order == REVERSE || (rt.order == SHUFFLE && (next_random() & 1))) {
+        Fiber::AsyncCopy &c = f->async[f->n_async - 1];
+        if (c.src_bytes) std::memcpy(c.dst, c.src, c.src_bytes);
+        std::memset(static_cast<char *>(c.dst) + c.src_bytes, 0, c.bytes - c.src_bytes);
+        c.bytes = c.src_bytes = 0;  // landed: the wait only retires it
+    }
 }
 
 inline void cp_async_commit() { ++rt.cur->async_groups; }

@@ -107,3 +107,23 @@ extern "C" __global__ void cp_async_to_global(float *dst, const float *src) {
     cp_async_commit();
     cp_async_wait<0>();
 }
+
+// Two warps refill a shared buffer with cp.async each iteration and read the other warp's
+// part after a barrier. With `barrier` = 0 the barrier that keeps a refill from overwriting
+// what the other warp has not read yet is missing: out[t] depends on the thread order.
+extern "C" __global__ void refill(float *out, const float *src, int barrier) {
+    __shared__ __align__(16) float buf[64 * 4];
+    const int t = threadIdx.x;
+    float acc = 0.f;
+    for (int it = 0; it < 4; ++it) {
+        if (barrier) __syncthreads();
+        cp_async_16(&buf[4 * t], src + it * 256 + 4 * t, 16);
+        cp_async_commit();
+        acc = __shfl_xor_sync(0xffffffffu, acc, 0);  // warp-collective work in flight
+        cp_async_wait<0>();
+        __syncthreads();
+        acc += buf[4 * ((t + 32) % 64)];
+        acc = __shfl_xor_sync(0xffffffffu, acc, 0);
+    }
+    out[t] = acc;
+}

@@ -1,0 +1,85 @@
+"""What `metrale info` shows about a checkpoint's math: every field that changes what the
+model computes (formats/field_table.py), as metrale will run it."""
+from __future__ import annotations
+
+from collections import Counter
+
+
+def _runs(windows) -> str:
+    """(0, 0, 5, 5) -> "full on layers 0-1, window 5 on layers 2-3"."""
+    parts, start = [], 0
+    for i in range(1, len(windows) + 1):
+        if i == len(windows) or windows[i] != windows[start]:
+            layers = f"layer {start}" if i - start == 1 else f"layers {start}-{i - 1}"
+            w = windows[start]
+            parts.append(f"{'full attention' if not w else f'window {w}'} on {layers}")
+            start = i
+    return ", ".join(parts)
+
+
+def rope_text(meta) -> str:
+    if meta.architecture == "whisper":
+        return "none (learned / sinusoidal positions)"
+    rs, theta = meta.rope_scaling, f"theta {meta.rope_theta:g}"
+    if rs is None:
+        return f"default, {theta}"
+    if rs.rope_type == "linear":
+        return f"linear, factor {rs.factor:g}, {theta}"
+    if rs.rope_type == "dynamic":
+        return (f"dynamic NTK, factor {rs.factor:g}, {theta}: the default rope below "
+                f"max_position_embeddings {rs.original_max_position_embeddings:,} (positions "
+                "past it are refused)")
+    if rs.rope_type == "llama3":
+        return (f"llama3, factor {rs.factor:g}, low/high freq factor {rs.low_freq_factor:g}/"
+                f"{rs.high_freq_factor:g}, original context "
+                f"{rs.original_max_position_embeddings:,}, {theta}")
+    return (f"yarn, factor {rs.factor:g}, original context "
+            f"{rs.original_max_position_embeddings:,}, beta fast/slow {rs.beta_fast:g}/"
+            f"{rs.beta_slow:g}, attention factor {rs.yarn_attention_factor():.4f}"
+            f"{'' if rs.truncate else ', untruncated'}, {theta}")
+
+
+def biases_text(meta) -> str:
+    if meta.architecture == "whisper":
+        return "q/v/out projections, MLP, layer norms (Whisper)"
+    parts = [p for p, on in (("q/k/v", meta.attention_bias), ("o_proj", meta.o_proj_bias),
+                             ("gate/up/down", meta.mlp_bias)) if on]
+    return ", ".join(parts) if parts else "none"
+
+
+def dtype_text(meta, source) -> str:
+    stored = Counter(source.tensor_dtype(n) for n in source.tensor_names())
+    kinds = ", ".join(f"{n} {dt}" for dt, n in sorted(stored.items()))
+    lossy = sorted(dt for dt in stored if dt != "BF16")
+    how = "exact" if not lossy else (f"{'/'.join(lossy)} rounded to nearest even BF16")
+    return f"{meta.dtype} in config.json; tensors: {kinds} -> bfloat16 on the device ({how})"
+
+
+def math_fields(meta, source, head_stored: bool) -> dict[str, str]:
+    """Field -> how metrale computes it, in the order `metrale info` prints them."""
+    out = {"rope": rope_text(meta)}
+    if meta.architecture != "whisper":
+        out["attention"] = _runs(meta.layer_windows or (0,) * meta.num_layers)
+        out["activation"] = f"{meta.hidden_act} (gated MLP: act(gate) * up)"
+        out["qk_norm"] = "RMSNorm on each q/k head (qwen3)" if meta.qk_norm else "none"
+    else:
+        w = meta.whisper
+        out["attention"] = (f"full; encoder {w.max_source_positions} positions "
+                            f"({w.num_mel_frames} mel frames), decoder "
+                            f"{w.max_target_positions}")
+        out["activation"] = (f"{w.activation_function} (MLP); embedding scale "
+                             f"{'sqrt(d_model)' if w.scale_embedding else 'none'}")
+    out["biases"] = biases_text(meta)
+    out["embeddings"] = ("lm_head separate (untied)" if not meta.tie_word_embeddings else
+                         "tied, but the checkpoint stores its own head, which is used (as "
+                         "transformers 5 does)" if head_stored else "tied: lm_head = input "
+                         "embedding")
+    if meta.vision is not None:
+        v = meta.vision
+        out["vision"] = (f"CLIP {v.num_layers} layers x {v.hidden_size}, {v.hidden_act}, "
+                         f"features from hidden_states[{v.vision_feature_layer}] "
+                         f"({v.vision_feature_select_strategy}), projector "
+                         f"{v.projector_hidden_act}{' with' if v.projector_bias else ' no'} "
+                         f"biases, {v.num_image_tokens} tokens per image")
+    out["dtype"] = dtype_text(meta, source)
+    return out

@@ -1,0 +1,121 @@
+"""The decoder fields of config.json whose meaning differs per family (field_table.py):
+HF's class defaults for absent keys, biases, the MLP activation and the attention window of
+each layer. Values as transformers 5.24's Llama/Mistral/Qwen2/Qwen3 configs and modeling
+code resolve them."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..errors import FormatError, Unsupported
+from .config_fields import _Cfg
+from .field_table import HF_ACTIVATIONS
+
+# HF class defaults of keys a config.json may leave out
+KV_HEADS_DEFAULT = {"llama": None, "mistral": 8, "qwen2": 32, "qwen3": 32}  # None: = heads
+MAX_POSITIONS_DEFAULT = {"llama": 2048, "mistral": 131072, "qwen2": 32768, "qwen3": 32768}
+QWEN3_HEAD_DIM_DEFAULT = 128
+WINDOW_DEFAULT = 4096
+MAX_WINDOW_LAYERS_DEFAULT = 28
+_LAYER_TYPES = {"full_attention": False, "attention": False, "sliding_attention": True}
+
+
+class Biases(NamedTuple):
+    qkv: bool   # q/k/v projections
+    o: bool     # o_proj
+    mlp: bool   # gate/up/down
+
+
+def _present(config: dict, key: str) -> bool:
+    return key in config
+
+
+def kv_heads(c: _Cfg, arch: str, heads: int) -> int:
+    """num_key_value_heads: absent -> the family's class default; null -> heads."""
+    if _present(c.d, "num_key_value_heads") and c.d.get("num_key_value_heads") is None:
+        return heads
+    default = KV_HEADS_DEFAULT[arch]
+    return c.int("num_key_value_heads", heads if default is None else default)
+
+
+def head_dim(c: _Cfg, arch: str, hidden: int, heads: int) -> int:
+    """head_dim: explicit; absent/null -> hidden // heads (qwen3: absent -> 128)."""
+    if arch == "qwen3" and _present(c.d, "head_dim") and c.d.get("head_dim") is None:
+        raise FormatError(f"{c.source}: head_dim is null (transformers' qwen3 cannot run "
+                          "it either)")
+    d = c.int("head_dim")
+    if d is not None:
+        return d
+    if arch == "qwen3":
+        return QWEN3_HEAD_DIM_DEFAULT
+    if hidden % heads:
+        raise FormatError(f"{c.source}: hidden_size {hidden} is not a multiple of "
+                          f"num_attention_heads {heads} and no head_dim is given")
+    return hidden // heads
+
+
+def biases(c: _Cfg, arch: str) -> Biases:
+    """Which projections carry biases: llama / qwen3 `attention_bias` covers q/k/v and o;
+    qwen2 always biases q/k/v and never o; mistral never; `mlp_bias` is llama's only."""
+    if arch == "qwen2":
+        return Biases(True, False, False)
+    if arch == "mistral":
+        return Biases(False, False, False)
+    att = c.bool("attention_bias", False)
+    return Biases(att, att, c.bool("mlp_bias", False) if arch == "llama" else False)
+
+
+def activation(c: _Cfg) -> str:
+    """The kernel activation of `hidden_act` (HF default silu); others are refused."""
+    act = c.d.get("hidden_act", "silu")
+    if not isinstance(act, str) or act not in HF_ACTIVATIONS:
+        raise Unsupported(f"{c.source}: hidden_act={act!r} is not supported (supported: "
+                          f"{', '.join(HF_ACTIVATIONS)})")
+    return act
+
+
+def layer_windows(c: _Cfg, arch: str, n_layers: int) -> tuple[int | None, tuple[int, ...]]:
+    """(sliding_window, per-layer window: 0 = full attention) as HF resolves them.
+
+    mistral: `sliding_window` (absent: 4096, null: none) on every layer. qwen2/qwen3: the
+    window is on only with `use_sliding_window`; then the layers typed
+    "sliding_attention" in `layer_types` use it, or, without layer_types, the layers with
+    index >= `max_window_layers`. llama: no window.
+    """
+    if arch == "llama":
+        return None, (0,) * n_layers
+    if arch == "mistral":
+        w = c.int("sliding_window", WINDOW_DEFAULT) if not (
+            _present(c.d, "sliding_window") and c.d["sliding_window"] is None) else None
+        return w, (w or 0,) * n_layers
+    on = c.bool("use_sliding_window", False)
+    w = (c.int("sliding_window", WINDOW_DEFAULT) if not (
+        _present(c.d, "sliding_window") and c.d["sliding_window"] is None) else None) \
+        if on else None
+    types = c.d.get("layer_types")
+    if types is None:
+        mwl = c.int("max_window_layers", MAX_WINDOW_LAYERS_DEFAULT, positive=False)
+        sliding = [w is not None and i >= mwl for i in range(n_layers)]
+    else:
+        if not isinstance(types, list) or len(types) != n_layers:
+            raise FormatError(f"{c.source}: layer_types must list one type per layer "
+                              f"({n_layers}), got {types!r}")
+        bad = [t for t in types if not isinstance(t, str) or t not in _LAYER_TYPES]
+        if bad:
+            raise Unsupported(f"{c.source}: layer_types value {bad[0]!r} is not supported "
+                              f"(supported: {', '.join(_LAYER_TYPES)})")
+        sliding = [_LAYER_TYPES[t] for t in types]
+        if any(sliding) and w is None:
+            raise Unsupported(f"{c.source}: layer_types has 'sliding_attention' layers but "
+                              f"use_sliding_window={on} / sliding_window={c.d.get('sliding_window')!r} "
+                              "gives no window (transformers fails on this config)")
+    windows = tuple(w if s else 0 for s in sliding)
+    return (w if any(windows) else None), windows
+
+
+def refuse_quantized(config: dict, source: str) -> None:
+    """quantization_config changes what the weights mean: never loaded as plain floats."""
+    if config.get("quantization_config") is not None:
+        q = config["quantization_config"]
+        method = q.get("quant_method") if isinstance(q, dict) else q
+        raise Unsupported(f"{source}: quantization_config (quant_method={method!r}) is not "
+                          "supported: metrale loads float checkpoints only")

@@ -1,0 +1,247 @@
+"""The rule of the formats layer: every config field that Hugging Face's modeling code reads
+for a supported architecture is HONOURED (implemented exactly), REFUSED (a value that would
+change the math and that metrale does not implement raises `Unsupported` at load, naming the
+file, the field and the value) or IRRELEVANT (HF reads it, but not for inference logits:
+training, initialisation, generation defaults...). Never a silently different model.
+
+The table was made by walking transformers 5.24's `modeling_*.py` / `configuration_*.py`
+of llama, mistral, qwen2, qwen3, whisper, llava (+ clip's vision tower) and
+`modeling_rope_utils.py` field by field. tests/formats/test_field_table.py parses every
+fixture and preset with a config that records each key the parsers touch and fails when
+one is not listed here. An HONOURED field may still refuse some values (e.g. an activation
+the kernels lack); `why` says which.
+
+Scopes: the four decoder `model_type`s, "rope" (keys inside `rope_parameters` /
+`rope_scaling`), "whisper", "llava", "clip_vision_model" (llava's `vision_config`) and
+"generation_config" (generation_config.json).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+HONOURED, REFUSED, IRRELEVANT = "honoured", "refused", "irrelevant"
+
+
+class Field(NamedTuple):
+    status: str
+    why: str
+
+
+def _h(why: str) -> Field:
+    return Field(HONOURED, why)
+
+
+def _r(why: str) -> Field:
+    return Field(REFUSED, why)
+
+
+def _i(why: str) -> Field:
+    return Field(IRRELEVANT, why)
+
+
+# HF `hidden_act` / `activation_function` names -> the fused activation kernel's mode
+# (ops/activation.py ACTIVATIONS). Names whose HF formula is the same function: swish is
+# nn.SiLU, gelu_fast / gelu_new / gelu_pytorch_tanh are the tanh approximation.
+HF_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
+                  "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
+                  "relu": "relu", "quick_gelu": "quick_gelu"}
+
+_TRAIN = "training only (dropout / layer drop / spec-augment), inactive at inference"
+_INIT = "weight initialisation only; the checkpoint's weights are what is loaded"
+_GEN = "generation default, not part of the forward pass"
+_BOOK = "bookkeeping of transformers (serialisation, outputs, kernels), not the math"
+_PAD = "padding_idx of the embedding: affects training gradients only"
+
+# Every config (PreTrainedConfig and what from_pretrained reads).
+_COMMON = {
+    "model_type": _h("selects the architecture; others raise Unsupported"),
+    "architectures": _i(_BOOK), "transformers_version": _i(_BOOK),
+    "_name_or_path": _i(_BOOK), "output_attentions": _i(_BOOK),
+    "output_hidden_states": _i(_BOOK), "return_dict": _i(_BOOK), "use_cache": _i(_BOOK),
+    "is_encoder_decoder": _i(_BOOK), "chunk_size_feed_forward": _i(
+        "feed-forward chunking in BERT-like models; these families never call it"),
+    "id2label": _i("classification heads only"), "label2id": _i("classification heads only"),
+    "problem_type": _i("classification heads only"),
+    "attn_implementation": _i("eager / sdpa / flash give the same attention"),
+    "initializer_range": _i(_INIT), "pad_token_id": _i(_PAD),
+    "bos_token_id": _h("generation: the prompt's first token (generation_config.json wins)"),
+    "eos_token_id": _h("generation: stop tokens (generation_config.json wins)"),
+    "torch_dtype": _h("the stored dtype (used when `dtype` is absent); weights are converted "
+                      "to BF16 on the device, shown by `metrale info`; bfloat16, float16, "
+                      "float32 accepted, others refused"),
+    "dtype": _h("as torch_dtype, and wins over it (HF PreTrainedConfig.__post_init__)"),
+    "quantization_config": _r("quantized weights: refused whatever its value"),
+    "tie_word_embeddings": _h("lm_head shares the input embedding"),
+}
+
+_DECODER = {
+    **_COMMON,
+    "vocab_size": _h("embedding and lm_head rows"),
+    "hidden_size": _h("model width"),
+    "intermediate_size": _h("MLP width"),
+    "num_hidden_layers": _h("layer count"),
+    "num_attention_heads": _h("query heads"),
+    "num_key_value_heads": _h("kv heads; absent: llama = num_attention_heads, mistral 8, "
+                              "qwen2/qwen3 32 (HF's class defaults); null: num_attention_heads"),
+    "head_dim": _h("absent or null: hidden_size // num_attention_heads (qwen3: 128 when "
+                   "absent, as HF; null refused, HF fails)"),
+    "hidden_act": _h("MLP activation: silu, swish, gelu, gelu_new, gelu_pytorch_tanh, "
+                     "gelu_fast, relu, quick_gelu; any other ACT2FN name refused"),
+    "max_position_embeddings": _h("the context limit (absent: llama 2048, mistral 131072, "
+                                  "qwen 32768); positions past it are refused, except that "
+                                  "yarn raises it to factor * original_max_position_embeddings"),
+    "rms_norm_eps": _h("RMSNorm epsilon (also the q/k norms of qwen3)"),
+    "rope_parameters": _h("rope settings (scope 'rope'); nested per-layer-type ones refused"),
+    "rope_scaling": _h("the older name; HF takes it over rope_parameters when it is set"),
+    "rope_theta": _h("rope base when rope_parameters has none (default 10000)"),
+    "partial_rotary_factor": _h("ignored by HF's default rope of these families (so here); "
+                                "with a scaled rope a factor that shortens the rotary "
+                                "dimension is refused (HF's rotation fails on it)"),
+    "original_max_position_embeddings": _h("top level: overrides the rope dict's value for "
+                                           "llama3 / yarn (HF standardize_rope_params)"),
+    "attention_dropout": _i(_TRAIN),
+    "pretraining_tp": _i("transformers 4 split matmuls that sum to the same product; unread "
+                         "in 5"),
+}
+
+# Keys the HF class of each family does not read: listed as irrelevant so that a config
+# carrying them (configs are often copied between families) is documented, not guessed.
+_NOT_READ = "not read by this family's HF modeling code"
+
+LLAMA = {
+    **_DECODER,
+    "attention_bias": _h("biases on q/k/v AND o_proj"),
+    "mlp_bias": _h("biases on gate/up/down projections"),
+    "sliding_window": _i(_NOT_READ + " (llama attends to the whole context)"),
+    "use_sliding_window": _i(_NOT_READ), "max_window_layers": _i(_NOT_READ),
+    "layer_types": _i(_NOT_READ),
+}
+
+MISTRAL = {
+    **_DECODER,
+    "sliding_window": _h("every layer attends to the last sliding_window positions "
+                         "(absent: 4096 as HF's class default; null: full attention)"),
+    "attention_bias": _i(_NOT_READ + ": mistral projections never have biases (bias "
+                         "tensors in the checkpoint are then unused and refused)"),
+    "mlp_bias": _i(_NOT_READ), "use_sliding_window": _i(_NOT_READ),
+    "max_window_layers": _i(_NOT_READ),
+    "layer_types": _i(_NOT_READ + " (HF warns and ignores it)"),
+}
+
+_QWEN = {
+    **_DECODER,
+    "use_sliding_window": _h("turns sliding_window on; off means full attention everywhere"),
+    "sliding_window": _h("window of the layers typed 'sliding_attention' (absent: 4096)"),
+    "max_window_layers": _h("without layer_types: layers i >= max_window_layers slide "
+                            "(absent: 28)"),
+    "layer_types": _h("'full_attention' | 'sliding_attention' per layer ('attention' is the "
+                      "legacy name of full); wins over max_window_layers; other types and "
+                      "a wrong length refused"),
+}
+
+QWEN2 = {
+    **_QWEN,
+    "attention_bias": _i(_NOT_READ + ": qwen2 always has q/k/v biases and no o_proj bias"),
+    "mlp_bias": _i(_NOT_READ),
+}
+
+QWEN3 = {
+    **_QWEN,
+    "attention_bias": _h("biases on q/k/v AND o_proj"),
+    "mlp_bias": _i(_NOT_READ),
+}
+
+ROPE = {
+    "rope_type": _h("default, linear, dynamic, llama3, yarn; longrope, proportional and "
+                    "others refused"),
+    "type": _h("older name of rope_type (rope_type wins)"),
+    "rope_theta": _h("rope base; wins over the top-level rope_theta"),
+    "factor": _h("linear / dynamic / llama3 / yarn scale (yarn: null means "
+                 "max_position_embeddings / original_max_position_embeddings)"),
+    "low_freq_factor": _h("llama3"), "high_freq_factor": _h("llama3"),
+    "original_max_position_embeddings": _h("llama3 / yarn (absent: max_position_embeddings); "
+                                           "dynamic ignores it, as HF does"),
+    "beta_fast": _h("yarn (null or 0: 32)"), "beta_slow": _h("yarn (null or 0: 1)"),
+    "attention_factor": _h("yarn cos/sin scale"), "mscale": _h("yarn attention factor"),
+    "mscale_all_dim": _h("yarn attention factor"), "truncate": _h("yarn correction range"),
+    "partial_rotary_factor": _h("as the top-level key"),
+}
+
+WHISPER = {
+    **_COMMON,
+    "vocab_size": _h("decoder embedding rows"), "d_model": _h("model width"),
+    "encoder_layers": _h("encoder depth"), "decoder_layers": _h("decoder depth"),
+    "encoder_attention_heads": _h("encoder heads"),
+    "decoder_attention_heads": _h("decoder heads"),
+    "encoder_ffn_dim": _h("encoder MLP width"), "decoder_ffn_dim": _h("decoder MLP width"),
+    "num_mel_bins": _h("conv1 input channels"),
+    "max_source_positions": _h("encoder positions (2x mel frames)"),
+    "max_target_positions": _h("decoder positions: the decoder's context limit"),
+    "scale_embedding": _h("sqrt(d_model) on the input embedding"),
+    "activation_function": _h("gelu, gelu_new, gelu_pytorch_tanh, gelu_fast, quick_gelu; "
+                              "others refused"),
+    "decoder_start_token_id": _h("the decoder prompt's first token"),
+    "suppress_tokens": _h(_GEN + "; used by metrale.engine.transcribe"),
+    "begin_suppress_tokens": _h(_GEN + "; used by metrale.engine.transcribe"),
+    "forced_decoder_ids": _h(_GEN + "; used by metrale.engine.transcribe"),
+    "dropout": _i(_TRAIN), "attention_dropout": _i(_TRAIN), "activation_dropout": _i(_TRAIN),
+    "encoder_layerdrop": _i(_TRAIN), "decoder_layerdrop": _i(_TRAIN),
+    "apply_spec_augment": _i(_TRAIN), "mask_time_prob": _i(_TRAIN),
+    "mask_time_length": _i(_TRAIN), "mask_time_min_masks": _i(_TRAIN),
+    "mask_feature_prob": _i(_TRAIN), "mask_feature_length": _i(_TRAIN),
+    "mask_feature_min_masks": _i(_TRAIN), "init_std": _i(_INIT),
+    "use_weighted_layer_sum": _i("audio classification head only"),
+    "classifier_proj_size": _i("audio classification head only"),
+    "median_filter_width": _i("word-timestamp alignment, not the logits"),
+    "max_length": _i(_GEN), "num_hidden_layers": _i("alias of encoder_layers"),
+}
+
+LLAVA = {
+    **_COMMON,
+    "text_config": _h("the decoder (scope: its model_type, llama when absent)"),
+    "vision_config": _h("the vision tower (scope clip_vision_model)"),
+    "image_token_index": _h("the image placeholder id"),
+    "image_token_id": _h("alias of image_token_index"),
+    "projector_hidden_act": _h("gelu, gelu_new, gelu_pytorch_tanh, gelu_fast, quick_gelu"),
+    "multimodal_projector_bias": _h("projector biases"),
+    "vision_feature_layer": _h("one int; a list of layers refused"),
+    "vision_feature_select_strategy": _h("'default' drops CLS, 'full' keeps it"),
+    "image_seq_length": _i("processor: prompt expansion, not the model"),
+}
+
+CLIP_VISION = {
+    "model_type": _h("clip_vision_model; other towers refused"),
+    "hidden_size": _h("tower width"), "intermediate_size": _h("tower MLP width"),
+    "num_hidden_layers": _h("tower depth"), "num_attention_heads": _h("tower heads"),
+    "num_channels": _h("image channels"), "image_size": _h("square input size"),
+    "patch_size": _h("patch size"), "layer_norm_eps": _h("LayerNorm epsilon"),
+    "hidden_act": _h("gelu, gelu_new, gelu_pytorch_tanh, gelu_fast, quick_gelu"),
+    "projection_dim": _i("CLIPVisionModelWithProjection only; llava takes hidden states"),
+    "attention_dropout": _i(_TRAIN), "initializer_range": _i(_INIT),
+    "initializer_factor": _i(_INIT),
+}
+
+GENERATION_CONFIG = {
+    "bos_token_id": _h("wins over config.json"), "eos_token_id": _h("wins over config.json"),
+    "decoder_start_token_id": _h("whisper"), "no_timestamps_token_id": _h("whisper"),
+    "lang_to_id": _h("whisper language tokens"), "task_to_id": _h("whisper task tokens"),
+    "is_multilingual": _h("whisper"), "suppress_tokens": _h("whisper"),
+    "begin_suppress_tokens": _h("whisper"), "forced_decoder_ids": _h("whisper"),
+}
+
+FIELD_TABLE: dict[str, dict[str, Field]] = {
+    "llama": LLAMA, "mistral": MISTRAL, "qwen2": QWEN2, "qwen3": QWEN3, "rope": ROPE,
+    "whisper": WHISPER, "llava": LLAVA, "clip_vision_model": CLIP_VISION,
+    "generation_config": GENERATION_CONFIG,
+}
+
+
+def field_counts() -> dict[str, dict[str, int]]:
+    """{scope: {status: count}} (the README's and the report's summary)."""
+    out = {}
+    for scope, table in FIELD_TABLE.items():
+        counts = {HONOURED: 0, REFUSED: 0, IRRELEVANT: 0}
+        for f in table.values():
+            counts[f.status] += 1
+        out[scope] = counts
+    return out

@@ -1,0 +1,126 @@
+"""Rope settings of a decoder config.json, resolved the way transformers 5 does it
+(`PreTrainedConfig.convert_rope_params_to_dict` / `standardize_rope_params` and the
+`_compute_*_parameters` of `modeling_rope_utils`):
+
+- the dict is `rope_scaling` when it is set (non-empty), else `rope_parameters`;
+- its `rope_theta` wins over the top-level `rope_theta`, which defaults to 10000;
+- `rope_type` wins over the older `type`; absent means "default";
+- llama3 / yarn take `original_max_position_embeddings` from the top level of config.json
+  when it is there, else from the dict, else `max_position_embeddings`;
+- `partial_rotary_factor` (top level or in the dict) is ignored by the default rope of these
+  families; a scaled rope whose rotary dimension it would shorten is refused.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..errors import FormatError, Unsupported
+from .config_fields import _Cfg
+
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Rope frequency scaling; `rope_type` is "linear" | "dynamic" | "llama3" | "yarn"."""
+
+    rope_type: str
+    factor: float = 1.0
+    low_freq_factor: float = 1.0          # llama3
+    high_freq_factor: float = 4.0         # llama3
+    original_max_position_embeddings: int | None = None   # llama3 / yarn; dynamic: max_pos
+    beta_fast: float = 32.0               # yarn
+    beta_slow: float = 1.0                # yarn
+    attention_factor: float | None = None  # yarn mscale; None -> 0.1 * ln(factor) + 1 (HF)
+    truncate: bool = True                 # yarn: floor/ceil the correction range (HF default)
+
+    def yarn_attention_factor(self) -> float:
+        """The yarn cos/sin multiplier HF uses (`attention_factor`, else 0.1 ln(f) + 1)."""
+        if self.attention_factor is not None:
+            return float(self.attention_factor)
+        return 0.1 * math.log(self.factor) + 1.0 if self.factor > 1 else 1.0
+
+
+def _number(v, what: str, source: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise FormatError(f"{source}: {what} must be a number, got {v!r}")
+    return float(v)
+
+
+def parse_rope(config: dict, source: str, max_pos: int,
+               head_dim: int | None = None) -> tuple[float, RopeScaling | None]:
+    """(rope_theta, scaling or None for the default rope) of a decoder config dict."""
+    legacy = config.get("rope_scaling")
+    if legacy is not None and not isinstance(legacy, dict):
+        raise FormatError(f"{source}: rope_scaling must be an object or null, got {legacy!r}")
+    params, key = (legacy, "rope_scaling") if legacy else \
+        (config.get("rope_parameters"), "rope_parameters")
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise FormatError(f"{source}: {key} must be an object or null, got {params!r}")
+    if params and all(isinstance(v, dict) for v in params.values()):
+        raise Unsupported(f"{source}: per-layer-type {key} are not supported")
+    theta = params["rope_theta"] if "rope_theta" in params else config.get("rope_theta", 10000.0)
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
+        raise FormatError(f"{source}: rope_theta must be a positive number, got {theta!r}")
+    rtype = params.get("rope_type", params.get("type", "default"))
+    prf = params.get("partial_rotary_factor", config.get("partial_rotary_factor"))
+    if rtype == "default":
+        return float(theta), None   # HF's default rope never reads partial_rotary_factor
+    if rtype not in ROPE_TYPES:
+        raise Unsupported(f"{source}: rope type {rtype!r} in {key} is not supported "
+                          f"(supported: {', '.join(ROPE_TYPES)})")
+    if prf is not None and head_dim is not None and \
+            int(head_dim * _number(prf, "partial_rotary_factor", source)) != head_dim:
+        raise Unsupported(f"{source}: partial_rotary_factor={prf} with rope type {rtype!r} "
+                          f"is not supported (it shortens the rotary dimension of head_dim "
+                          f"{head_dim}; transformers cannot run it either)")
+    c = _Cfg(params, f"{source} ({key})")
+    if rtype == "linear":
+        return float(theta), RopeScaling("linear", factor=c.float("factor", required=True))
+    if rtype == "dynamic":
+        # transformers' threshold is max_position_embeddings (its dynamic rope ignores the
+        # dict's original_max_position_embeddings); below it the rope is the default one.
+        return float(theta), RopeScaling("dynamic", factor=c.float("factor", required=True),
+                                         original_max_position_embeddings=max_pos)
+    orig = config["original_max_position_embeddings"] \
+        if "original_max_position_embeddings" in config else \
+        params.get("original_max_position_embeddings", max_pos)
+    if isinstance(orig, bool) or not isinstance(orig, int) or orig <= 0:
+        raise FormatError(f"{source}: original_max_position_embeddings must be a positive "
+                          f"integer, got {orig!r}")
+    if rtype == "llama3":
+        return float(theta), RopeScaling(
+            "llama3", factor=c.float("factor", required=True),
+            low_freq_factor=c.float("low_freq_factor", required=True),
+            high_freq_factor=c.float("high_freq_factor", required=True),
+            original_max_position_embeddings=orig)
+    # yarn
+    if "factor" not in params:
+        raise FormatError(f"{source} ({key}): missing key 'factor' (rope type 'yarn')")
+    factor = max_pos / orig if params["factor"] is None else \
+        _number(params["factor"], "factor", source)
+    att = params.get("attention_factor")
+    if att is None and params.get("mscale") and params.get("mscale_all_dim"):
+        def ms(scale, m):  # HF's get_mscale (DeepSeek-style yarn configs)
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+        att = ms(factor, params["mscale"]) / ms(factor, params["mscale_all_dim"])
+    return float(theta), RopeScaling(
+        "yarn", factor=factor, original_max_position_embeddings=orig,
+        beta_fast=_number(params.get("beta_fast") or 32, "beta_fast", source),
+        beta_slow=_number(params.get("beta_slow") or 1, "beta_slow", source),
+        attention_factor=None if att is None else _number(att, "attention_factor", source),
+        truncate=bool(params.get("truncate", True)))
+
+
+def context_length(max_pos: int, scaling: RopeScaling | None) -> int:
+    """The positions metrale runs: max_position_embeddings, raised to factor *
+    original_max_position_embeddings for yarn (a static rope defined at every position).
+    Dynamic NTK is refused past max_position_embeddings: there transformers rescales the
+    frequencies per call, by the longest position it has seen, so the same tokens get a
+    different rotation depending on how they were chunked, batched or preceded."""
+    if scaling is not None and scaling.rope_type == "yarn":
+        return max(max_pos, int(scaling.factor * scaling.original_max_position_embeddings))
+    return max_pos
