@@ -7,9 +7,9 @@ Shapes are Llama-3.1-8B's (hidden 4096, intermediate 14336, 32 heads / 8 kv head
 vocab 128256; 2048-token prefill chunks; decode batches 1, 8, 64 at 4096 cached tokens),
 Whisper-small's conv stem and a CLIP ViT-L/14-336 patch embed. Every linear shape (qkv, o,
 gate_up, down, lm_head) runs through the tensor-core GEMM the model uses (`gemm_tc`, its
-tile in the shape) and cuBLAS at m = 1, 8, 64, 2048, and the CUDA-core GEMV at 1, 8, 64. `--small` shrinks every
-shape so the whole run takes seconds on the CPU (HostBackend runs the numpy twins; the
-numbers then only show that every launcher still runs).
+tile in the shape) and cuBLAS at m = 1, 8, 64, 2048, and the CUDA-core GEMV at 1, 8, 64.
+`--small` shrinks every shape so the whole run takes seconds on the CPU (HostBackend runs
+the numpy twins; the numbers then only show that every launcher still runs).
 
 Each record has the median time of one launch (events around `--inner` back-to-back
 launches, `--reps` times, after warm-up), the bytes it must move and the FLOPs it must do,
