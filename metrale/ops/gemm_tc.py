@@ -7,9 +7,10 @@ the tile the launcher picks (the argument is in the .cu header), so decode_batch
 solo decode, verify rows equal decode steps and chunked prefill equals whole prefill.
 
 The twin is batch-invariant by construction: every element is the float32 rounding of a
-float64 sum, in a fixed order, of the exact products of its two rows (pairwise_dot_f32),
-found through one float64 matmul and a rigorous error bound, so no BLAS blocking, thread
-split or row position can reach the result.
+float64 sum, in a fixed order, of the exact products of its two rows (pairwise_dot_f32;
+for typical rows that sum is exact), found through one float64 matmul and rigorous
+exactness / error bounds, so no BLAS blocking, thread split or row position can reach the
+result.
 """
 from __future__ import annotations
 
@@ -93,37 +94,54 @@ def gemm_tc(backend, stream: int, y_ptr, x_ptr, w_ptr, m: int, n: int, k: int,
                     np.int32(n), np.int32(k)))
 
 
+def _grid_magnitude(bits: np.ndarray, norms: np.ndarray) -> np.ndarray:
+    """Per row of BF16 bits [r, k]: |row|_2 / 2^lsb, where every element of the row is an
+    integer multiple of 2^lsb (a BF16 value with exponent field E >= 1 is M 2^(E - 134),
+    M < 256; subnormals (E = 0) M 2^-133). All-zero rows give 0."""
+    exp_field = np.where(bits & 0x7FFF, bits & 0x7F80, 0x7F80).min(axis=1) >> 7
+    return np.ldexp(norms, 134 - np.maximum(exp_field, 1).astype(np.int32))
+
+
 def pairwise_dot_f32(x_bits: np.ndarray, w_bits: np.ndarray) -> np.ndarray:
     """x_bits [m, k], w_bits [n, k] uint16 BF16 -> float32 [m, n]: f32(G(x[i], w[j])).
 
     G is numpy's float64 sum of the k exact products x[i, :] * w[j, :] (BF16 x BF16 is exact
     in float64) along a contiguous row: pairwise summation in a fixed order that depends
     only on k, so G is a function of the two rows alone. Computing G for every element is
-    slow, so one float64 matmul gives s with |s - exact| <= (k - 1) 2^-53 sum|p| <= (k - 1)
-    2^-53 |x| |w| (any BLAS order; Cauchy-Schwarz), and G is as close. With a 4x margin,
-    e bounds both, so wherever s - e and s + e round to the same float32, every value in
-    between does, G included, and f32(s) = f32(G); only the other elements (a fraction of
-    about k^1.5 2^-28 for unit-scale data, none with a NaN/Inf) evaluate G. +0.0 makes an
-    exact zero +0, as the kernel's accumulator (which starts at +0) gives.
+    slow, so one float64 matmul gives s instead, in some BLAS order, and f32(s) = f32(G)
+    wherever that is certain:
+    * exact: every product is an integer multiple of 2^(lsb_x + lsb_w) and every partial sum
+      is at most |x| |w| (Cauchy-Schwarz) in magnitude; when that is <= 2^52 such units,
+      every partial sum in any order is exact, so s = G = the exact sum (typical rows);
+    * otherwise |s - exact| <= (k - 1) 2^-53 sum|p| <= (k - 1) 2^-53 |x| |w|, and G is as
+      close; with a 4x margin e bounds both, so where s - e and s + e round to the same
+      float32 every value in between does, G included.
+    Only the remaining elements (none with a NaN/Inf) evaluate G. +0.0 makes an exact zero
+    +0, as the kernel's accumulator (which starts at +0) gives.
     """
     m, k = x_bits.shape
     n = w_bits.shape[0]
     x = bf16_to_f32(x_bits).astype(np.float64)
     x_norm = np.sqrt(np.einsum("ik,ik->i", x, x))
+    x_mag = _grid_magnitude(x_bits, x_norm)
     y = np.empty((m, n), np.float32)
     step = max(1, _CHUNK_ELEMS // k)
     for j0 in range(0, n, step):
-        w = bf16_to_f32(w_bits[j0:j0 + step]).astype(np.float64)
+        wb = w_bits[j0:j0 + step]
+        w = bf16_to_f32(wb).astype(np.float64)
+        w_norm = np.sqrt(np.einsum("jk,jk->j", w, w))
         s = x @ w.T + 0.0
-        e = (k + 4) * 2.0**-51 * np.outer(x_norm, np.sqrt(np.einsum("jk,jk->j", w, w)))
-        e += np.abs(s) * 2.0**-51
         yc = s.astype(np.float32)
-        with np.errstate(invalid="ignore"):  # inf - inf where a row holds an Inf
-            unsure = (s - e).astype(np.float32) != (s + e).astype(np.float32)
-        ii, jj = np.nonzero(unsure & np.isfinite(s))
-        for u0 in range(0, len(ii), step):
-            i, j = ii[u0:u0 + step], jj[u0:u0 + step]
-            yc[i, j] = (np.sum(x[i] * w[j], axis=1) + 0.0).astype(np.float32)
+        w_mag = _grid_magnitude(wb, w_norm)
+        if x_mag.max() * w_mag.max() > 2.0**52:  # else every element is exact
+            inexact = np.outer(x_mag, w_mag) > 2.0**52
+            e = (k + 4) * 2.0**-51 * np.outer(x_norm, w_norm) + np.abs(s) * 2.0**-51
+            with np.errstate(invalid="ignore"):  # inf - inf where a row holds an Inf
+                unsure = (s - e).astype(np.float32) != (s + e).astype(np.float32)
+            ii, jj = np.nonzero(unsure & inexact & np.isfinite(s))
+            for u0 in range(0, len(ii), step):
+                i, j = ii[u0:u0 + step], jj[u0:u0 + step]
+                yc[i, j] = (np.sum(x[i] * w[j], axis=1) + 0.0).astype(np.float32)
         y[:, j0:j0 + step] = yc
     return y
 
@@ -131,7 +149,7 @@ def pairwise_dot_f32(x_bits: np.ndarray, w_bits: np.ndarray) -> np.ndarray:
 def _gemm_tc_twin(ctx, y_ptr, x_ptr, w_ptr, m, n, k, out_fp32: bool) -> None:
     m, n, k = int(m), int(n), int(k)
     y = pairwise_dot_f32(ctx.view(x_ptr, m * k, np.uint16).reshape(m, k),
-                      ctx.view(w_ptr, n * k, np.uint16).reshape(n, k))
+                         ctx.view(w_ptr, n * k, np.uint16).reshape(n, k))
     if out_fp32:
         ctx.view(y_ptr, m * n, np.float32).reshape(m, n)[:] = y
     else:

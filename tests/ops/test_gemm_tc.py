@@ -99,6 +99,21 @@ def test_twin_falls_back_to_the_row_sum_where_float64_cannot_tell():
     assert z[0, 0] == 0.0 and not np.signbit(z[0, 0])
 
 
+def test_twin_exactness_test_handles_zeros_subnormals_and_wide_rows(rng):
+    # rows: all zero; BF16 subnormals with normals; values spanning 2^-60 .. 2^60 (no
+    # common grid fits 2^52 units: the error-bound path); ordinary values
+    x = np.zeros((4, 40), np.uint16)
+    x[1, :20] = rng.integers(1, 0x80, 20)                                  # subnormals
+    x[1, 20:] = f32_to_bf16(rng.standard_normal(20).astype(np.float32))
+    x[2] = f32_to_bf16((rng.standard_normal(40) * 2.0 ** rng.integers(-60, 60, 40))
+                       .astype(np.float32))
+    x[3] = f32_to_bf16(rng.standard_normal(40).astype(np.float32))
+    w = np.concatenate([x, f32_to_bf16(rng.standard_normal((5, 40)).astype(np.float32))])
+    y = T.pairwise_dot_f32(x, w)
+    assert np.array_equal(bits(y), bits(pairwise_f32(x, w)))
+    assert not np.signbit(y[0]).any() and not y[0].any()
+
+
 def test_twin_keeps_nan_and_inf():
     x = f32_to_bf16(np.array([[np.inf, 1.0], [np.nan, 0.0], [1.0, 2.0]], np.float32))
     w = f32_to_bf16(np.array([[1.0, 1.0], [-1.0, 3.0]], np.float32))
