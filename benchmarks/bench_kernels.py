@@ -5,9 +5,11 @@
 
 Shapes are Llama-3.1-8B's (hidden 4096, intermediate 14336, 32 heads / 8 kv heads x 128,
 vocab 128256; 2048-token prefill chunks; decode batches 1, 8, 64 at 4096 cached tokens),
-Whisper-small's conv stem and a CLIP ViT-L/14-336 patch embed. `--small` shrinks every
-shape so the whole run takes seconds on the CPU (HostBackend runs the numpy twins; the
-numbers then only show that every launcher still runs).
+Whisper-small's conv stem and a CLIP ViT-L/14-336 patch embed. Every linear shape (qkv, o,
+gate_up, down, lm_head) runs through the tensor-core GEMM the model uses (`gemm_tc`, its
+tile in the shape) and cuBLAS at m = 1, 8, 64, 2048, and the CUDA-core GEMV at 1, 8, 64.
+`--small` shrinks every shape so the whole run takes seconds on the CPU (HostBackend runs
+the numpy twins; the numbers then only show that every launcher still runs).
 
 Each record has the median time of one launch (events around `--inner` back-to-back
 launches, `--reps` times, after warm-up), the bytes it must move and the FLOPs it must do,
@@ -170,44 +172,62 @@ def bench_elementwise(B, S):
           lambda s: elementwise.add_inplace(B.be, s, a, b, n), nbytes=3 * n * 2)
 
 
-def bench_gemv(B, S):
-    from metrale.ops import gemm
-    hid, I, V = S["hidden"], S["inter"], S["vocab"]
+def linear_shapes(S) -> list[tuple[str, int, int]]:
+    """(name, n, k) of every linear layer of the preset and its lm_head."""
     qkv = (S["H"] + 2 * S["KV"]) * S["D"]
-    m_max = max(S["rows"])
-    x = B.buf(m_max * max(hid, I) * 2)
-    y = B.buf(m_max * max(2 * I, V) * 4)
-    for name, n, k in (("qkv_proj", qkv, hid), ("gate_up_proj", 2 * I, hid),
-                       ("down_proj", hid, I), ("lm_head", V, hid)):
+    return [("qkv_proj", qkv, S["hidden"]), ("o_proj", S["hidden"], S["H"] * S["D"]),
+            ("gate_up_proj", 2 * S["inter"], S["hidden"]), ("down_proj", S["hidden"], S["inter"]),
+            ("lm_head", S["vocab"], S["hidden"])]
+
+
+def bench_linears(B, S, family: str, rows, fn, fp32_fn=None) -> None:
+    """`fn(s, y, x, w, m, n, k)` for every linear shape and row count m in `rows`; compute-
+    bound from 256 rows up. `fp32_fn` (FP32 logits): lm_head at the largest decode batch."""
+    x = B.buf(max(rows) * max(S["hidden"], S["inter"]) * 2)
+    y = B.buf(max(rows) * max(2 * S["inter"], S["vocab"]) * 2
+              + max(S["rows"]) * S["vocab"] * 4)
+    for name, n, k in linear_shapes(S):
         w = B.buf(n * k * 2)
-        for m in S["rows"]:
-            B.run("gemv", f"gemv_bf16 {name}", dict(m=m, n=n, k=k),
-                  lambda s, w=w, m=m, n=n, k=k: gemm.gemv(B.be, s, y, x, w, m, n, k),
-                  nbytes=(n * k + m * k + m * n) * 2, flops=2 * m * n * k)
-        if name == "lm_head":
-            m = m_max
-            B.run("gemv", f"gemv_fp32 {name}", dict(m=m, n=n, k=k),
-                  lambda s, w=w, m=m, n=n, k=k: gemm.gemv(B.be, s, y, x, w, m, n, k,
-                                                           out_fp32=True),
+        for m in rows:
+            B.run(family, f"{family}_bf16 {name}", dict(m=m, n=n, k=k),
+                  lambda s, w=w, m=m, n=n, k=k: fn(s, y, x, w, m, n, k),
+                  nbytes=(n * k + m * k + m * n) * 2, flops=2 * m * n * k,
+                  bound="compute" if m >= 256 else "memory")
+        if name == "lm_head" and fp32_fn is not None:
+            m = max(S["rows"])
+            B.run(family, f"{family}_fp32 {name}", dict(m=m, n=n, k=k),
+                  lambda s, w=w, m=m, n=n, k=k: fp32_fn(s, y, x, w, m, n, k),
                   nbytes=(n * k + m * k) * 2 + m * n * 4, flops=2 * m * n * k)
         B.be.free(w)
         B.bufs.remove(w)
 
 
-def bench_gemm(B, S):
+def bench_gemv(B, S):
+    """The CUDA-core GEMV (decode sizes only): the reference the tensor-core GEMM replaced."""
     from metrale.ops import gemm
-    T, hid, I = S["tokens"], S["hidden"], S["inter"]
-    qkv = (S["H"] + 2 * S["KV"]) * S["D"]
-    x = B.buf(T * max(hid, I) * 2)
-    y = B.buf(T * 2 * I * 2)
-    for name, n, k in (("qkv_proj", qkv, hid), ("o_proj", hid, S["H"] * S["D"]),
-                       ("gate_up_proj", 2 * I, hid), ("down_proj", hid, I)):
-        w = B.buf(n * k * 2)
-        B.run("gemm", f"gemm_bf16 {name}", dict(m=T, n=n, k=k),
-              lambda s, w=w, n=n, k=k: gemm.gemm(B.be, s, y, x, w, T, n, k),
-              nbytes=(n * k + T * k + T * n) * 2, flops=2 * T * n * k, bound="compute")
-        B.be.free(w)
-        B.bufs.remove(w)
+    bench_linears(B, S, "gemv", S["rows"],
+                  lambda s, y, x, w, m, n, k: gemm.gemv(B.be, s, y, x, w, m, n, k),
+                  lambda s, y, x, w, m, n, k: gemm.gemv(B.be, s, y, x, w, m, n, k,
+                                                         out_fp32=True))
+
+
+def bench_gemm(B, S):
+    """cuBLAS (`backend.gemm_bf16`), the measured reference, at decode and prefill rows."""
+    from metrale.ops import gemm
+    bench_linears(B, S, "gemm", (*S["rows"], S["tokens"]),
+                  lambda s, y, x, w, m, n, k: gemm.gemm(B.be, s, y, x, w, m, n, k))
+
+
+def bench_gemm_tc(B, S):
+    """The batch-invariant tensor-core GEMM the model runs, at the same shapes and rows."""
+    from metrale.ops import gemm_tc
+    bench_linears(B, S, "gemm_tc", (*S["rows"], S["tokens"]),
+                  lambda s, y, x, w, m, n, k: gemm_tc.gemm_tc(B.be, s, y, x, w, m, n, k),
+                  lambda s, y, x, w, m, n, k: gemm_tc.gemm_tc(B.be, s, y, x, w, m, n, k,
+                                                               out_fp32=True))
+    for r in B.results:
+        if r["family"] == "gemm_tc" and "shape" in r:
+            r["shape"]["tile"] = gemm_tc.pick_tile(r["shape"]["m"], r["shape"]["n"]).name
 
 
 def bench_rope(B, S):
@@ -389,6 +409,7 @@ FAMILIES = {
     "embedding": [bench_embedding], "rmsnorm": [bench_rmsnorm],
     "activation": [bench_activation], "cast": [bench_cast],
     "elementwise": [bench_elementwise], "gemm": [bench_gemv, bench_gemm],
+    "gemm_tc": [bench_gemm_tc],
     "rope": [bench_rope], "kv_cache": [bench_kv_cache], "attention": [bench_attention],
     "argmax": [bench_argmax], "sampling": [bench_sampling], "conv1d": [bench_conv1d],
     "dense_attention": [bench_dense_attention],

@@ -7,9 +7,10 @@ HostBackend) are apart, on real workloads: every launch runs both and compares t
 Workloads: the five decoder fixtures (prefill, chunked prefill, decode, decode_batch, verify,
 FP32 logits, sampled and greedy generation), Whisper (encoder, decoder, transcribe), LLaVA
 (CLIP tower, image-spliced prefill), random-weight models at head shapes that reach every
-attention variant, and direct launches of the casts, the argmaxes, dense attention and the
-scalar conv1d path. Per kernel: launches, elements compared, how many differ, the largest difference in
-units in the last place (BF16 or FP32), and every entry point that no workload reached.
+attention variant, and direct launches of the casts, the argmaxes, dense attention, the
+scalar conv1d path, every gemm_tc tile and the GEMV. Per kernel: launches, elements
+compared, how many differ, the largest difference in units in the last place (BF16 or
+FP32), and every entry point that no workload reached.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from metrale.engine.transcribe import transcribe  # noqa: E402
 from metrale.gpu_runtime import kernel_source  # noqa: E402
 from metrale.gpu_runtime.emu import EmuBackend  # noqa: E402
 from metrale.model_engine import PrefillSlice  # noqa: E402
-from metrale.ops import argmax, cast  # noqa: E402
+from metrale.ops import argmax, cast, gemm, gemm_tc  # noqa: E402
 from metrale.ops.conv1d import conv1d  # noqa: E402
 from metrale.ops.dense_attention import dense_attention  # noqa: E402
 
@@ -142,7 +143,23 @@ def direct_workload(be) -> None:
     for a, p in ((xc, cx), (wc, cw), (bc, cb)):
         be.copy_h2d(a, p)
     conv1d(be, s, co, cx, cw, cb, 5, 7, 50, 3, 2, 1, True)
-    for p in ptrs + [cx, cw, cb, co]:
+    ptrs += [cx, cw, cb, co]
+    # GEMMs: every gemm_tc tile (the models reach only some), ragged k (scalar path), and
+    # the CUDA-core GEMV the model no longer uses (kept as a reference)
+    for m, n, k in ((33, 70, 264), (130, 37, 19)):
+        xg = cast_bits(rng.standard_normal((m, k)).astype(np.float32))
+        wg = cast_bits((rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32))
+        xgp, wgp = be.alloc(xg.nbytes), be.alloc(wg.nbytes)
+        y16, y32 = be.alloc(m * n * 2), be.alloc(m * n * 4)
+        be.copy_h2d(xg, xgp)
+        be.copy_h2d(wg, wgp)
+        for tile in gemm_tc.TILES:
+            gemm_tc.gemm_tc(be, s, y16, xgp, wgp, m, n, k, tile=tile)
+            gemm_tc.gemm_tc(be, s, y32, xgp, wgp, m, n, k, out_fp32=True, tile=tile)
+        gemm.gemv(be, s, y16, xgp, wgp, m, n, k)
+        gemm.gemv(be, s, y32, xgp, wgp, m, n, k, out_fp32=True)
+        ptrs += [xgp, wgp, y16, y32]
+    for p in ptrs:
         be.free(p)
 
 

@@ -8,15 +8,17 @@ Pre-norm residual blocks with the residual add fused into RMSNorm:
                 x = norm2(residual += o)
                 h = act(x @ Wgate^T (+ b)) * (x @ Wup^T (+ b)) @ Wdown^T (+ b)
     out = final_norm(residual += h)
-`decode=True` uses the batch-invariant GEMV (graph-capturable) and split-K decode
-attention, one query row per sequence row; `decode=False` uses cuBLAS GEMMs and the
-ragged causal prefill attention.
+Every linear layer (and the lm_head) is the batch-invariant tensor-core GEMM (ops.gemm_tc,
+graph-capturable), for decode, verify and prefill alike: a row's bits never depend on how
+many rows share the launch or which path runs it. `decode=True` uses split-K decode
+attention, one query row per sequence row; `decode=False` the causal prefill attention
+(tensor cores for the head dims attention_tc has).
 """
 from __future__ import annotations
 
 from ..formats.field_table import HF_ACTIVATIONS
 from ..gpu_runtime.types import NULL, DevicePtr
-from ..ops import activation, attention, elementwise, embedding, gemm, kv_cache, rmsnorm, rope
+from ..ops import activation, attention, elementwise, embedding, gemm_tc, kv_cache, rmsnorm, rope
 from ..ops import attention_tc
 
 
@@ -33,7 +35,7 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
     H, KV, D, hid = m.num_heads, m.num_kv_heads, m.head_dim, m.hidden_size
     inter, eps = m.intermediate_size, m.rms_norm_eps
     act = HF_ACTIVATIONS[m.hidden_act]
-    linear = gemm.gemv if decode else gemm.gemm
+    linear = gemm_tc.gemm_tc  # the same kernel family for every row count (invariance)
     arena = ws if arena is None else arena
 
     if not embeds_uploaded:
@@ -83,12 +85,12 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
 def lm_head(model, stream: int, x_ptr: DevicePtr, n_rows: int, out_ptr: DevicePtr) -> None:
     """logits[n_rows, vocab] = x[n_rows, hidden] @ lm_head^T, BF16 or FP32 per the model.
 
-    Always the batch-invariant GEMV, so a row's logits never depend on its neighbours and
-    FP32 output is available.
+    The batch-invariant tensor-core GEMM, as every linear layer: a row's logits never depend
+    on its neighbours, and FP32 output is its accumulator unrounded.
     """
     m = model._meta
-    gemm.gemv(model.backend, stream, out_ptr, x_ptr, model._weights.lm_head, n_rows,
-              m.vocab_size, m.hidden_size, out_fp32=model.use_fp32_logits)
+    gemm_tc.gemm_tc(model.backend, stream, out_ptr, x_ptr, model._weights.lm_head, n_rows,
+                    m.vocab_size, m.hidden_size, out_fp32=model.use_fp32_logits)
 
 
 __all__ = ["run_decoder", "lm_head", "NULL"]

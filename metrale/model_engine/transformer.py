@@ -6,11 +6,13 @@ ModelDeviceFeed, ModelCircuit; vision lives in `metrale.vision`).
 
 Forward paths (all on `self._ws` buffers allocated at load), every one writing its logits
 into the one shared arena at `logits_buffer_ptr()` (valid until the next forward pass):
-  prefill / prefill_chunk / batched prefill (prefill.py) — cuBLAS GEMMs, causal paged
-      attention; the last position's row at row 0 (row_base + i when batched).
-  decode / decode_batch / decode_verify — one query row per (sequence, position), the
-      batch-invariant GEMV and split-K decode attention; rows 0..n-1. With graphs on,
-      replayed from CUDA graphs captured per `padded_batch_n` rung.
+  prefill / prefill_chunk / batched prefill (prefill.py) — causal paged attention; the
+      last position's row at row 0 (row_base + i when batched).
+  decode / decode_batch / decode_verify — one query row per (sequence, position), split-K
+      decode attention; rows 0..n-1. With graphs on, replayed from CUDA graphs captured
+      per `padded_batch_n` rung.
+  Every linear layer and the lm_head of every path is the batch-invariant tensor-core GEMM
+  (ops.gemm_tc): a row's products never depend on how many rows share the launch.
 Stream handle 0 is the model's default stream in every entry point (streams.py).
 Every check (token ids, lengths, positions, pool capacity) happens before the first launch.
 """

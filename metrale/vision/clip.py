@@ -26,7 +26,7 @@ from ..formats import check_tensors
 from ..formats.layout import llava_tensors
 from ..formats.upload import WeightUploader
 from ..gpu_runtime.types import NULL, DevicePtr
-from ..ops import activation, elementwise, gemm, rmsnorm
+from ..ops import activation, elementwise, gemm_tc, rmsnorm
 from ..ops import vision as vision_ops
 
 PREFIX = "vision_tower.vision_model."
@@ -206,35 +206,35 @@ class ClipVisionTower:
         b.copy_h2d_async(pixels, self.pixels, stream)
         vision_ops.patchify(b, stream, self.patches, self.pixels, v.num_channels,
                             v.image_size, v.image_size, v.patch_size)
-        gemm.gemm(b, stream, self.x.offset(d * 2), self.patches, self.patch_w, P, d,
-                  self.patch_dim)
+        gemm_tc.gemm_tc(b, stream, self.x.offset(d * 2), self.patches, self.patch_w, P, d,
+                        self.patch_dim)
         vision_ops.class_pos_embed(b, stream, self.x, self.class_emb, self.pos_emb, T, d)
         rmsnorm.layernorm(b, stream, self.h, self.x, self.pre_ln_w, self.pre_ln_b, T, d, eps)
         from ..ops.dense_attention import dense_attention
         for L in self.layers:
             rmsnorm.layernorm(b, stream, self.x, self.h, L.ln1_w, L.ln1_b, T, d, eps)
-            gemm.gemm(b, stream, self.qkv, self.x, L.qkv, T, 3 * d, d)
+            gemm_tc.gemm_tc(b, stream, self.qkv, self.x, L.qkv, T, 3 * d, d)
             elementwise.add_bias(b, stream, self.qkv, L.qkv_b, T, 3 * d)
             dense_attention(b, stream, self.attn, self.qkv, self.qkv.offset(d * 2),
                             self.qkv.offset(2 * d * 2), T, T, H, H, D, 3 * d, 3 * d,
                             D ** -0.5, False)
-            gemm.gemm(b, stream, self.x, self.attn, L.o, T, d, d)
+            gemm_tc.gemm_tc(b, stream, self.x, self.attn, L.o, T, d, d)
             elementwise.add_bias(b, stream, self.x, L.o_b, T, d)
             elementwise.add_inplace(b, stream, self.h, self.x, T * d)
             rmsnorm.layernorm(b, stream, self.x, self.h, L.ln2_w, L.ln2_b, T, d, eps)
-            gemm.gemm(b, stream, self.mlp, self.x, L.fc1, T, inter, d)
+            gemm_tc.gemm_tc(b, stream, self.mlp, self.x, L.fc1, T, inter, d)
             elementwise.add_bias(b, stream, self.mlp, L.fc1_b, T, inter)
             activation.gelu(b, stream, self.mlp, self.mlp, T * inter, self.act)
-            gemm.gemm(b, stream, self.x, self.mlp, L.fc2, T, d, inter)
+            gemm_tc.gemm_tc(b, stream, self.x, self.mlp, L.fc2, T, d, inter)
             elementwise.add_bias(b, stream, self.x, L.fc2_b, T, d)
             elementwise.add_inplace(b, stream, self.h, self.x, T * d)
         F = self.n_features
         feats = self.h.offset(d * 2) if self.skip_cls else self.h
-        gemm.gemm(b, stream, self.mlp, feats, self.proj1, F, th, d)
+        gemm_tc.gemm_tc(b, stream, self.mlp, feats, self.proj1, F, th, d)
         if not self.proj1_b.is_null():
             elementwise.add_bias(b, stream, self.mlp, self.proj1_b, F, th)
         activation.gelu(b, stream, self.mlp, self.mlp, F * th, self.proj_act)
-        gemm.gemm(b, stream, out_ptr, self.mlp, self.proj2, F, th, th)
+        gemm_tc.gemm_tc(b, stream, out_ptr, self.mlp, self.proj2, F, th, th)
         if not self.proj2_b.is_null():
             elementwise.add_bias(b, stream, out_ptr, self.proj2_b, F, th)
 

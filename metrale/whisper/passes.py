@@ -5,16 +5,16 @@ Encoder (one window of F mel frames, T = (F - 1) // 2 + 1 positions), pre-norm b
     per layer: x += out_proj(attn(qkv(ln1(x))))                (dense_attention, no mask)
                x += fc2(gelu(fc1(ln2(x))))
     out = layer_norm(x)
-cuBLAS GEMMs (`gemm`) for every linear, `add_bias` after each.
+The batch-invariant tensor-core GEMM (`gemm_tc`) for every linear, `add_bias` after each.
 
 Decoder rows [start, start + n) of a token prefix against one encoded window:
     x = embed(ids) + dec_positions[start + i]
-    per layer: q = q_proj(ln1(x)); k|v rows -> self KV buffer rows start.. (one GEMV)
+    per layer: q = q_proj(ln1(x)); k|v rows -> self KV buffer rows start.. (one GEMM)
                x += out_proj(causal dense_attention(q, KV[:start + n], q_offset=start))
                x += out_proj(dense_attention(xq_proj(lnx(x)), cross K|V of the window))
                x += fc2(gelu(fc1(ln2(x))))
     logits(last row) = layer_norm(x_last) @ lm_head^T  (FP32)
-The decoder uses the batch-invariant GEMV for every linear and row-invariant kernels
+The decoder uses the batch-invariant GEMM for every linear and row-invariant kernels
 elsewhere, so a row's values never depend on how many rows were run with it: a cached
 decode step is bit-identical to recomputing the whole prefix.
 """
@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..gpu_runtime.types import DevicePtr
-from ..ops import activation, dense_attention, elementwise, embedding, gemm, rmsnorm
+from ..ops import activation, dense_attention, elementwise, embedding, gemm_tc, rmsnorm
 from ..ops.bf16 import f32_to_bf16
 from ..ops.conv1d import conv1d
 
@@ -90,7 +90,7 @@ def run_encoder(model, stream: int, frames: int) -> int:
     T = (frames - 1) // 2 + 1
     conv1d(b, stream, ws.ex, ws.conv1, W.conv2, W.conv2_b, d, d, frames, 3, 2, 1, True)
     elementwise.add_inplace(b, stream, ws.ex, W.enc_positions, T * d)
-    mm = gemm.gemm
+    mm = gemm_tc.gemm_tc
     for L in W.enc_layers:
         rmsnorm.layernorm(b, stream, ws.en, ws.ex, L.ln1_w, L.ln1_b, T, d, eps)
         _linear(b, stream, mm, ws.eqkv, ws.en, L.qkv, L.qkv_b, T, 3 * d, d)
@@ -115,7 +115,7 @@ def cross_kv(model, stream: int, n_enc: int, out: DevicePtr) -> None:
     d = w.d_model
     for i, L in enumerate(W.dec_layers):
         dst = out.offset(i * n_enc * 2 * d * 2)
-        _linear(b, stream, gemm.gemm, dst, ws.enc_in, L.xkv, L.xkv_b, n_enc, 2 * d, d)
+        _linear(b, stream, gemm_tc.gemm_tc, dst, ws.enc_in, L.xkv, L.xkv_b, n_enc, 2 * d, d)
 
 
 def run_decoder(model, stream: int, start: int, n: int, entry) -> None:
@@ -124,7 +124,7 @@ def run_decoder(model, stream: int, start: int, n: int, entry) -> None:
     b, ws, W, w = model.backend, model._ws, model._weights, model._w
     d, H, ffn, eps = w.d_model, w.decoder_attention_heads, w.decoder_ffn_dim, w.layer_norm_eps
     D, Td, V = d // H, w.max_target_positions, model._meta.vocab_size
-    lin = gemm.gemv
+    lin = gemm_tc.gemm_tc
     scale = D ** -0.5
     embedding.embedding(b, stream, ws.dx, W.embed_in, ws.tok, n, d, V)
     embedding.embedding(b, stream, ws.dhid, W.dec_positions, ws.pos, n, d, Td)
@@ -154,7 +154,7 @@ def run_decoder(model, stream: int, start: int, n: int, entry) -> None:
         elementwise.add_inplace(b, stream, ws.dx, ws.dhid, n * d)
     last = (n - 1) * d * 2
     rmsnorm.layernorm(b, stream, ws.dn, ws.dx.offset(last), W.dec_ln_w, W.dec_ln_b, 1, d, eps)
-    gemm.gemv(b, stream, ws.logits, ws.dn, W.lm_head, 1, V, d, out_fp32=True)
+    gemm_tc.gemm_tc(b, stream, ws.logits, ws.dn, W.lm_head, 1, V, d, out_fp32=True)
 
 
 def upload_rows(backend, stream: int, rows_f32: np.ndarray, dst: DevicePtr) -> None:

@@ -122,7 +122,7 @@ def test_bench_kernels_small_on_cpu(tmp_path):
     # every kernel module of metrale/ops has a benchmark
     assert d["families_without_benchmark"] == []
     for fam in ("embedding", "rmsnorm", "activation", "cast", "elementwise", "gemv", "gemm",
-                "rope", "kv_cache", "attention", "argmax", "sampling"):
+                "gemm_tc", "rope", "kv_cache", "attention", "argmax", "sampling"):
         assert fam in d["families"]
     for r in d["results"]:
         assert r["time_us"] > 0 and r["fraction_of_peak"] is None  # no peaks on the CPU
