@@ -31,6 +31,17 @@ _QWEN25_7B = {
     "torch_dtype": "bfloat16", "hidden_act": "silu",
 }
 
+_QWEN25_05B = {  # Qwen2.5-0.5B-Instruct's config.json, every field
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "hidden_act": "silu",
+    "hidden_size": 896, "initializer_range": 0.02, "intermediate_size": 4864,
+    "max_position_embeddings": 32768, "max_window_layers": 21, "model_type": "qwen2",
+    "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
+    "tie_word_embeddings": True, "torch_dtype": "bfloat16", "transformers_version": "4.43.1",
+    "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
+}
+
 _QWEN3_8B = {
     "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
     "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288,
@@ -74,6 +85,7 @@ _TINY = {
 PRESETS: dict[str, dict] = {
     "tiny": _TINY,
     "llama-3.1-8b": _LLAMA_31_8B,
+    "qwen2.5-0.5b": _QWEN25_05B,
     "qwen2.5-7b": _QWEN25_7B,
     "qwen3-8b": _QWEN3_8B,
     "mistral-7b": _MISTRAL_7B,

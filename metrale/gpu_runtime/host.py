@@ -1,11 +1,15 @@
 """`HostBackend`: the device emulated on the host with numpy, for CPU runs and CI.
 
 "Device memory" is host memory and a pointer is its host address, so pointer arithmetic in
-model code is exercised exactly as on a GPU. Every allocation is remembered, and a twin can
-only see memory through `LaunchContext.view`, which checks that the range lies inside one
-live allocation: an out-of-bounds pointer in orchestration code fails loudly in CI instead
-of reading a neighbour. Fresh allocations are filled with 0xFF bytes (a BF16/FP32 NaN), so a
-read of memory nobody wrote shows up as NaN in the result.
+model code is exercised exactly as on a GPU. The allocation table, the bounds-checked views
+twins see memory through and the conversion cache are `host_memory.HostMemory`.
+
+Converted copies of allocations (the GEMM twin's float64 weights and row statistics) live
+in `convert_cache` until the allocation is written or freed: every way memory here is
+written reports it (copies, memsets, a launch's writable views, a writable view handed
+out, see `convert_cache.py`), and twins read their inputs through `read`, which hands
+out read-only views. `native` is the compiled helper library the GEMM twin uses
+(`native.py`), None where it cannot be built.
 
 Streams are all 0 and run synchronously. Graph capture records launches and async copies
 and replays them, reading device buffers at replay time, which is how per-step values
@@ -13,7 +17,6 @@ and replays them, reading device buffers at replay time, which is how per-step v
 """
 from __future__ import annotations
 
-import bisect
 import os
 import time
 from dataclasses import dataclass
@@ -22,10 +25,10 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import DeviceError, InvalidArgument, KernelError
+from . import native as _native
 from . import twins
+from .host_memory import HostMemory
 from .types import DevicePtr, KernelHandle, check_launch_args
-
-_ALIGN = 256  # same alignment cudaMalloc gives
 
 
 @dataclass
@@ -38,150 +41,85 @@ class LaunchContext:
     shared_mem: int
 
     def view(self, ptr, count: int, dtype) -> np.ndarray:
-        """A writable numpy view of `count` elements of `dtype` at device address `ptr`."""
+        """A writable numpy view of `count` elements of `dtype` at device address `ptr`
+        (what the kernel writes: the allocation's cached conversions are dropped)."""
         return self.backend.view(ptr, count, dtype)
 
+    def read(self, ptr, count: int, dtype) -> np.ndarray:
+        """A read-only view of `count` elements of `dtype` at `ptr` (what the kernel reads)."""
+        return self.backend.read(ptr, count, dtype)
 
-class HostBackend:
+
+class HostBackend(HostMemory):
     """numpy implementation of `GpuBackend`; see the module docstring."""
 
     name = "cpu"
 
-    def __init__(self, memory_limit_bytes: int | None = None) -> None:
-        self._allocs: dict[int, np.ndarray] = {}  # address -> owning uint8 array
-        self._sizes: dict[int, int] = {}
-        self._starts: list[int] = []  # sorted addresses, for bounds checks
-        self._live = 0
-        self._peak = 0
-        self._limit = memory_limit_bytes
+    def __init__(self, memory_limit_bytes: int | None = None, *,
+                 convert_cache_bytes: int | None = None, native: bool | None = None) -> None:
+        """memory_limit_bytes: the simulated device's size (None: the host's RAM).
+        convert_cache_bytes: budget for cached conversions of allocations (float64 weights
+        for the GEMM twin; default half the RAM available now, 0 caches none of them).
+        native: the compiled GEMM helpers (None: when this machine can build them, True:
+        required, False: numpy only; the results are the same bits)."""
+        super().__init__(memory_limit_bytes, convert_cache_bytes)
         self._kernels: dict[tuple, KernelHandle] = {}
         self._events: dict[int, float] = {}
         self._next_event = 1
         self._graphs: dict[int, list[Callable[[], None]]] = {}
         self._next_graph = 1
         self._capture: list[Callable[[], None]] | None = None
-
-    # memory -------------------------------------------------------------------------
-    def alloc(self, nbytes: int) -> DevicePtr:
-        nbytes = int(nbytes)
-        if nbytes < 0:
-            raise InvalidArgument(f"alloc: nbytes must be >= 0, got {nbytes}")
-        if self._capture is not None:
-            raise DeviceError("alloc during graph capture: allocate every buffer before capture")
-        if self._limit is not None and self._live + nbytes > self._limit:
-            raise DeviceError(
-                f"out of memory: alloc of {nbytes} bytes with {self._limit - self._live} "
-                f"bytes free (memory_limit_bytes={self._limit})")
-        raw = np.full(max(nbytes, 1) + _ALIGN, 0xFF, dtype=np.uint8)
-        base = raw.ctypes.data
-        off = (-base) % _ALIGN
-        buf = raw[off:off + max(nbytes, 1)]
-        addr = buf.ctypes.data
-        self._allocs[addr] = buf
-        self._sizes[addr] = nbytes
-        bisect.insort(self._starts, addr)
-        self._live += nbytes
-        self._peak = max(self._peak, self._live)
-        return DevicePtr(addr)
-
-    def free(self, ptr: DevicePtr) -> None:
-        addr = int(ptr)
-        if addr == 0:
-            return  # free(NULL) is a no-op, as in the original engine's GpuBackend::free
-        if addr not in self._allocs:
-            raise InvalidArgument(f"free of {DevicePtr(addr)!r}: not an allocation of this backend")
-        del self._allocs[addr]
-        self._live -= self._sizes.pop(addr)
-        self._starts.pop(bisect.bisect_left(self._starts, addr))
-
-    def live_bytes(self) -> int:
-        return self._live
-
-    def find_allocation(self, ptr) -> tuple[DevicePtr, int] | None:
-        """`(base, nbytes)` of the live allocation containing address `ptr`, else None."""
-        addr = int(ptr)
-        i = bisect.bisect_right(self._starts, addr) - 1
-        if addr <= 0 or i < 0:
-            return None
-        base = self._starts[i]
-        size = self._sizes[base]
-        if addr < base + size or addr == base:
-            return DevicePtr(base), size
-        return None
-
-    def peak_bytes(self) -> int:
-        return self._peak
-
-    def reset_peak(self) -> None:
-        self._peak = self._live
-
-    def total_memory(self) -> int:
-        if self._limit is not None:
-            return self._limit
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-    def free_memory(self) -> int:
-        if self._limit is not None:
-            return self._limit - self._live
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-
-    def view(self, ptr, count: int, dtype) -> np.ndarray:
-        """A bounds-checked writable view of `count` `dtype` elements at address `ptr`."""
-        dtype = np.dtype(dtype)
-        addr, count = int(ptr), int(count)
-        nbytes = count * dtype.itemsize
-        if count < 0:
-            raise KernelError(f"view of {count} elements")
-        i = bisect.bisect_right(self._starts, addr) - 1
-        if i < 0 or addr == 0:
-            raise KernelError(f"address {DevicePtr(addr)!r} is not inside any live allocation")
-        start = self._starts[i]
-        size = self._sizes[start]
-        if addr + nbytes > start + size:
-            raise KernelError(
-                f"range [{DevicePtr(addr)!r}, +{nbytes} bytes) runs past the end of its "
-                f"allocation ({size} bytes at {DevicePtr(start)!r})")
-        off = addr - start
-        return self._allocs[start][off:off + nbytes].view(dtype)
+        self.native = (_native.load() if native else
+                       None if native is not None else _native.try_load())
 
     # copies ---------------------------------------------------------------------------
     def copy_h2d(self, src_bytes, dst_ptr: DevicePtr) -> None:
         self._no_sync_in_capture("copy_h2d")
-        src = _bytes_of(src_bytes)
-        self.view(dst_ptr, src.size, np.uint8)[:] = src
+        self._h2d(_bytes_of(src_bytes), dst_ptr)
+
+    def _h2d(self, src: np.ndarray, dst_ptr) -> None:
+        dst, base = self._write_view(dst_ptr, src.size)
+        dst[:] = src
+        self._wrote(base)
 
     def copy_d2h(self, src_ptr: DevicePtr, dst_buffer) -> None:
         self._no_sync_in_capture("copy_d2h")
         dst = _writable_bytes_of(dst_buffer)
-        dst[:] = self.view(src_ptr, dst.size, np.uint8)
+        dst[:] = self.read(src_ptr, dst.size, np.uint8)
 
     def copy_d2d(self, src_ptr: DevicePtr, dst_ptr: DevicePtr, nbytes: int) -> None:
         self._no_sync_in_capture("copy_d2d")
         self._d2d(src_ptr, dst_ptr, nbytes)
 
     def _d2d(self, src_ptr, dst_ptr, nbytes) -> None:
-        src = self.view(src_ptr, nbytes, np.uint8)
-        self.view(dst_ptr, nbytes, np.uint8)[:] = src.copy()
+        src = self.read(src_ptr, nbytes, np.uint8)
+        dst, base = self._write_view(dst_ptr, nbytes)
+        dst[:] = src.copy()
+        self._wrote(base)
 
     def copy_h2d_async(self, src_bytes, dst_ptr: DevicePtr, stream: int) -> None:
         # A captured h2d copy re-reads the host buffer at replay, as cudaMemcpyAsync does.
         src = _bytes_of(src_bytes)
-        self._run(lambda: self.view(dst_ptr, src.size, np.uint8).__setitem__(slice(None), src))
+        self._run(lambda: self._h2d(src, dst_ptr))
 
     def copy_d2h_async(self, src_ptr: DevicePtr, dst_buffer, stream: int) -> None:
         dst = _writable_bytes_of(dst_buffer)
-        self._run(lambda: dst.__setitem__(slice(None), self.view(src_ptr, dst.size, np.uint8)))
+        self._run(lambda: dst.__setitem__(slice(None), self.read(src_ptr, dst.size, np.uint8)))
 
     def copy_d2d_async(self, src_ptr, dst_ptr, nbytes: int, stream: int) -> None:
         self._run(lambda: self._d2d(src_ptr, dst_ptr, nbytes))
 
     def memset(self, ptr: DevicePtr, value: int, nbytes: int) -> None:
         self._no_sync_in_capture("memset")
-        self.view(ptr, nbytes, np.uint8)[:] = int(value) & 0xFF
+        self._memset(ptr, value, nbytes)
+
+    def _memset(self, ptr, value, nbytes) -> None:
+        dst, base = self._write_view(ptr, nbytes)
+        dst[:] = int(value) & 0xFF
+        self._wrote(base)
 
     def memset_async(self, ptr: DevicePtr, value: int, nbytes: int, stream: int) -> None:
-        self._run(lambda: self.view(ptr, nbytes, np.uint8).__setitem__(slice(None),
-                                                                         int(value) & 0xFF))
+        self._run(lambda: self._memset(ptr, value, nbytes))
 
     # kernels --------------------------------------------------------------------------
     def kernel(self, module: str, func: str) -> KernelHandle:
@@ -204,7 +142,20 @@ class HostBackend:
         grid3, block3 = check_launch_args(kernel, grid, block, args)
         ctx = LaunchContext(self, grid3, block3, int(shared_mem))
         args = tuple(args)
-        self._run(lambda: kernel.impl(ctx, *args))
+        self._run(lambda: self._tracked(kernel.impl, ctx, *args))
+
+    def _tracked(self, fn, *args) -> None:
+        """Run a twin; every allocation it got a writable view of drops its conversions
+        when it returns (a twin's writes all happen during its call)."""
+        outer, self._launch_writes = self._launch_writes, set()
+        try:
+            fn(*args)
+        finally:
+            wrote, self._launch_writes = self._launch_writes, outer
+            for base in wrote:
+                self.convert_cache.drop(base)
+            if outer is not None:
+                outer |= wrote
 
     def gemm_bf16(self, m: int, n: int, k: int, x_ptr: DevicePtr, w_ptr: DevicePtr,
                   y_ptr: DevicePtr, stream: int) -> None:
@@ -212,7 +163,7 @@ class HostBackend:
         gemm_twin = twins.lookup("cublas", "gemm_bf16")
         if gemm_twin is None:
             raise KernelError("gemm_bf16 has no twin registered (import metrale.ops)")
-        self._run(lambda: gemm_twin(self, m, n, k, x_ptr, w_ptr, y_ptr))
+        self._run(lambda: self._tracked(gemm_twin, self, m, n, k, x_ptr, w_ptr, y_ptr))
 
     def has_gemm(self) -> bool:
         return True

@@ -97,7 +97,7 @@ def gelu_f32(x: np.ndarray, mode: int) -> np.ndarray:
 @twin(MODULE, "act_mul")
 def act_mul_twin(ctx, out_ptr, gate_up_ptr, n_rows, intermediate, act) -> None:
     r, i = int(n_rows), int(intermediate)
-    gu = bf16_to_f32(ctx.view(gate_up_ptr, r * 2 * i, np.uint16)).reshape(r, 2 * i)
+    gu = bf16_to_f32(ctx.read(gate_up_ptr, r * 2 * i, np.uint16)).reshape(r, 2 * i)
     with np.errstate(invalid="ignore"):
         y = act_f32(gu[:, :i], int(act)) * gu[:, i:]
     ctx.view(out_ptr, r * i, np.uint16).reshape(r, i)[:] = f32_to_bf16(y)
@@ -106,5 +106,5 @@ def act_mul_twin(ctx, out_ptr, gate_up_ptr, n_rows, intermediate, act) -> None:
 @twin(MODULE, "gelu")
 def gelu_twin(ctx, out_ptr, x_ptr, n, mode) -> None:
     n = int(n)
-    x = bf16_to_f32(ctx.view(x_ptr, n, np.uint16))
+    x = bf16_to_f32(ctx.read(x_ptr, n, np.uint16))
     ctx.view(out_ptr, n, np.uint16)[:] = f32_to_bf16(gelu_f32(x, int(mode)))

@@ -77,21 +77,21 @@ def argmax_rule(rows: np.ndarray) -> np.ndarray:
 
 @twin(MODULE, "argmax_bf16")
 def argmax_bf16_twin(ctx, logits_ptr, out_ptr, vocab) -> None:
-    rows = bf16_to_f32(ctx.view(logits_ptr, int(vocab), np.uint16)).reshape(1, -1)
+    rows = bf16_to_f32(ctx.read(logits_ptr, int(vocab), np.uint16)).reshape(1, -1)
     ctx.view(out_ptr, 1, np.uint32)[:] = argmax_rule(rows)
 
 
 @twin(MODULE, "argmax_bf16_batch")
 def argmax_bf16_batch_twin(ctx, logits_ptr, out_ptr, n_rows, vocab) -> None:
     n, v = int(n_rows), int(vocab)
-    rows = bf16_to_f32(ctx.view(logits_ptr, n * v, np.uint16)).reshape(n, v)
+    rows = bf16_to_f32(ctx.read(logits_ptr, n * v, np.uint16)).reshape(n, v)
     ctx.view(out_ptr, n, np.uint32)[:] = argmax_rule(rows)
 
 
 @twin(MODULE, "argmax_fp32")
 def argmax_fp32_twin(ctx, logits_ptr, out_ptr, n_rows, vocab) -> None:
     n, v = int(n_rows), int(vocab)
-    rows = ctx.view(logits_ptr, n * v, np.float32).reshape(n, v)
+    rows = ctx.read(logits_ptr, n * v, np.float32).reshape(n, v)
     ctx.view(out_ptr, n, np.uint32)[:] = argmax_rule(rows)
 
 
@@ -160,7 +160,7 @@ def masked_greedy_rule(rows: np.ndarray, masks: np.ndarray) -> np.ndarray:
 def argmax_bf16_batch_masked_twin(ctx, logits_ptr, masks_ptr, out_ptr, n_rows, vocab,
                                   row_stride) -> None:
     n, v, stride = int(n_rows), int(vocab), int(row_stride)
-    bits = ctx.view(logits_ptr, (n - 1) * stride + v, np.uint16)
+    bits = ctx.read(logits_ptr, (n - 1) * stride + v, np.uint16)
     rows = np.stack([bf16_to_f32(bits[r * stride:r * stride + v]) for r in range(n)])
-    masks = ctx.view(masks_ptr, n * MASK_IDS, np.uint32).reshape(n, MASK_IDS)
+    masks = ctx.read(masks_ptr, n * MASK_IDS, np.uint32).reshape(n, MASK_IDS)
     ctx.view(out_ptr, n, np.uint32)[:] = masked_greedy_rule(rows, masks)

@@ -72,7 +72,7 @@ def gather_paged(ctx, cache_ptr, table, lo, hi, block_size, num_kv_heads, head_d
         if blk < 0:
             raise KernelError(f"{what}: block table entry {b} is {blk} (< 0) "
                               "inside the sequence")
-        parts.append(ctx.view(int(cache_ptr) + blk * blk_elems * 2, blk_elems, np.uint16))
+        parts.append(ctx.read(int(cache_ptr) + blk * blk_elems * 2, blk_elems, np.uint16))
     flat = np.concatenate(parts).reshape(-1, num_kv_heads, head_dim)
     off = lo - b0 * block_size
     return bf16_to_f32(flat[off:off + (hi - lo)])
@@ -167,11 +167,11 @@ def prefill_twin(ctx, attend, what, out_ptr, qkv_ptr, k_cache_ptr, v_cache_ptr,
     bs, mb, w = int(block_size), int(max_blocks_per_seq), int(sliding_window)
     g = h // kv
     sl2 = np.float32(scale) * _LOG2E
-    qkv = ctx.view(qkv_ptr, nt * (h + 2 * kv) * d, np.uint16).reshape(nt, h + 2 * kv, d)
+    qkv = ctx.read(qkv_ptr, nt * (h + 2 * kv) * d, np.uint16).reshape(nt, h + 2 * kv, d)
     out = ctx.view(out_ptr, nt * h * d, np.uint16).reshape(nt, h, d)
-    qo = ctx.view(qo_indptr_ptr, ns + 1, np.int32).astype(np.int64)
-    kv_lens = ctx.view(kv_lens_ptr, ns, np.int32).astype(np.int64)
-    tables = ctx.view(block_tables_ptr, ns * mb, np.int32).reshape(ns, mb)
+    qo = ctx.read(qo_indptr_ptr, ns + 1, np.int32).astype(np.int64)
+    kv_lens = ctx.read(kv_lens_ptr, ns, np.int32).astype(np.int64)
+    tables = ctx.read(block_tables_ptr, ns * mb, np.int32).reshape(ns, mb)
     for s in range(ns):
         q_start, q_len, kv_len = int(qo[s]), int(qo[s + 1] - qo[s]), int(kv_lens[s])
         if not (q_start >= 0 and 0 <= q_len <= mq and q_start + q_len <= nt
@@ -319,8 +319,8 @@ def _decode_split_twin(ctx, out_ptr, workspace_ptr, qkv_ptr, k_cache_ptr, v_cach
     S = DECODE_SPLIT_TOKENS
     sl2 = np.float32(scale) * _LOG2E
     qkv_row = (h + 2 * kv) * d
-    kv_lens = ctx.view(kv_lens_ptr, ns, np.int32).astype(np.int64)
-    tables = ctx.view(block_tables_ptr, ns * mb, np.int32).reshape(ns, mb)
+    kv_lens = ctx.read(kv_lens_ptr, ns, np.int32).astype(np.int64)
+    tables = ctx.read(block_tables_ptr, ns * mb, np.int32).reshape(ns, mb)
     for s in range(ns):
         kv_len = int(kv_lens[s])
         out = ctx.view(int(out_ptr) + s * h * d * 2, h * d, np.uint16)
@@ -328,7 +328,7 @@ def _decode_split_twin(ctx, out_ptr, workspace_ptr, qkv_ptr, k_cache_ptr, v_cach
             out[:] = 0
             continue
         start, first, n_splits = _decode_seq(kv_len, bs, mb, msp, w, s, "decode_attention")
-        q = bf16_to_f32(ctx.view(int(qkv_ptr) + s * qkv_row * 2, h * d, np.uint16))
+        q = bf16_to_f32(ctx.read(int(qkv_ptr) + s * qkv_row * 2, h * d, np.uint16))
         q = (q * sl2).reshape(kv, g, d)                                   # pre-scaled
         k = gather_paged(ctx, k_cache_ptr, tables[s], start, kv_len, bs, kv, d,
                          "attention.decode_attention")
@@ -367,7 +367,7 @@ def decode_attention_combine_twin(ctx, out_ptr, workspace_ptr, kv_lens_ptr, n_se
     ns, h, d = int(n_seqs), int(num_heads), int(head_dim)
     bs, mb, msp, w = (int(block_size), int(max_blocks_per_seq), int(max_splits),
                       int(sliding_window))
-    kv_lens = ctx.view(kv_lens_ptr, ns, np.int32).astype(np.int64)
+    kv_lens = ctx.read(kv_lens_ptr, ns, np.int32).astype(np.int64)
     for s in range(ns):
         kv_len = int(kv_lens[s])
         if kv_len <= 0:
@@ -375,8 +375,8 @@ def decode_attention_combine_twin(ctx, out_ptr, workspace_ptr, kv_lens_ptr, n_se
         _, first, n_splits = _decode_seq(kv_len, bs, mb, msp, w, s, "decode_attention_combine")
         if n_splits - first <= 1:
             continue
-        ws_acc = ctx.view(workspace_ptr, ns * h * msp * d, np.float32).reshape(ns, h, msp, d)
-        ws_ml = ctx.view(int(workspace_ptr) + ns * h * msp * d * 4, ns * h * msp * 2,
+        ws_acc = ctx.read(workspace_ptr, ns * h * msp * d, np.float32).reshape(ns, h, msp, d)
+        ws_ml = ctx.read(int(workspace_ptr) + ns * h * msp * d * 4, ns * h * msp * 2,
                          np.float32).reshape(ns, h, msp, 2)
         ml = ws_ml[s, :, first:n_splits]                                  # [H, n, 2]
         big_m = ml[..., 0].max(axis=1)                                    # [H]

@@ -45,12 +45,12 @@ def f32_to_bf16(backend, stream: int, out_ptr, x_ptr, n: int) -> None:
 @twin(MODULE, "bf16_to_f32")
 def bf16_to_f32_twin(ctx, out_ptr, x_ptr, n) -> None:
     n = int(n)
-    src = _bf.bf16_to_f32(ctx.view(x_ptr, n, np.uint16))
+    src = _bf.bf16_to_f32(ctx.read(x_ptr, n, np.uint16))
     ctx.view(out_ptr, n, np.float32)[:] = src
 
 
 @twin(MODULE, "f32_to_bf16")
 def f32_to_bf16_twin(ctx, out_ptr, x_ptr, n) -> None:
     n = int(n)
-    src = _bf.f32_to_bf16(ctx.view(x_ptr, n, np.float32))
+    src = _bf.f32_to_bf16(ctx.read(x_ptr, n, np.float32))
     ctx.view(out_ptr, n, np.uint16)[:] = src

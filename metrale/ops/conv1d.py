@@ -101,9 +101,9 @@ def _twin(ctx, out_ptr, x_ptr, w_ptr, bias_ptr, c_in, c_out, length, kernel_size
           padding, l_out, gelu) -> None:
     ci, co, n, k = int(c_in), int(c_out), int(length), int(kernel_size)
     lo = int(l_out)
-    x = bf16_to_f32(ctx.view(x_ptr, n * ci, np.uint16)).reshape(n, ci)
-    w = bf16_to_f32(ctx.view(w_ptr, co * k * ci, np.uint16)).reshape(co, k, ci)
-    b = bf16_to_f32(ctx.view(bias_ptr, co, np.uint16))
+    x = bf16_to_f32(ctx.read(x_ptr, n * ci, np.uint16)).reshape(n, ci)
+    w = bf16_to_f32(ctx.read(w_ptr, co * k * ci, np.uint16)).reshape(co, k, ci)
+    b = bf16_to_f32(ctx.read(bias_ptr, co, np.uint16))
     y = conv1d_f32(x, w, b, int(stride), int(padding), bool(int(gelu)))
     ctx.view(out_ptr, lo * co, np.uint16).reshape(lo, co)[:] = f32_to_bf16(y)
 

@@ -105,7 +105,7 @@ def dense_attention(backend, stream: int, out_ptr, q_ptr, k_ptr, v_ptr, n_q: int
 
 def _rows(ctx, ptr, n, stride, heads, d) -> np.ndarray:
     """float32 [n, heads, d] of strided bf16 rows."""
-    flat = ctx.view(ptr, (n - 1) * stride + heads * d, np.uint16)
+    flat = ctx.read(ptr, (n - 1) * stride + heads * d, np.uint16)
     rows = np.lib.stride_tricks.as_strided(flat, shape=(n, heads * d),
                                            strides=(stride * 2, 2))
     return bf16_to_f32(rows).reshape(n, heads, d)

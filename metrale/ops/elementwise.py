@@ -43,7 +43,7 @@ def add_inplace(backend, stream: int, x_ptr, y_ptr, n: int) -> None:
 def add_bias_twin(ctx, x_ptr, bias_ptr, n_rows, width) -> None:
     r, w = int(n_rows), int(width)
     x = ctx.view(x_ptr, r * w, np.uint16).reshape(r, w)
-    b = bf16_to_f32(ctx.view(bias_ptr, w, np.uint16))
+    b = bf16_to_f32(ctx.read(bias_ptr, w, np.uint16))
     x[:] = f32_to_bf16(bf16_to_f32(x) + b[None, :])
 
 
@@ -51,5 +51,5 @@ def add_bias_twin(ctx, x_ptr, bias_ptr, n_rows, width) -> None:
 def add_inplace_twin(ctx, x_ptr, y_ptr, n) -> None:
     n = int(n)
     x = ctx.view(x_ptr, n, np.uint16)
-    y = bf16_to_f32(ctx.view(y_ptr, n, np.uint16))  # a copy: safe when y aliases x
+    y = bf16_to_f32(ctx.read(y_ptr, n, np.uint16))  # a copy: safe when y aliases x
     x[:] = f32_to_bf16(bf16_to_f32(x) + y)

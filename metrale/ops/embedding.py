@@ -35,8 +35,8 @@ def embedding(backend, stream: int, out_ptr, table_ptr, token_ids_ptr, n_tokens:
 @twin(MODULE, "embedding")
 def embedding_twin(ctx, out_ptr, table_ptr, token_ids_ptr, n_tokens, hidden, vocab) -> None:
     t, h, v = int(n_tokens), int(hidden), int(vocab)
-    ids = ctx.view(token_ids_ptr, t, np.int32).astype(np.int64)
-    table = ctx.view(table_ptr, v * h, np.uint16).reshape(v, h)
+    ids = ctx.read(token_ids_ptr, t, np.int32).astype(np.int64)
+    table = ctx.read(table_ptr, v * h, np.uint16).reshape(v, h)
     out = ctx.view(out_ptr, t * h, np.uint16).reshape(t, h)
     valid = (ids >= 0) & (ids < v)
     rows = table[np.where(valid, ids, 0)]  # gathers a copy first: safe if out aliases table

@@ -57,8 +57,8 @@ def gemm_twin(backend, m, n, k, x_ptr, w_ptr, y_ptr) -> None:
     scheduler's chunked prefill vs one whole prefill) gives the same cache on the host.
     """
     m, n, k = int(m), int(n), int(k)
-    x = bf16_to_f32(backend.view(x_ptr, m * k, np.uint16)).reshape(m, k).astype(np.float64)
-    w = backend.view(w_ptr, n * k, np.uint16).reshape(n, k)
+    x = bf16_to_f32(backend.read(x_ptr, m * k, np.uint16)).reshape(m, k).astype(np.float64)
+    w = backend.read(w_ptr, n * k, np.uint16).reshape(n, k)
     y = np.empty((m, n), np.float32)
     step = max(1, _CHUNK_ELEMS // k)
     for j0 in range(0, n, step):
@@ -108,8 +108,8 @@ def gemv_rows_f32(x: np.ndarray, w_bits: np.ndarray) -> np.ndarray:
 
 def _gemv_twin(ctx, y_ptr, x_ptr, w_ptr, m, n, k, out_dtype) -> None:
     m, n, k = int(m), int(n), int(k)
-    x = bf16_to_f32(ctx.view(x_ptr, m * k, np.uint16)).reshape(m, k)
-    w = ctx.view(w_ptr, n * k, np.uint16).reshape(n, k)
+    x = bf16_to_f32(ctx.read(x_ptr, m * k, np.uint16)).reshape(m, k)
+    w = ctx.read(w_ptr, n * k, np.uint16).reshape(n, k)
     y = gemv_rows_f32(x, w)
     if out_dtype == np.float32:
         ctx.view(y_ptr, m * n, np.float32).reshape(m, n)[:] = y

@@ -33,6 +33,9 @@ _BIG_TILE_MIN_CTAS = 256
 # Twin working set: W is widened to float64 in chunks of about this many elements (rows per
 # chunk depend only on k; chunking never changes a result, see pairwise_dot_f32).
 _CHUNK_ELEMS = 1 << 22
+# Up to this many rows of X the native library's loops (which read the BF16 weights once)
+# beat a float64 BLAS matmul over a cached float64 W; above it the matmul does.
+NATIVE_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -102,14 +105,45 @@ def _grid_magnitude(bits: np.ndarray, norms: np.ndarray) -> np.ndarray:
     return np.ldexp(norms, 134 - np.maximum(exp_field, 1).astype(np.int32))
 
 
-def pairwise_dot_f32(x_bits: np.ndarray, w_bits: np.ndarray) -> np.ndarray:
+def row_stats(bits: np.ndarray, native=None) -> tuple[np.ndarray, np.ndarray]:
+    """BF16 bits [r, k] -> (norm, mag) float64 [r]: each row's 2-norm and grid magnitude
+    (`_grid_magnitude`). Only bounds are made of them, so native's summation order (which
+    differs in the last bits of a norm) changes which test proves an element, not its
+    value."""
+    r, k = bits.shape
+    norm, mag = np.empty(r), np.empty(r)
+    if native is not None:
+        native.row_stats(bits, norm, mag)
+        return norm, mag
+    step = max(1, _CHUNK_ELEMS // k)
+    for j0 in range(0, r, step):
+        b = bits[j0:j0 + step]
+        f = bf16_to_f32(b).astype(np.float64)
+        norm[j0:j0 + step] = np.sqrt(np.einsum("jk,jk->j", f, f))
+        mag[j0:j0 + step] = _grid_magnitude(b, norm[j0:j0 + step])
+    return norm, mag
+
+
+@dataclass
+class WeightSide:
+    """What the twin may reuse about W besides its bits: per-row (norm, mag), the whole W
+    as float64 [n, k] (None: widen slice by slice into `scratch`), the native library
+    (None: numpy only) and a reusable float64 buffer."""
+    stats: tuple | None = None
+    f64: np.ndarray | None = None
+    native: object = None
+    scratch: object = None
+
+
+def pairwise_dot_f32(x_bits: np.ndarray, w_bits: np.ndarray,
+                     side: WeightSide | None = None) -> np.ndarray:
     """x_bits [m, k], w_bits [n, k] uint16 BF16 -> float32 [m, n]: f32(G(x[i], w[j])).
 
     G is numpy's float64 sum of the k exact products x[i, :] * w[j, :] (BF16 x BF16 is exact
     in float64) along a contiguous row: pairwise summation in a fixed order that depends
     only on k, so G is a function of the two rows alone. Computing G for every element is
-    slow, so one float64 matmul gives s instead, in some BLAS order, and f32(s) = f32(G)
-    wherever that is certain:
+    slow, so a float64 sum s in some other order (one float64 matmul, or the native
+    library's FMA loops) stands in for it wherever f32(s) = f32(G) is certain:
     * exact: every product is an integer multiple of 2^(lsb_x + lsb_w) and every partial sum
       is at most |x| |w| (Cauchy-Schwarz) in magnitude; when that is <= 2^52 such units,
       every partial sum in any order is exact, so s = G = the exact sum (typical rows);
@@ -117,39 +151,103 @@ def pairwise_dot_f32(x_bits: np.ndarray, w_bits: np.ndarray) -> np.ndarray:
       close; with a 4x margin e bounds both, so where s - e and s + e round to the same
       float32 every value in between does, G included.
     Only the remaining elements (none with a NaN/Inf) evaluate G. +0.0 makes an exact zero
-    +0, as the kernel's accumulator (which starts at +0) gives.
+    +0, as the kernel's accumulator (which starts at +0) gives. So the result is the same
+    whichever way s was found: `side` (cached statistics, float64 W, native code) only
+    changes the speed.
     """
+    side = side or WeightSide()
     m, k = x_bits.shape
     n = w_bits.shape[0]
+    native = side.native
+    x_stats = row_stats(x_bits, native)
+    w_stats = side.stats if side.stats is not None else row_stats(w_bits, native)
+    if native is not None and (side.f64 is None or m <= NATIVE_ROWS):
+        y, unsure = native.exact_dot(np.ascontiguousarray(x_bits), w_bits, x_stats, w_stats)
+        if unsure is not None:
+            _row_sums_at(y, np.nonzero(unsure), x_bits, w_bits, None, side.f64)
+        return y
     x = bf16_to_f32(x_bits).astype(np.float64)
-    x_norm = np.sqrt(np.einsum("ik,ik->i", x, x))
-    x_mag = _grid_magnitude(x_bits, x_norm)
+    x_norm, x_mag = x_stats
     y = np.empty((m, n), np.float32)
     step = max(1, _CHUNK_ELEMS // k)
     for j0 in range(0, n, step):
-        wb = w_bits[j0:j0 + step]
-        w = bf16_to_f32(wb).astype(np.float64)
-        w_norm = np.sqrt(np.einsum("jk,jk->j", w, w))
+        w = _widened(w_bits, side, j0, step)
+        w_norm, w_mag = w_stats[0][j0:j0 + step], w_stats[1][j0:j0 + step]
         s = x @ w.T + 0.0
         yc = s.astype(np.float32)
-        w_mag = _grid_magnitude(wb, w_norm)
         if x_mag.max() * w_mag.max() > 2.0**52:  # else every element is exact
             inexact = np.outer(x_mag, w_mag) > 2.0**52
             e = (k + 4) * 2.0**-51 * np.outer(x_norm, w_norm) + np.abs(s) * 2.0**-51
             with np.errstate(invalid="ignore"):  # inf - inf where a row holds an Inf
                 unsure = (s - e).astype(np.float32) != (s + e).astype(np.float32)
             ii, jj = np.nonzero(unsure & inexact & np.isfinite(s))
-            for u0 in range(0, len(ii), step):
-                i, j = ii[u0:u0 + step], jj[u0:u0 + step]
-                yc[i, j] = (np.sum(x[i] * w[j], axis=1) + 0.0).astype(np.float32)
+            if len(ii):
+                _row_sums_at(yc, (ii, jj), x_bits, w_bits[j0:j0 + step], x, w)
         y[:, j0:j0 + step] = yc
     return y
 
 
+def _widened(w_bits, side: WeightSide, j0: int, step: int) -> np.ndarray:
+    """Rows [j0, j0 + step) of W as float64: from the cached whole, else widened into the
+    scratch buffer (the same slicing for every m)."""
+    if side.f64 is not None:
+        return side.f64[j0:j0 + step]
+    wb = w_bits[j0:j0 + step]
+    if side.scratch is None:
+        return bf16_to_f32(wb).astype(np.float64)
+    out = side.scratch(wb.size).reshape(wb.shape)
+    if side.native is not None:
+        return side.native.bf16_to_f64(wb, out)
+    np.copyto(out, bf16_to_f32(wb))
+    return out
+
+
+def _row_sums_at(y, where, x_bits, w_bits, x=None, w=None) -> None:
+    """y[i, j] = f32(G(x[i], w[j])) at the elements `where` = (ii, jj): numpy's pairwise
+    float64 row sum of the exact products. x, w: float64 rows when the caller has them."""
+    ii, jj = where
+    step = max(1, _CHUNK_ELEMS // x_bits.shape[1])
+    for u0 in range(0, len(ii), step):
+        i, j = ii[u0:u0 + step], jj[u0:u0 + step]
+        xi = x[i] if x is not None else bf16_to_f32(x_bits[i]).astype(np.float64)
+        wj = w[j] if w is not None else bf16_to_f32(w_bits[j]).astype(np.float64)
+        y[i, j] = (np.sum(xi * wj, axis=1) + 0.0).astype(np.float32)
+
+
+def twin_weight_side(ctx, w_ptr, w_bits: np.ndarray, m: int) -> WeightSide:
+    """The cached statistics of W (always kept), its float64 copy when m rows make a float64
+    matmul the fast way and the backend's conversion budget admits it, the native library."""
+    be = ctx.backend
+    n, k = w_bits.shape
+    native = getattr(be, "native", None)
+    cached = getattr(be, "converted", None)
+    if cached is None:   # a backend without a conversion cache
+        return WeightSide(native=native)
+    stats = cached(w_ptr, n * k * 2, "gemm_tc.row_stats", lambda: row_stats(w_bits, native),
+                   16 * n, always=True)
+    f64 = None
+    if native is None or m > NATIVE_ROWS:
+        f64 = cached(w_ptr, n * k * 2, "gemm_tc.f64", lambda: _widen_all(w_bits, native),
+                     8 * n * k)
+    return WeightSide(stats=stats, f64=f64, native=native,
+                      scratch=be.convert_cache.scratch)
+
+
+def _widen_all(w_bits, native) -> np.ndarray:
+    out = np.empty(w_bits.shape, np.float64)
+    if native is not None:
+        return native.bf16_to_f64(w_bits, out)
+    step = max(1, _CHUNK_ELEMS // w_bits.shape[1])
+    for j0 in range(0, w_bits.shape[0], step):
+        np.copyto(out[j0:j0 + step], bf16_to_f32(w_bits[j0:j0 + step]))
+    return out
+
+
 def _gemm_tc_twin(ctx, y_ptr, x_ptr, w_ptr, m, n, k, out_fp32: bool) -> None:
     m, n, k = int(m), int(n), int(k)
-    y = pairwise_dot_f32(ctx.view(x_ptr, m * k, np.uint16).reshape(m, k),
-                         ctx.view(w_ptr, n * k, np.uint16).reshape(n, k))
+    x_bits = ctx.read(x_ptr, m * k, np.uint16).reshape(m, k)
+    w_bits = ctx.read(w_ptr, n * k, np.uint16).reshape(n, k)
+    y = pairwise_dot_f32(x_bits, w_bits, twin_weight_side(ctx, w_ptr, w_bits, m))
     if out_fp32:
         ctx.view(y_ptr, m * n, np.float32).reshape(m, n)[:] = y
     else:

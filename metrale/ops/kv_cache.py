@@ -74,8 +74,8 @@ def write_kv_twin(ctx, qkv_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr, n_to
                   num_heads, num_kv_heads, head_dim) -> None:
     n, h, kv, d = int(n_tokens), int(num_heads), int(num_kv_heads), int(head_dim)
     row = kv * d
-    qkv = ctx.view(qkv_ptr, n * (h + 2 * kv) * d, np.uint16).reshape(n, (h + 2 * kv) * d)
-    slots = ctx.view(slot_mapping_ptr, n, np.int32)
+    qkv = ctx.read(qkv_ptr, n * (h + 2 * kv) * d, np.uint16).reshape(n, (h + 2 * kv) * d)
+    slots = ctx.read(slot_mapping_ptr, n, np.int32)
     for t in range(n):
         slot = int(slots[t])
         if slot < 0:

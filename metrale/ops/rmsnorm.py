@@ -73,8 +73,8 @@ def layernorm(backend, stream: int, out_ptr, x_ptr, weight_ptr, bias_ptr, n_rows
 @twin(MODULE, "rmsnorm")
 def rmsnorm_twin(ctx, out_ptr, x_ptr, weight_ptr, residual_ptr, n_rows, hidden, eps) -> None:
     r, h = int(n_rows), int(hidden)
-    x = bf16_to_f32(ctx.view(x_ptr, r * h, np.uint16)).reshape(r, h)
-    w = bf16_to_f32(ctx.view(weight_ptr, h, np.uint16))
+    x = bf16_to_f32(ctx.read(x_ptr, r * h, np.uint16)).reshape(r, h)
+    w = bf16_to_f32(ctx.read(weight_ptr, h, np.uint16))
     if int(residual_ptr) != 0:
         res = ctx.view(residual_ptr, r * h, np.uint16).reshape(r, h)
         s = f32_to_bf16(bf16_to_f32(res) + x)
@@ -89,9 +89,9 @@ def rmsnorm_twin(ctx, out_ptr, x_ptr, weight_ptr, residual_ptr, n_rows, hidden, 
 @twin(MODULE, "layernorm")
 def layernorm_twin(ctx, out_ptr, x_ptr, weight_ptr, bias_ptr, n_rows, hidden, eps) -> None:
     r, h = int(n_rows), int(hidden)
-    x = bf16_to_f32(ctx.view(x_ptr, r * h, np.uint16)).reshape(r, h)
-    w = bf16_to_f32(ctx.view(weight_ptr, h, np.uint16))
-    b = bf16_to_f32(ctx.view(bias_ptr, h, np.uint16))
+    x = bf16_to_f32(ctx.read(x_ptr, r * h, np.uint16)).reshape(r, h)
+    w = bf16_to_f32(ctx.read(weight_ptr, h, np.uint16))
+    b = bf16_to_f32(ctx.read(bias_ptr, h, np.uint16))
     mu = (np.sum(x, axis=1, dtype=np.float32) / np.float32(h)).astype(np.float32)
     d = x - mu[:, None]
     var = (np.sum(d * d, axis=1, dtype=np.float32) / np.float32(h)).astype(np.float32)

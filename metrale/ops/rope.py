@@ -210,20 +210,20 @@ def apply_rope_twin(ctx, qkv_ptr, positions_ptr, table_ptr, q_norm_ptr, k_norm_p
                        int(max_positions))
     row = (h + 2 * kv) * d
     qkv = ctx.view(qkv_ptr, n * row, np.uint16).reshape(n, h + 2 * kv, d)
-    pos = ctx.view(positions_ptr, n, np.int32).astype(np.int64)
+    pos = ctx.read(positions_ptr, n, np.int32).astype(np.int64)
     bad = (pos < 0) | (pos >= mp)
     if bad.any():
         t = int(np.argmax(bad))
         raise KernelError(f"rope.apply_rope: positions[{t}] = {pos[t]} outside the table "
                           f"[0, {mp}) (callers must check positions before launching)")
-    table = ctx.view(table_ptr, mp * d, np.float32).reshape(mp, d)
+    table = ctx.read(table_ptr, mp * d, np.float32).reshape(mp, d)
     x = bf16_to_f32(qkv[:, :h + kv])
     eps = np.float32(norm_eps)
     if int(q_norm_ptr):
-        wq = bf16_to_f32(ctx.view(q_norm_ptr, d, np.uint16))
+        wq = bf16_to_f32(ctx.read(q_norm_ptr, d, np.uint16))
         x[:, :h] = rms_norm_heads(x[:, :h], wq, eps)
     if int(k_norm_ptr):
-        wk = bf16_to_f32(ctx.view(k_norm_ptr, d, np.uint16))
+        wk = bf16_to_f32(ctx.read(k_norm_ptr, d, np.uint16))
         x[:, h:] = rms_norm_heads(x[:, h:], wk, eps)
     cs = table[pos]  # [n, D]
     out = rotate(x, cs[:, None, :d // 2], cs[:, None, d // 2:])

@@ -286,15 +286,15 @@ def sample_rows_twin(ctx, logits_ptr, logits_fp32, out_ptr, n_rows, vocab, param
                      max_penalty_ids, workspace_ptr) -> None:
     n, v, m = int(n_rows), int(vocab), int(max_penalty_ids)
     if int(logits_fp32):
-        rows = ctx.view(logits_ptr, n * v, np.float32).reshape(n, v)
+        rows = ctx.read(logits_ptr, n * v, np.float32).reshape(n, v)
     else:
-        rows = bf16_to_f32(ctx.view(logits_ptr, n * v, np.uint16)).reshape(n, v)
-    params = ctx.view(params_ptr, n, PARAMS_DTYPE)
-    seeds = ctx.view(seeds_ptr, n, np.uint64)
-    steps = ctx.view(steps_ptr, n, np.uint64)
+        rows = bf16_to_f32(ctx.read(logits_ptr, n * v, np.uint16)).reshape(n, v)
+    params = ctx.read(params_ptr, n, PARAMS_DTYPE)
+    seeds = ctx.read(seeds_ptr, n, np.uint64)
+    steps = ctx.read(steps_ptr, n, np.uint64)
     ids = counts = None
     if m > 0:
-        ids = ctx.view(penalty_ids_ptr, n * m, np.int32).reshape(n, m)
-        counts = ctx.view(penalty_counts_ptr, n, np.int32)
+        ids = ctx.read(penalty_ids_ptr, n * m, np.int32).reshape(n, m)
+        counts = ctx.read(penalty_counts_ptr, n, np.int32)
     ctx.view(workspace_ptr, n * v, np.float32)  # bounds check: the kernel writes all of it
     ctx.view(out_ptr, n, np.uint32)[:] = sample_host(rows, params, seeds, steps, ids, counts)

@@ -76,7 +76,7 @@ def patchify_f32(pixels: np.ndarray, patch: int) -> np.ndarray:
 @twin(MODULE, "patchify")
 def patchify_twin(ctx, out_ptr, pixels_ptr, channels, height, width, patch) -> None:
     c, h, w, p = int(channels), int(height), int(width), int(patch)
-    px = ctx.view(pixels_ptr, c * h * w, np.float32).reshape(c, h, w)
+    px = ctx.read(pixels_ptr, c * h * w, np.float32).reshape(c, h, w)
     n = num_patches(h, w, p)
     ctx.view(out_ptr, n * c * p * p, np.uint16).reshape(n, c * p * p)[:] = \
         f32_to_bf16(patchify_f32(px, p))
@@ -86,8 +86,8 @@ def patchify_twin(ctx, out_ptr, pixels_ptr, channels, height, width, patch) -> N
 def class_pos_embed_twin(ctx, x_ptr, cls_ptr, pos_ptr, n_rows, hidden) -> None:
     r, d = int(n_rows), int(hidden)
     x = ctx.view(x_ptr, r * d, np.uint16).reshape(r, d)
-    cls = bf16_to_f32(ctx.view(cls_ptr, d, np.uint16))
-    pos = bf16_to_f32(ctx.view(pos_ptr, r * d, np.uint16)).reshape(r, d)
+    cls = bf16_to_f32(ctx.read(cls_ptr, d, np.uint16))
+    pos = bf16_to_f32(ctx.read(pos_ptr, r * d, np.uint16)).reshape(r, d)
     base = bf16_to_f32(x)
     base[0] = cls
     x[:] = f32_to_bf16(base + pos)

@@ -135,9 +135,17 @@ class EmuBackend(HostBackend):
         self._stats[kernel.name]["compiled"] += 1
         self._launch_count += 1
         seed = self._seed * 1_000_003 + self._launch_count
+        # The kernel may write wherever its pointers point: those allocations' cached
+        # conversions (HostMemory.convert_cache) go when it has run.
+        touched = {int(self.find_allocation(a)[0]) for a in args
+                   if isinstance(a, DevicePtr) and int(a)}
 
         def run() -> None:
-            impl.run(packed, grid3, block3, shared_mem, self.order, seed)
+            try:
+                impl.run(packed, grid3, block3, shared_mem, self.order, seed)
+            finally:
+                for base in touched:
+                    self.convert_cache.drop(base)
         if self._twin_check is None:
             self._run(run)
         else:

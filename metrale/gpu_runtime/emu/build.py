@@ -18,13 +18,12 @@ import hashlib
 import os
 import platform
 import re
-import shutil
 import subprocess
 import tempfile
-from functools import lru_cache
 from pathlib import Path
 
-from ...errors import DeviceError, KernelError
+from ...errors import KernelError
+from ..cxx import cache_root, compiler, compiler_version
 
 EMU_DIR = Path(__file__).resolve().parent
 INCLUDE_DIR = EMU_DIR / "include"
@@ -44,23 +43,6 @@ _DYN_SHARED = re.compile(
     r"(?P<type>[A-Za-z_][\w\s]*?)\s+(?P<name>[A-Za-z_]\w*)\s*\[\s*\]\s*;")
 _ENTRY = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?'
                     r"(?P<name>[A-Za-z_]\w*)\s*\(")
-
-
-@lru_cache(maxsize=1)
-def compiler() -> str:
-    """The C++ compiler: `$CXX`, else g++. DeviceError when there is none."""
-    cxx = os.environ.get("CXX") or "g++"
-    path = shutil.which(cxx)
-    if path is None:
-        raise DeviceError(f"the EmuBackend needs a C++20 compiler and {cxx!r} was not found "
-                          "(install g++ >= 11, or set CXX)")
-    return path
-
-
-@lru_cache(maxsize=1)
-def compiler_version() -> str:
-    return subprocess.run([compiler(), "--version"], capture_output=True, text=True,
-                          check=False).stdout.strip()
 
 
 def _includes(path: Path, header_dirs) -> list[str]:
@@ -107,12 +89,9 @@ def _trailer(module: str, names: list[str]) -> str:
 
 
 def cache_dir() -> Path:
-    """Where built libraries live: $METRALE_CACHE_DIR, else the user cache directory."""
-    base = os.environ.get("METRALE_CACHE_DIR")
-    if base:
-        return Path(base) / "emu"
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "metrale" / "emu"
+    """Where built libraries live: `<cache_root()>/emu` ($METRALE_CACHE_DIR/emu, else the
+    user cache directory)."""
+    return cache_root() / "emu"
 
 
 def _emulator_files() -> list[Path]:

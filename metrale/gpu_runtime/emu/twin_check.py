@@ -76,7 +76,7 @@ class TwinCheck:
             outs.setdefault(int(base), (size, _TYPES.get(pointee, (np.uint8, None))))
         before = {b: be.view(b, s, np.uint8).copy() for b, (s, _) in outs.items()}
         if twin is not None:
-            twin(LaunchContext(be, grid3, block3, shared_mem), *args)
+            be._tracked(twin, LaunchContext(be, grid3, block3, shared_mem), *args)
         after_twin = {b: be.view(b, s, np.uint8).copy() for b, (s, _) in outs.items()}
         for b, (s, _) in outs.items():
             be.view(b, s, np.uint8)[:] = before[b]

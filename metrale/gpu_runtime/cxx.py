@@ -1,0 +1,38 @@
+"""The host C++ compiler and the build cache shared by the two things metrale compiles on
+the CPU: the EmuBackend's kernel libraries (`emu/build.py`) and the HostBackend's native
+helpers (`native.py`)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+
+from ..errors import DeviceError
+
+
+@lru_cache(maxsize=1)
+def compiler() -> str:
+    """The C++ compiler: `$CXX`, else g++. DeviceError when there is none."""
+    cxx = os.environ.get("CXX") or "g++"
+    path = shutil.which(cxx)
+    if path is None:
+        raise DeviceError(f"no C++ compiler: {cxx!r} was not found (install g++ >= 11, or "
+                          "set CXX)")
+    return path
+
+
+@lru_cache(maxsize=1)
+def compiler_version() -> str:
+    return subprocess.run([compiler(), "--version"], capture_output=True, text=True,
+                          check=False).stdout.strip()
+
+
+def cache_root() -> Path:
+    """Where built libraries live: $METRALE_CACHE_DIR, else the user cache directory."""
+    base = os.environ.get("METRALE_CACHE_DIR")
+    if base:
+        return Path(base)
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "metrale"
