@@ -18,3 +18,10 @@ def test_every_subpackage_is_listed_in_pyproject():
 def test_kernels_dir_found():
     from metrale.gpu_runtime.kernel_source import kernel_files
     assert any(p.name == "argmax.cu" for p in kernel_files())
+
+
+def test_native_source_ships_as_package_data():
+    text = (ROOT / "pyproject.toml").read_text()
+    assert '"metrale.gpu_runtime" = ["native/*.cpp"]' in text
+    from metrale.gpu_runtime import native
+    assert native.SOURCE.is_file() and native.SOURCE.parent.name == "native"
