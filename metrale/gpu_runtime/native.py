@@ -1,9 +1,9 @@
 """HostBackend's native helpers: `native/exact_dot.cpp` compiled for this CPU on first use.
 
-The GEMM twin's hot loop (exact BF16 row dot products, metrale/ops/gemm_tc.py) reads the
-BF16 weights directly instead of widening them to float64 first, with every core; what it
-computes is spelled out in the .cpp header, and it returns the same bits as the numpy
-path (tests/gpu_runtime/test_native.py compares both). The library is built with the C++
+The GEMM twin's definition (f32 of numpy's pairwise float64 sum of the exact products,
+metrale/ops/gemm_tc.py) computed directly, reading the BF16 weights as they are, with every
+core: the .cpp replays numpy's summation order, so it returns the numpy path's bits
+(tests/gpu_runtime/test_convert_cache.py compares both) with nothing to convert or cache. The library is built with the C++
 compiler of `cxx.py` for the machine it runs on (`-march=native`) into
 `<cache_root()>/host/`, keyed by the source, the flags, the compiler and the CPU, and
 reused by every later process. Without a compiler HostBackend runs the numpy path.
@@ -67,60 +67,74 @@ def _build(tune) -> Path:
 
 
 class NativeKernels:
-    """The loaded library: `exact_dot` and `bf16_to_f64` (see native/exact_dot.cpp)."""
+    """The loaded library (see native/exact_dot.cpp): `pairwise_dot` (the twin's result),
+    `pairwise_at` (it at listed elements) and `round_certified` (the float64-matmul path's
+    rounding and error-bound test)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         lib = ctypes.CDLL(str(path))
-        self._dot = lib.md_exact_dot
-        self._dot.restype = _I64
-        self._dot.argtypes = [_P, _P, _I64, _I64, _I64, _P, _P, _P, _P, _P, _P]
-        self._stats = lib.md_row_stats
-        self._stats.restype = None
-        self._stats.argtypes = [_P, _I64, _I64, _P, _P]
-        self._widen = lib.md_bf16_to_f64
-        self._widen.restype = None
-        self._widen.argtypes = [_P, _I64, _P]
+        self._dot = lib.md_pairwise_dot
+        self._dot.restype = None
+        self._dot.argtypes = [_P, _P, _I64, _I64, _I64, _P]
+        self._at = lib.md_pairwise_at
+        self._at.restype = None
+        self._at.argtypes = [_P, _P, _I64, _P, _P, _I64, _P]
+        self._round = lib.md_round_certified
+        self._round.restype = _I64
+        self._round.argtypes = [_P, _I64, _I64, _I64, _P, _P, _P, _P, _P, _P]
         lib.md_set_threads.argtypes = [ctypes.c_int]
         lib.md_set_threads(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                            else (os.cpu_count() or 1))
 
-    def exact_dot(self, x_bits: np.ndarray, w_bits: np.ndarray, x_stats, w_stats):
-        """x_bits [m, k], w_bits [n, k] C-contiguous uint16; stats: (norm, mag) float64 per
-        row. Returns (y float32 [m, n], unsure uint8 [m, n] or None when nothing is)."""
+    def pairwise_dot(self, x_bits: np.ndarray, w_bits: np.ndarray) -> np.ndarray:
+        """x_bits [m, k], w_bits [n, k] C-contiguous uint16 BF16 -> float32 [m, n]: the GEMM
+        twin's f32(G), bit for bit (gemm_tc.pairwise_dot_f32)."""
         m, k = x_bits.shape
         n = w_bits.shape[0]
-        if not (x_bits.flags.c_contiguous and w_bits.flags.c_contiguous and
-                x_bits.dtype == w_bits.dtype == np.uint16 and w_bits.shape[1] == k):
-            raise ValueError("exact_dot: x_bits [m, k] and w_bits [n, k] must be "
-                             "C-contiguous uint16")
+        _check_rows("pairwise_dot", x_bits, w_bits)
         y = np.empty((m, n), np.float32)
-        unsure = np.zeros((m, n), np.uint8)
+        self._dot(x_bits.ctypes.data, w_bits.ctypes.data, m, n, k, y.ctypes.data)
+        return y
+
+    def pairwise_at(self, x_bits: np.ndarray, w_bits: np.ndarray, ii: np.ndarray,
+                    jj: np.ndarray) -> np.ndarray:
+        """float32 [len(ii)]: f32(G(x[ii[e]], w[jj[e]])), as pairwise_dot's elements."""
+        k = x_bits.shape[1]
+        _check_rows("pairwise_at", x_bits, w_bits)
+        ii = np.ascontiguousarray(ii, np.int64)
+        jj = np.ascontiguousarray(jj, np.int64)
+        if ii.shape != jj.shape or ii.ndim != 1 or (ii.size and not (
+                0 <= ii.min() and ii.max() < len(x_bits) and 0 <= jj.min() and
+                jj.max() < len(w_bits))):
+            raise ValueError("pairwise_at: ii, jj must be equal-length row indices in range")
+        y = np.empty(ii.size, np.float32)
+        self._at(x_bits.ctypes.data, w_bits.ctypes.data, k, ii.ctypes.data, jj.ctypes.data,
+                 ii.size, y.ctypes.data)
+        return y
+
+    def round_certified(self, s: np.ndarray, k: int, x_stats, w_stats):
+        """(y float32 [m, n], flat indices of the elements left unsure) for the float64 sums
+        s [m, n] and per-row (norm, mag) of x [m] and w [n] (gemm_tc.pairwise_dot_f32)."""
+        s = np.ascontiguousarray(s, np.float64)
+        m, n = s.shape
         xn, xm = (np.ascontiguousarray(a, np.float64) for a in x_stats)
         wn, wm = (np.ascontiguousarray(a, np.float64) for a in w_stats)
-        count = self._dot(x_bits.ctypes.data, w_bits.ctypes.data, m, n, k, xn.ctypes.data,
-                          xm.ctypes.data, wn.ctypes.data, wm.ctypes.data, y.ctypes.data,
-                          unsure.ctypes.data)
-        return y, (unsure if count else None)
+        if xn.shape != xm.shape != (m,) or wn.shape != wm.shape != (n,):
+            raise ValueError("round_certified: statistics must be [m] and [n]")
+        y = np.empty((m, n), np.float32)
+        unsure = np.empty(m * n, np.int64)
+        count = self._round(s.ctypes.data, m, n, int(k), xn.ctypes.data, xm.ctypes.data,
+                            wn.ctypes.data, wm.ctypes.data, y.ctypes.data, unsure.ctypes.data)
+        return y, unsure[:count]
 
-    def row_stats(self, bits: np.ndarray, norm: np.ndarray, mag: np.ndarray) -> None:
-        """norm, mag (float64 [r], C-contiguous) = per-row 2-norm and grid magnitude of the
-        BF16 bits [r, k] (C-contiguous)."""
-        r, k = bits.shape
-        if not (bits.flags.c_contiguous and bits.dtype == np.uint16 and norm.shape == (r,)
-                and mag.shape == (r,) and norm.dtype == mag.dtype == np.float64):
-            raise ValueError("row_stats: bits must be C-contiguous uint16 [r, k], norm and "
-                             "mag float64 [r]")
-        self._stats(bits.ctypes.data, r, k, norm.ctypes.data, mag.ctypes.data)
 
-    def bf16_to_f64(self, bits: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """out (float64, C-contiguous, bits.size elements) = the BF16 bits widened."""
-        bits = np.ascontiguousarray(bits, np.uint16)
-        if out.dtype != np.float64 or out.size != bits.size or not out.flags.c_contiguous:
-            raise ValueError("bf16_to_f64: out must be a C-contiguous float64 array of "
-                             f"{bits.size} elements")
-        self._widen(bits.ctypes.data, bits.size, out.ctypes.data)
-        return out
+def _check_rows(what: str, x_bits, w_bits) -> None:
+    if not (x_bits.flags.c_contiguous and w_bits.flags.c_contiguous and x_bits.ndim == 2 and
+            w_bits.ndim == 2 and x_bits.dtype == w_bits.dtype == np.uint16 and
+            w_bits.shape[1] == x_bits.shape[1]):
+        raise ValueError(f"{what}: x_bits [m, k] and w_bits [n, k] must be C-contiguous "
+                         "uint16")
 
 
 @lru_cache(maxsize=1)

@@ -33,8 +33,9 @@ _BIG_TILE_MIN_CTAS = 256
 # Twin working set: W is widened to float64 in chunks of about this many elements (rows per
 # chunk depend only on k; chunking never changes a result, see pairwise_dot_f32).
 _CHUNK_ELEMS = 1 << 22
-# Up to this many rows of X the native library's loops (which read the BF16 weights once)
-# beat a float64 BLAS matmul over a cached float64 W; above it the matmul does.
+# With the native library: up to this many rows of X its own loops (which read the BF16
+# weights once) are the fast way; above it a float64 BLAS matmul over the cached float64
+# W, with the native rounding test and G at the elements the test leaves unsure.
 NATIVE_ROWS = 16
 
 
@@ -105,16 +106,11 @@ def _grid_magnitude(bits: np.ndarray, norms: np.ndarray) -> np.ndarray:
     return np.ldexp(norms, 134 - np.maximum(exp_field, 1).astype(np.int32))
 
 
-def row_stats(bits: np.ndarray, native=None) -> tuple[np.ndarray, np.ndarray]:
+def row_stats(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """BF16 bits [r, k] -> (norm, mag) float64 [r]: each row's 2-norm and grid magnitude
-    (`_grid_magnitude`). Only bounds are made of them, so native's summation order (which
-    differs in the last bits of a norm) changes which test proves an element, not its
-    value."""
+    (`_grid_magnitude`), what the exactness and error-bound tests of pairwise_dot_f32 use."""
     r, k = bits.shape
     norm, mag = np.empty(r), np.empty(r)
-    if native is not None:
-        native.row_stats(bits, norm, mag)
-        return norm, mag
     step = max(1, _CHUNK_ELEMS // k)
     for j0 in range(0, r, step):
         b = bits[j0:j0 + step]
@@ -126,9 +122,9 @@ def row_stats(bits: np.ndarray, native=None) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass
 class WeightSide:
-    """What the twin may reuse about W besides its bits: per-row (norm, mag), the whole W
-    as float64 [n, k] (None: widen slice by slice into `scratch`), the native library
-    (None: numpy only) and a reusable float64 buffer."""
+    """What the twin may use besides the bits of W: per-row (norm, mag) of W, the whole W
+    as float64 [n, k] (None: widened slice by slice into `scratch`, a reused buffer), the
+    native library (gpu_runtime/native.py; None: numpy only)."""
     stats: tuple | None = None
     f64: np.ndarray | None = None
     native: object = None
@@ -142,8 +138,8 @@ def pairwise_dot_f32(x_bits: np.ndarray, w_bits: np.ndarray,
     G is numpy's float64 sum of the k exact products x[i, :] * w[j, :] (BF16 x BF16 is exact
     in float64) along a contiguous row: pairwise summation in a fixed order that depends
     only on k, so G is a function of the two rows alone. Computing G for every element is
-    slow, so a float64 sum s in some other order (one float64 matmul, or the native
-    library's FMA loops) stands in for it wherever f32(s) = f32(G) is certain:
+    slow in numpy, so a float64 sum s in some other order (one float64 matmul) stands in
+    for it wherever f32(s) = f32(G) is certain:
     * exact: every product is an integer multiple of 2^(lsb_x + lsb_w) and every partial sum
       is at most |x| |w| (Cauchy-Schwarz) in magnitude; when that is <= 2^52 such units,
       every partial sum in any order is exact, so s = G = the exact sum (typical rows);
@@ -151,21 +147,22 @@ def pairwise_dot_f32(x_bits: np.ndarray, w_bits: np.ndarray,
       close; with a 4x margin e bounds both, so where s - e and s + e round to the same
       float32 every value in between does, G included.
     Only the remaining elements (none with a NaN/Inf) evaluate G. +0.0 makes an exact zero
-    +0, as the kernel's accumulator (which starts at +0) gives. So the result is the same
-    whichever way s was found: `side` (cached statistics, float64 W, native code) only
-    changes the speed.
+    +0, as the kernel's accumulator (which starts at +0) gives. `side` only changes the
+    speed. The native library evaluates G itself, in numpy's order
+    (gpu_runtime/native/exact_dot.cpp): for every element when there is no float64 W or
+    few rows (decode: it reads the BF16 weights once), else for the unsure elements of the
+    float64-matmul path, whose rounding and test it also does.
     """
     side = side or WeightSide()
     m, k = x_bits.shape
     n = w_bits.shape[0]
     native = side.native
-    x_stats = row_stats(x_bits, native)
-    w_stats = side.stats if side.stats is not None else row_stats(w_bits, native)
-    if native is not None and (side.f64 is None or m <= NATIVE_ROWS):
-        y, unsure = native.exact_dot(np.ascontiguousarray(x_bits), w_bits, x_stats, w_stats)
-        if unsure is not None:
-            _row_sums_at(y, np.nonzero(unsure), x_bits, w_bits, None, side.f64)
-        return y
+    if native is not None:
+        x_bits, w_bits = np.ascontiguousarray(x_bits), np.ascontiguousarray(w_bits)
+        if side.f64 is None or m <= NATIVE_ROWS:
+            return native.pairwise_dot(x_bits, w_bits)
+    x_stats = row_stats(x_bits)
+    w_stats = side.stats if side.stats is not None else row_stats(w_bits)
     x = bf16_to_f32(x_bits).astype(np.float64)
     x_norm, x_mag = x_stats
     y = np.empty((m, n), np.float32)
@@ -174,6 +171,13 @@ def pairwise_dot_f32(x_bits: np.ndarray, w_bits: np.ndarray,
         w = _widened(w_bits, side, j0, step)
         w_norm, w_mag = w_stats[0][j0:j0 + step], w_stats[1][j0:j0 + step]
         s = x @ w.T + 0.0
+        if native is not None:
+            yc, flat = native.round_certified(s, k, x_stats, (w_norm, w_mag))
+            if len(flat):
+                ii, jj = np.divmod(flat, s.shape[1])
+                yc[ii, jj] = native.pairwise_at(x_bits, w_bits[j0:j0 + step], ii, jj)
+            y[:, j0:j0 + step] = yc
+            continue
         yc = s.astype(np.float32)
         if x_mag.max() * w_mag.max() > 2.0**52:  # else every element is exact
             inexact = np.outer(x_mag, w_mag) > 2.0**52
@@ -196,8 +200,6 @@ def _widened(w_bits, side: WeightSide, j0: int, step: int) -> np.ndarray:
     if side.scratch is None:
         return bf16_to_f32(wb).astype(np.float64)
     out = side.scratch(wb.size).reshape(wb.shape)
-    if side.native is not None:
-        return side.native.bf16_to_f64(wb, out)
     np.copyto(out, bf16_to_f32(wb))
     return out
 
@@ -215,28 +217,26 @@ def _row_sums_at(y, where, x_bits, w_bits, x=None, w=None) -> None:
 
 
 def twin_weight_side(ctx, w_ptr, w_bits: np.ndarray, m: int) -> WeightSide:
-    """The cached statistics of W (always kept), its float64 copy when m rows make a float64
-    matmul the fast way and the backend's conversion budget admits it, the native library."""
+    """W's statistics (always cached) and its float64 copy when the backend's conversion
+    budget admits it (else widened slice by slice into the cache's scratch buffer), and
+    the native library. With the native library and at most NATIVE_ROWS rows of X, or
+    beyond the budget, nothing is converted (it reads the BF16 weights itself)."""
     be = ctx.backend
-    n, k = w_bits.shape
     native = getattr(be, "native", None)
     cached = getattr(be, "converted", None)
-    if cached is None:   # a backend without a conversion cache
+    if cached is None or (native is not None and m <= NATIVE_ROWS):
         return WeightSide(native=native)
-    stats = cached(w_ptr, n * k * 2, "gemm_tc.row_stats", lambda: row_stats(w_bits, native),
+    n, k = w_bits.shape
+    f64 = cached(w_ptr, n * k * 2, "gemm_tc.f64", lambda: _widen_all(w_bits), 8 * n * k)
+    if native is not None and f64 is None:
+        return WeightSide(native=native)
+    stats = cached(w_ptr, n * k * 2, "gemm_tc.row_stats", lambda: row_stats(w_bits),
                    16 * n, always=True)
-    f64 = None
-    if native is None or m > NATIVE_ROWS:
-        f64 = cached(w_ptr, n * k * 2, "gemm_tc.f64", lambda: _widen_all(w_bits, native),
-                     8 * n * k)
-    return WeightSide(stats=stats, f64=f64, native=native,
-                      scratch=be.convert_cache.scratch)
+    return WeightSide(stats=stats, f64=f64, native=native, scratch=be.convert_cache.scratch)
 
 
-def _widen_all(w_bits, native) -> np.ndarray:
+def _widen_all(w_bits) -> np.ndarray:
     out = np.empty(w_bits.shape, np.float64)
-    if native is not None:
-        return native.bf16_to_f64(w_bits, out)
     step = max(1, _CHUNK_ELEMS // w_bits.shape[1])
     for j0 in range(0, w_bits.shape[0], step):
         np.copyto(out[j0:j0 + step], bf16_to_f32(w_bits[j0:j0 + step]))
