@@ -1,5 +1,5 @@
-"""Converted copies of HostBackend allocations (BF16 weights widened to float64 for the GEMM
-twin, per-row statistics), kept until the allocation is written or freed.
+"""Converted copies of HostBackend allocations (BF16 weights widened to float64 for the numpy
+path of the GEMM twin), kept until the allocation is written or freed.
 
 Soundness rests on HostBackend reporting every write: `drop(base)` runs after a copy or
 memset into the allocation at `base`, when a launch (a twin, or an emulated kernel) got a
@@ -8,16 +8,14 @@ outside a launch (`HostBackend.view`, `device_array`) may be written at any late
 while one is alive its allocation is `pinned` and never served from the cache.
 
 Budget: conversions are admitted first come, first served while their bytes fit
-`budget_bytes` (per-row statistics, a few bytes per weight row, are always admitted); one
-that does not fit is not cached (`lookup` returns None and the caller
-converts slice by slice into `scratch`). Nothing is evicted to make room, so a model
-larger than the budget keeps a fixed cached part instead of thrashing.
+`budget_bytes`; one that does not fit is not cached (`lookup` returns None and the caller
+converts for that call alone). Nothing is evicted to make room, so a model larger than the
+budget keeps a fixed cached part instead of thrashing.
 """
 from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-import numpy as np
 
 
 class _Entry(NamedTuple):
@@ -52,14 +50,12 @@ class ConvertCache:
         self.hits = self.misses = self.refused = 0
         self._by_base: dict[int, dict[tuple, _Entry]] = {}
         self._pinned: dict[int, int] = {}   # base -> live writable views outside launches
-        self._scratch = np.empty(0, np.float64)
 
     def lookup(self, base: int, offset: int, nbytes: int, kind: str,
-               convert: Callable[[], object], size: int, always: bool = False):
+               convert: Callable[[], object], size: int):
         """The cached value for `(offset, nbytes, kind)` of allocation `base`, converting
         (`convert()`, whose result holds `size` bytes) on a miss. None when the allocation is
-        pinned or `size` does not fit the budget (`always`: small per-row data, kept past
-        the budget): the caller converts without caching."""
+        pinned or `size` does not fit the budget: the caller converts without caching."""
         if base in self._pinned:
             self.refused += 1
             return None
@@ -70,7 +66,7 @@ class ConvertCache:
             if e is not None:
                 self.hits += 1
                 return e.value
-        if not always and self.used_bytes + size > self.budget_bytes:
+        if self.used_bytes + size > self.budget_bytes:
             self.refused += 1
             return None
         self.misses += 1
@@ -97,13 +93,6 @@ class ConvertCache:
         else:
             self._pinned.pop(base, None)
         self.drop(base)
-
-    def scratch(self, count: int) -> np.ndarray:
-        """A float64 buffer of `count` elements reused by every uncached conversion (its
-        contents are the caller's until the next call)."""
-        if self._scratch.size < count:
-            self._scratch = np.empty(int(count), np.float64)
-        return self._scratch[:count]
 
     def stats(self) -> dict:
         return {"budget_bytes": self.budget_bytes, "used_bytes": self.used_bytes,

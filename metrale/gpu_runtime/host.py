@@ -4,12 +4,12 @@
 model code is exercised exactly as on a GPU. The allocation table, the bounds-checked views
 twins see memory through and the conversion cache are `host_memory.HostMemory`.
 
-Converted copies of allocations (the GEMM twin's float64 weights and row statistics) live
+Converted copies of allocations (the GEMM twin's float64 weights, numpy path) live
 in `convert_cache` until the allocation is written or freed: every way memory here is
 written reports it (copies, memsets, a launch's writable views, a writable view handed
 out, see `convert_cache.py`), and twins read their inputs through `read`, which hands
-out read-only views. `native` is the compiled helper library the GEMM twin uses
-(`native.py`), None where it cannot be built.
+out read-only views. `native` is the compiled GEMM twin (`native.py`), which widens the
+BF16 weights in registers and caches nothing; None where it cannot be built.
 
 Streams are all 0 and run synchronously. Graph capture records launches and async copies
 and replays them, reading device buffers at replay time, which is how per-step values
@@ -59,9 +59,9 @@ class HostBackend(HostMemory):
                  convert_cache_bytes: int | None = None, native: bool | None = None) -> None:
         """memory_limit_bytes: the simulated device's size (None: the host's RAM).
         convert_cache_bytes: budget for cached conversions of allocations (float64 weights
-        for the GEMM twin; default half the RAM available now, 0 caches none of them).
-        native: the compiled GEMM helpers (None: when this machine can build them, True:
-        required, False: numpy only; the results are the same bits)."""
+        for the GEMM twin's numpy path; default half the RAM available now, 0 caches none).
+        native: the compiled GEMM twin (None: when this machine can build it, True:
+        required, False: numpy only, much slower; the results are the same bits)."""
         super().__init__(memory_limit_bytes, convert_cache_bytes)
         self._kernels: dict[tuple, KernelHandle] = {}
         self._events: dict[int, float] = {}

@@ -156,13 +156,13 @@ class HostMemory:
         return out
 
     def converted(self, ptr, nbytes: int, kind: str, convert: Callable[[], object],
-                  size: int, always: bool = False):
+                  size: int):
         """`convert()` of the `nbytes` at `ptr`, cached under `kind` until that allocation is
         written or freed (`size`: bytes the result holds). None when the budget refuses it
-        (unless `always`: small per-row data) or a writable view of it is out."""
+        or a writable view of it is out."""
         start, _ = self._locate(int(ptr), int(nbytes), 0)
         return self.convert_cache.lookup(start, int(ptr) - start, nbytes, kind, convert,
-                                         size, always)
+                                         size)
 
     def _write_view(self, ptr, nbytes: int) -> tuple[np.ndarray, int]:
         """(writable uint8 view, base) for a copy or memset; the caller writes, then drops."""

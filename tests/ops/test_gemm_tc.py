@@ -1,11 +1,11 @@
-"""The batch-invariant tensor-core GEMM (module "gemm_tc"): twin against float64 and exact
-sums, kernel against twin at ragged and real sizes, and bit-exact batch invariance across
+"""The batch-invariant tensor-core GEMM (module "gemm_tc"): twin against float64 and its
+16-lane definition (native and numpy paths), kernel against twin at ragged and real sizes, and bit-exact batch invariance across
 every m and every tile configuration."""
 import numpy as np
 import pytest
 
 from metrale.errors import InvalidArgument
-from metrale.gpu_runtime import kernel_source
+from metrale.gpu_runtime import kernel_source, native
 from metrale.ops import gemm_tc as T
 from metrale.ops.bf16 import bf16_to_f32, f32_to_bf16
 from tests.conftest import assert_close, real
@@ -41,12 +41,22 @@ def as_f32(y):
     return y if y.dtype == np.float32 else bf16_to_f32(y)
 
 
-def pairwise_f32(x, w):
-    """The twin's definition, element by element: f32 of numpy's float64 sum of the exact
-    products of row i of x and row j of w (small shapes only)."""
+def lanes_f32(x, w):
+    """The twin's definition written out position by position (small shapes only): lane
+    t % 16 of every element gets f32(lane + exact product) for t < k, padding adds nothing;
+    then the lane tree, + 0, the canonical NaN."""
     xf, wf = bf16_to_f32(x).astype(np.float64), bf16_to_f32(w).astype(np.float64)
-    return np.array([[np.sum(xf[i] * wf[j]) + 0.0 for j in range(len(w))]
-                     for i in range(len(x))]).astype(np.float32)
+    lanes = [np.zeros((len(x), len(w)), np.float32) for _ in range(16)]
+    with np.errstate(over="ignore", invalid="ignore"):
+        for t in range(x.shape[1]):
+            # float64 holds the product exactly and, when the two are near enough to
+            # matter, the sum: its float32 rounding is the one rounding of an FMA
+            lanes[t % 16] = (lanes[t % 16] + np.outer(xf[:, t], wf[:, t])).astype(np.float32)
+    for half in (8, 4, 2, 1):
+        lanes = [lanes[i] + lanes[i + half] for i in range(half)]
+    y = lanes[0] + np.float32(0.0)
+    y[np.isnan(y)] = np.uint32(0x7FC00000).view(np.float32)
+    return y
 
 
 def test_entry_points_exist():
@@ -73,51 +83,63 @@ def test_twin_matches_float64(host, rng, m, n, k, out_fp32):
 
 
 @pytest.mark.parametrize("m,n,k", [(5, 9, 37), (17, 6, 300), (2, 3, 1000), (12, 40, 6000)])
-def test_twin_is_f32_of_the_pairwise_sum_of_exact_products(host, rng, m, n, k):
-    # (12, 40, 6000): about 1% of the elements are too close to a float32 rounding boundary
-    # for the float64 matmul's error bound and take the direct sum
+@pytest.mark.parametrize("path", ["native", "numpy"])
+def test_twin_is_the_16_lane_float32_sum(rng, m, n, k, path):
     x, w = operands(rng, m, n, k)
-    assert np.array_equal(bits(run_tc(host, x, w, True)), bits(pairwise_f32(x, w)))
+    nat = native_or_skip() if path == "native" else None
+    assert np.array_equal(bits(T.dot_f32(x, w, nat)), bits(lanes_f32(x, w)))
 
 
-def test_twin_falls_back_to_the_row_sum_where_float64_cannot_tell():
-    # products 2^60 (k=0), 2^-10 (k=1), -2^60 (k=4): the float64 sum is 2^-10 or 0 by
-    # order. With this machine's OpenBLAS a plain matmul gives 2^-10 for the row alone (a
-    # GEMV) and 0 inside 5 x 7 (a GEMM): exactly the m-dependence the twin must not have.
-    # The error bound covers both, so the twin takes numpy's fixed-order sum of the row.
+def native_or_skip():
+    nat = native.try_load()
+    if nat is None:
+        pytest.skip("no C++ compiler: the native GEMM twin cannot be built")
+    return nat
+
+
+@pytest.mark.parametrize("path", ["native", "numpy"])
+def test_twin_result_is_a_function_of_the_two_rows(path):
+    # products 2^60 (t=0), 2^-10 (t=1), -2^60 (t=16): 2^-10 by the twin's order (t=0 and
+    # t=16 share lane 0), 0 by a sequential one; alone or inside a 5 x 7 block the same
+    nat = native_or_skip() if path == "native" else None
     xr, wr = np.zeros((1, 32), np.float32), np.zeros((1, 32), np.float32)
-    xr[0, [0, 1, 4]] = [2.0**30, 1.0, -(2.0**30)]
-    wr[0, [0, 1, 4]] = [2.0**30, 2.0**-10, 2.0**30]
+    xr[0, [0, 1, 16]] = [2.0**30, 1.0, -(2.0**30)]
+    wr[0, [0, 1, 16]] = [2.0**30, 2.0**-10, 2.0**30]
     x, w = f32_to_bf16(xr), f32_to_bf16(wr)
-    alone = T.pairwise_dot_f32(x, w)
-    inside = T.pairwise_dot_f32(np.repeat(x, 5, axis=0), np.repeat(w, 7, axis=0))
-    assert np.array_equal(bits(alone), bits(pairwise_f32(x, w)))
+    alone = T.dot_f32(x, w, nat)
+    inside = T.dot_f32(np.repeat(x, 5, axis=0), np.repeat(w, 7, axis=0), nat)
+    assert alone[0, 0] == 2.0**-10
     assert np.array_equal(bits(inside), bits(np.broadcast_to(alone, (5, 7))))
     # an exactly cancelling row is +0, as the kernel's accumulator gives
-    z = T.pairwise_dot_f32(f32_to_bf16(np.array([[1.0, 1.0, -2.0]], np.float32)),
-                           f32_to_bf16(np.array([[1.0, 1.0, 1.0]], np.float32)))
+    z = T.dot_f32(f32_to_bf16(np.array([[1.0, 1.0, -2.0]], np.float32)),
+                  f32_to_bf16(np.array([[1.0, 1.0, 1.0]], np.float32)), nat)
     assert z[0, 0] == 0.0 and not np.signbit(z[0, 0])
 
 
-def test_twin_exactness_test_handles_zeros_subnormals_and_wide_rows(rng):
-    # rows: all zero; BF16 subnormals with normals; values spanning 2^-60 .. 2^60 (no
-    # common grid fits 2^52 units: the error-bound path); ordinary values
-    x = np.zeros((4, 40), np.uint16)
+@pytest.mark.parametrize("path", ["native", "numpy"])
+def test_twin_handles_zeros_subnormals_and_wide_rows(rng, path):
+    # rows: all zero; BF16 subnormals with normals; values spanning 2^-60 .. 2^60; products
+    # in the float32 subnormals; ordinary values
+    nat = native_or_skip() if path == "native" else None
+    x = np.zeros((5, 40), np.uint16)
     x[1, :20] = rng.integers(1, 0x80, 20)                                  # subnormals
     x[1, 20:] = f32_to_bf16(rng.standard_normal(20).astype(np.float32))
     x[2] = f32_to_bf16((rng.standard_normal(40) * 2.0 ** rng.integers(-60, 60, 40))
                        .astype(np.float32))
-    x[3] = f32_to_bf16(rng.standard_normal(40).astype(np.float32))
+    x[3] = f32_to_bf16((rng.standard_normal(40) * 2.0**-66).astype(np.float32))
+    x[4] = f32_to_bf16(rng.standard_normal(40).astype(np.float32))
     w = np.concatenate([x, f32_to_bf16(rng.standard_normal((5, 40)).astype(np.float32))])
-    y = T.pairwise_dot_f32(x, w)
-    assert np.array_equal(bits(y), bits(pairwise_f32(x, w)))
+    y = T.dot_f32(x, w, nat)
+    assert np.array_equal(bits(y), bits(lanes_f32(x, w)))
     assert not np.signbit(y[0]).any() and not y[0].any()
 
 
-def test_twin_keeps_nan_and_inf():
+@pytest.mark.parametrize("path", ["native", "numpy"])
+def test_twin_keeps_nan_and_inf(path):
+    nat = native_or_skip() if path == "native" else None
     x = f32_to_bf16(np.array([[np.inf, 1.0], [np.nan, 0.0], [1.0, 2.0]], np.float32))
     w = f32_to_bf16(np.array([[1.0, 1.0], [-1.0, 3.0]], np.float32))
-    y = T.pairwise_dot_f32(x, w)
+    y = T.dot_f32(x, w, nat)
     assert y[0, 0] == np.inf and y[0, 1] == -np.inf
     assert np.isnan(y[1]).all() and np.array_equal(y[2], [3.0, 5.0])
 

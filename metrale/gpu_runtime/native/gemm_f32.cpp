@@ -1,0 +1,317 @@
+// The GEMM twin computed natively: HostBackend's fast path for the tensor-core GEMM twin
+// (metrale/ops/gemm_tc.py, `dot_f32`), built and loaded by metrale/gpu_runtime/native.py.
+//
+// Formula, for x [m, k] and w [n, k] BF16 bits (uint16, rows contiguous, 2-byte aligned)
+// and y [m, n] (float32, or BF16 bits rounded to nearest even with NaN -> 0x7FFF):
+//   k16 = k rounded up to a multiple of 16, both rows zero-padded to k16;
+//   lane l = 0..15: a_l = +0; for t = l, l + 16, ..., < k16 in order:
+//       a_l = f32(a_l + x[t] w[t])            (one rounding: the product is exact)
+//   8 lanes: b_l = a_l + a_{l+8}; then 4: c_l = b_l + b_{l+4}; 2: d_l = c_l + c_{l+2};
+//   y = (d_0 + d_1) + 0, every addition in float32; a NaN result is 0x7FC00000.
+// One fixed order per element that depends on k alone, so a row's result never depends on
+// m, its position, the thread split or the blocking: batch invariance by construction.
+// The numpy path of gemm_tc.py computes the same bits (tests/ops/test_gemm_tc.py and
+// tests/gpu_runtime/test_convert_cache.py compare them on adversarial inputs).
+//
+// Vectorization: the 16 lanes are one vector (AVX-512: one register) and a_l + x w is an
+// FMA, which rounds once, as the formula says. MR x NR register tiles; W is read as BF16
+// and widened in registers when x has at most kDirectRows rows (decode: memory-bound, W
+// read once), else W goes in blocks widened once into a float32 panel that stays in L2
+// while every row group passes over it. Threads split the n columns into contiguous
+// ranges. Built without -ffast-math: signed zeros, NaN, Inf and subnormals follow IEEE.
+// Restrictions: m, n, k >= 1; y must not overlap x or w.
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace {
+
+typedef float v16f __attribute__((vector_size(64)));
+typedef float v16f_u __attribute__((vector_size(64), aligned(4), may_alias));
+typedef float v8f __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16)));
+typedef float v2f __attribute__((vector_size(8)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+typedef uint16_t v16h __attribute__((vector_size(32)));
+typedef uint16_t v16h_u __attribute__((vector_size(32), aligned(2), may_alias));
+
+#if defined(__AVX512F__)
+constexpr int MR = 4, NR = 4;   // 16 accumulators + 4 w + 1 x of 32 vector registers
+#else
+constexpr int MR = 2, NR = 2;   // AVX2: a 16-float vector is two of the 16 registers
+#endif
+constexpr int kDirectRows = MR;
+
+inline float bf16_to_f32(uint16_t b) {
+    uint32_t u = uint32_t(b) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FFF;
+    return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+inline v16f load16(const float *p) { return *reinterpret_cast<const v16f_u *>(p); }
+
+inline v16f widen16(const uint16_t *p) {
+    v16h h = *reinterpret_cast<const v16h_u *>(p);
+    return reinterpret_cast<v16f>(__builtin_convertvector(h, v16u) << 16);
+}
+
+// The formula's lane tree, then + 0 and the canonical NaN.
+inline float reduce16(v16f a) {
+    v8f b = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) +
+            __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
+    v4f c = __builtin_shufflevector(b, b, 0, 1, 2, 3) + __builtin_shufflevector(b, b, 4, 5, 6, 7);
+    v2f d = __builtin_shufflevector(c, c, 0, 1) + __builtin_shufflevector(c, c, 2, 3);
+    float y = (d[0] + d[1]) + 0.0f;
+    if (y != y) {
+        const uint32_t nan = 0x7FC00000u;
+        std::memcpy(&y, &nan, 4);
+    }
+    return y;
+}
+
+// W rows as BF16 bits (widened in registers; the last partial 16 from a zero-padded copy)
+// or as a float32 panel already zero-padded to k16.
+struct WBits {
+    const uint16_t *p;
+    int64_t k, k_full;   // k_full: k rounded down to a multiple of 16
+    v16f load(int64_t row, int64_t t) const {
+        const uint16_t *r = p + row * k;
+        if (t < k_full) return widen16(r + t);
+        alignas(64) uint16_t tail[16] = {};
+        std::memcpy(tail, r + t, size_t(k - t) * 2);
+        return widen16(tail);
+    }
+    WBits rows(int64_t r0) const { return {p + r0 * k, k, k_full}; }
+};
+struct WPanel {
+    const float *p;
+    int64_t k16;
+    v16f load(int64_t row, int64_t t) const { return load16(p + row * k16 + t); }
+    WPanel rows(int64_t r0) const { return {p + r0 * k16, k16}; }
+};
+
+struct Out {
+    float *f32;      // one of the two
+    uint16_t *bf16;
+    int64_t n;
+    void put(int64_t i, int64_t j, float v) const {
+        if (f32) f32[i * n + j] = v;
+        else bf16[i * n + j] = f32_to_bf16(v);
+    }
+};
+
+// y[i0 + a, j + b] for a < R, b < C: x rows (float32, stride k16, zero-padded).
+template <int R, int C, class W>
+inline void tile(const float *x, int64_t k16, const W &w, const Out &out, int64_t i0,
+                 int64_t j) {
+    v16f acc[R * C];
+    for (int e = 0; e < R * C; e++) acc[e] = v16f{};
+    for (int64_t t = 0; t < k16; t += 16) {
+        v16f wv[C];
+        for (int b = 0; b < C; b++) wv[b] = w.load(b, t);
+        for (int a = 0; a < R; a++) {
+            v16f xv = load16(x + a * k16 + t);
+            for (int b = 0; b < C; b++) acc[a * C + b] += xv * wv[b];   // FMA
+        }
+    }
+    for (int a = 0; a < R; a++)
+        for (int b = 0; b < C; b++) out.put(i0 + a, j + b, reduce16(acc[a * C + b]));
+}
+
+// Rows [i0, i0 + R) over columns [j0, j1) (w holds W's rows from j0).
+template <int R, class W>
+void row_group(const float *x, int64_t k16, const W &w, const Out &out, int64_t i0,
+               int64_t j0, int64_t j1) {
+    int64_t j = j0;
+    for (; j + NR <= j1; j += NR) tile<R, NR>(x, k16, w.rows(j - j0), out, i0, j);
+    for (; j < j1; j++) tile<R, 1>(x, k16, w.rows(j - j0), out, i0, j);
+}
+
+template <class W>
+void all_rows(const float *x, int64_t m, int64_t k16, const W &w, const Out &out, int64_t j0,
+              int64_t j1) {
+    int64_t i = 0;
+    for (; i + MR <= m; i += MR) row_group<MR>(x + i * k16, k16, w, out, i, j0, j1);
+    for (; i < m; i++) row_group<1>(x + i * k16, k16, w, out, i, j0, j1);
+}
+
+struct Job {
+    const float *x;      // [m, k16] float32, zero-padded
+    const uint16_t *w;   // [n, k] BF16 bits
+    Out out;
+    int64_t m, n, k, k16;
+};
+
+// Columns [j_lo, j_hi): W in blocks of about 192 KiB of float32 (a multiple of NR rows).
+void columns(const Job &job, int64_t j_lo, int64_t j_hi) {
+    const WBits wb{job.w, job.k, job.k / 16 * 16};
+    if (job.m <= kDirectRows) {
+        all_rows(job.x, job.m, job.k16, wb.rows(j_lo), job.out, j_lo, j_hi);
+        return;
+    }
+    const int64_t jb = std::max<int64_t>(NR, (int64_t(192) << 10) / (job.k16 * 4) / NR * NR);
+    std::vector<float> panel(size_t(jb * job.k16));
+    for (int64_t j0 = j_lo; j0 < j_hi; j0 += jb) {
+        const int64_t j1 = std::min(j_hi, j0 + jb);
+        for (int64_t r = 0; r < j1 - j0; r++)
+            for (int64_t t = 0; t < job.k16; t += 16)
+                *reinterpret_cast<v16f_u *>(panel.data() + r * job.k16 + t) =
+                    wb.load(j0 + r, t);
+        all_rows(job.x, job.m, job.k16, WPanel{panel.data(), job.k16}, job.out, j0, j1);
+    }
+}
+
+// A fixed set of worker threads. run(nt, f) calls f(0..nt-1), f(0) on the caller's thread,
+// and returns when all are done. Between calls a worker polls for about kSpinNs (the GEMMs
+// of one decode step follow each other within microseconds; a futex wake-up per call
+// would cost more than a small GEMM), then sleeps on a condition variable, so an idle
+// process leaves the cores to others.
+constexpr int64_t kSpinNs = 200000;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+inline int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+class Pool {
+  public:
+    void run(int nt, const std::function<void(int)> &f) {
+        if (nt <= 1) {
+            f(0);
+            return;
+        }
+        std::lock_guard<std::mutex> one_call(call_mu_);  // callers from several threads
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            while (int(workers_.size()) < nt - 1) {
+                int id = int(workers_.size()) + 1;
+                workers_.emplace_back([this, id] { loop(id); });
+                workers_.back().detach();
+            }
+            job_ = &f;
+            active_ = nt;
+            pending_.store(nt - 1, std::memory_order_relaxed);
+            generation_.fetch_add(1, std::memory_order_release);
+        }
+        wake_.notify_all();
+        f(0);
+        const int64_t t0 = now_ns();
+        while (pending_.load(std::memory_order_acquire) != 0) {
+            if (now_ns() - t0 > kSpinNs) {
+                std::unique_lock<std::mutex> lk(mu_);
+                done_.wait(lk, [this] { return pending_.load() == 0; });
+                break;
+            }
+            cpu_relax();
+        }
+    }
+
+  private:
+    void loop(int id) {
+        uint64_t seen = 0;
+        for (;;) {
+            const int64_t t0 = now_ns();
+            while (generation_.load(std::memory_order_acquire) == seen &&
+                   now_ns() - t0 < kSpinNs)
+                cpu_relax();
+            const std::function<void(int)> *job;
+            {
+                std::unique_lock<std::mutex> lk(mu_);
+                wake_.wait(lk, [&] { return generation_.load() != seen; });
+                seen = generation_.load();
+                if (id >= active_) continue;
+                job = job_;
+            }
+            (*job)(id);
+            if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+                std::lock_guard<std::mutex> lk(mu_);   // the caller may be asleep
+                done_.notify_one();
+            }
+        }
+    }
+    std::mutex call_mu_, mu_;
+    std::condition_variable wake_, done_;
+    std::vector<std::thread> workers_;
+    const std::function<void(int)> *job_ = nullptr;
+    std::atomic<uint64_t> generation_{0};
+    std::atomic<int> pending_{0};
+    int active_ = 0;
+};
+
+Pool *g_pool = nullptr;   // leaked on purpose: never destroyed under a sleeping worker
+std::atomic<int> g_threads{1};
+
+void forget_pool_in_child() { g_pool = nullptr; }  // a forked child has no workers
+
+Pool &pool() {
+    static bool registered = (pthread_atfork(nullptr, nullptr, forget_pool_in_child), true);
+    (void)registered;
+    if (g_pool == nullptr) g_pool = new Pool();
+    return *g_pool;
+}
+
+void gemm(const uint16_t *x, const uint16_t *w, int64_t m, int64_t n, int64_t k, Out out) {
+    const int64_t k16 = (k + 15) / 16 * 16;
+    std::vector<float> xf(size_t(m * k16), 0.0f);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t t = 0; t < k; t++) xf[i * k16 + t] = bf16_to_f32(x[i * k + t]);
+    const Job job{xf.data(), w, out, m, n, k, k16};
+    // Threads only when each gets at least ~256K multiply-adds; ranges in multiples of NR.
+    int nt = int(std::min<int64_t>(g_threads.load(), (m * n * k16) >> 18));
+    nt = int(std::min<int64_t>(std::max(nt, 1), (n + NR - 1) / NR));
+    const int64_t per = ((n + nt - 1) / nt + NR - 1) / NR * NR;
+    std::function<void(int)> run = [&](int t) {
+        const int64_t lo = std::min(n, t * per), hi = std::min(n, lo + per);
+        if (lo < hi) columns(job, lo, hi);
+    };
+    pool().run(nt, run);
+}
+
+}  // namespace
+
+extern "C" {
+
+// Threads later calls may use (the caller passes the CPUs it may run on).
+__attribute__((visibility("default"))) void md_set_threads(int n) {
+    g_threads.store(std::max(1, n));
+}
+
+// y [m, n] float32 (see the file header).
+__attribute__((visibility("default"))) void md_gemm_f32(const uint16_t *x, const uint16_t *w,
+                                                        int64_t m, int64_t n, int64_t k,
+                                                        float *y) {
+    gemm(x, w, m, n, k, Out{y, nullptr, n});
+}
+
+// y [m, n] BF16 bits: the float32 result rounded to nearest even, NaN -> 0x7FFF.
+__attribute__((visibility("default"))) void md_gemm_bf16(const uint16_t *x, const uint16_t *w,
+                                                         int64_t m, int64_t n, int64_t k,
+                                                         uint16_t *y) {
+    gemm(x, w, m, n, k, Out{nullptr, y, n});
+}
+
+}  // extern "C"
