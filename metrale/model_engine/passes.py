@@ -138,6 +138,51 @@ class DecoderPasses:
         lm_head(self, stream, hidden_row, 1, logits)
         return logits
 
+    def _prefill_pass_batch(self, items, stream: int) -> list[DevicePtr]:
+        """Several sequences' chunks in one forward pass: items (seq, chunk, logits_row or
+        None), sequences distinct and in the model's pool, sum of chunk lengths <=
+        ws.max_tokens, at most ws.max_rows items. Per item the logits pointer (row
+        `logits_row`, as `_prefill_pass`) or NULL. Every kernel keeps rows or sequences
+        apart (the GEMM is batch-invariant, attention runs per sequence), so each item's
+        results are the bits of its own `_prefill_pass`."""
+        ws, bs, b = self._ws, self._block_size, self.backend
+        seqs = [seq for seq, _, _ in items]
+        ends, n = [], 0
+        with self._growth_guard(seqs):
+            self._reserve_for_writes([(seq, len(chunk)) for seq, chunk, _ in items], stream)
+            for r, (seq, chunk, _) in enumerate(items):
+                k = len(chunk)
+                pos = np.arange(seq.seq_len, seq.seq_len + k, dtype=np.int64)
+                table = np.asarray(seq.block_table, np.int64)
+                ws.h_tokens[n:n + k] = chunk
+                ws.h_positions[n:n + k] = pos
+                ws.h_slots[n:n + k] = table[pos // bs] * bs + pos % bs
+                self._fill_table_row(r, seq.block_table)
+                ws.h_kv_lens[r] = seq.seq_len + k
+                ws.h_indptr[r] = n
+                n += k
+                ends.append(n)
+            ws.h_indptr[len(items)] = n
+            ws.upload_step(stream, n, len(items))
+            run_decoder(self, stream, n, decode=False, n_seqs=len(items),
+                        max_q_len=max(len(c) for _, c, _ in items), out_ptr=ws.normed)
+        for seq, chunk, _ in items:
+            seq.tokens.extend(int(t) for t in chunk)
+            seq.seq_len += len(chunk)
+        hid_bytes = self._meta.hidden_size * 2
+        out = []
+        for (_, _, row), end in zip(items, ends):
+            if row is None:
+                out.append(DevicePtr.NULL)
+                continue
+            hidden_row = ws.final_hidden.offset(row * hid_bytes)
+            b.copy_d2d_async(ws.normed.offset((end - 1) * hid_bytes), hidden_row, hid_bytes,
+                             stream)
+            logits = ws.logits.offset(row * self._meta.vocab_size * ws.logit_bytes)
+            lm_head(self, stream, hidden_row, 1, logits)
+            out.append(logits)
+        return out
+
     # decode --------------------------------------------------------------------------
     def _decode_rows(self, rows: Sequence[tuple[SequenceState, Sequence[int]]], stream: int,
                      what: str, embeds: np.ndarray | None = None) -> DevicePtr:

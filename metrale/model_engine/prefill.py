@@ -154,19 +154,47 @@ class PromptPrefill:
             raise
 
     def _run_plans(self, plans: list[_Plan], stream: int, row_base: int) -> list[DevicePtr]:
-        if row_base + len(plans) > self._ws.logits_rows:
+        """Every plan's chunk; plans whose rest fits one pass share passes (in order, up to
+        ws.max_tokens tokens and ws.max_rows sequences each), the rest run alone in
+        ws.max_tokens pieces. Slice i's logits go to row row_base + i."""
+        ws = self._ws
+        if row_base + len(plans) > ws.logits_rows:
             row_base = 0   # as the original: never write past the arena
-        out = []
+        out: list[DevicePtr] = [NULL] * len(plans)
+        group: list[int] = []
+
+        def run_group() -> None:
+            items = []
+            for i in group:
+                p = plans[i]
+                pos = max(p.start, p.seq.seq_len)
+                items.append((p.seq, p.tokens[pos:p.end], row_base + i if p.is_last else None))
+            for i, ptr in zip(group, self._prefill_pass_batch(items, stream)):
+                out[i] = ptr
+                if plans[i].is_last:
+                    self.cache_sequence(plans[i].seq)   # the prompt enters the prefix cache
+            group.clear()
+
         for i, p in enumerate(plans):
+            rest = p.end - max(p.start, p.seq.seq_len)
+            if p.seq.arena is None and 0 < rest <= ws.max_tokens:
+                if group and (sum(plans[j].end - max(plans[j].start, plans[j].seq.seq_len)
+                                  for j in group) + rest > ws.max_tokens or
+                              len(group) == ws.max_rows):
+                    run_group()
+                group.append(i)
+                continue
             ptr, pos = NULL, max(p.start, p.seq.seq_len)
             while pos < p.end:
-                n = min(self._ws.max_tokens, p.end - pos)
+                n = min(ws.max_tokens, p.end - pos)
                 ptr = self._prefill_pass(p.seq, p.tokens[pos:pos + n], stream,
                                          want_logits=p.is_last and pos + n == p.end,
                                          logits_row=row_base + i)
                 pos += n
             if p.is_last:
                 self.cache_sequence(p.seq)   # the prompt enters the prefix cache
-            out.append(ptr if p.is_last else NULL)
+            out[i] = ptr if p.is_last else NULL
+        if group:
+            run_group()
         return out
 

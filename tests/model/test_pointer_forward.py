@@ -224,3 +224,49 @@ def test_reference_scheduler_reserves_blocks_through_the_api(monkeypatch):
     sched = Scheduler(m, chunk_tokens=6)
     rid = sched.add_request(IDS[:14], 3, stop_token_ids=[])
     assert len(sched.run()[rid].output) == 3 and calls
+
+
+def _logits(m, ptr):
+    V = m.vocab_size()
+    bits = np.empty(V, np.uint16)
+    m.backend.copy_d2h(ptr, bits)
+    return bits
+
+
+def test_batched_prefill_shares_passes_and_equals_each_slice_alone(monkeypatch):
+    """Slices whose rest fits one pass run together (one prefill attention launch per
+    layer for the group), with every logits row, hidden row and later decode step equal
+    bit for bit to the same slice prefilled alone; a group past max_tokens splits."""
+    m = load(NAME, HostBackend(), kv_blocks=64, block_size=4, max_prefill_tokens=16)
+    solo = load(NAME, HostBackend(), kv_blocks=64, block_size=4, max_prefill_tokens=16)
+    s, layers = m.default_stream(), m._meta.num_layers
+    prompts = [IDS[:6], IDS[:12], IDS[3:9], IDS[1:4], IDS[::-1][:7]]
+    q = [m.alloc_sequence() for _ in prompts]
+    m.prefill(prompts[3][:2], q[3], s)           # a sequence continuing from position 2
+    slices = [PrefillSlice(prompts[0], q[0], 0, 6, True),
+              PrefillSlice(prompts[1], q[1], 0, 5, False),      # not the last chunk
+              PrefillSlice(prompts[2], q[2], 0, 6, True),
+              PrefillSlice(prompts[3], q[3], 2, 1, True),
+              PrefillSlice(prompts[4], q[4], 0, 7, True)]       # 6+5+6+1 = 18 > 16: splits
+    calls = count_launches(m, monkeypatch)
+    ptrs = m.prefill_batch_chunk(slices, s)
+    monkeypatch.undo()
+    attn = [c for c in calls if "prefill_attention" in str(c)]
+    assert len(attn) == 2 * layers           # [0, 1, 2] then [3, 4]: two passes
+    assert ptrs[1].is_null()
+    for i, sl in enumerate(slices):
+        r = solo.alloc_sequence()
+        if i == 3:
+            solo.prefill(prompts[3][:2], r, s)
+            want = solo.prefill_chunk(prompts[3], r, 2, 1, True, s)
+        elif sl.is_last_chunk:
+            want = solo.prefill(sl.prompt_tokens, r, s)
+        else:
+            solo.prefill_chunk(sl.prompt_tokens, r, 0, 5, False, s)
+        if sl.is_last_chunk:
+            assert np.array_equal(_logits(m, ptrs[i]), _logits(solo, want)), i
+            assert np.array_equal(hidden_row(m, i), hidden_row(solo, 0)), i
+            got_d = _logits(m, m.decode(5, q[i], s))
+            assert np.array_equal(got_d, _logits(solo, solo.decode(5, r, s))), i
+        assert q[i].seq_len == r.seq_len and q[i].tokens == r.tokens
+        solo.free_sequence(r)

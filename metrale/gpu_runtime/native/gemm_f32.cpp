@@ -14,10 +14,10 @@
 // tests/gpu_runtime/test_convert_cache.py compare them on adversarial inputs).
 //
 // Vectorization: the 16 lanes are one vector (AVX-512: one register) and a_l + x w is an
-// FMA, which rounds once, as the formula says. MR x NR register tiles; W is read as BF16
-// and widened in registers when x has at most kDirectRows rows (decode: memory-bound, W
-// read once), else W goes in blocks widened once into a float32 panel that stays in L2
-// while every row group passes over it. Threads split the n columns into contiguous
+// FMA, which rounds once, as the formula says. Register tiles; W is read as BF16 and
+// widened in registers when x has at most kDirectRows rows (decode: memory-bound, W read
+// once), else W goes in blocks widened once into a float32 panel that stays in L2 while
+// every MR-row group passes over it. Threads split the n columns into contiguous
 // ranges. Built without -ffast-math: signed zeros, NaN, Inf and subnormals follow IEEE.
 // Restrictions: m, n, k >= 1; y must not overlap x or w.
 #include <pthread.h>
@@ -46,10 +46,13 @@ typedef uint16_t v16h_u __attribute__((vector_size(32), aligned(2), may_alias));
 
 #if defined(__AVX512F__)
 constexpr int MR = 4, NR = 4;   // 16 accumulators + 4 w + 1 x of 32 vector registers
+constexpr int kDirectRows = 8;  // up to 8 rows of x: R x direct_cols(R) tiles from BF16 W
+constexpr int direct_cols(int r) { return r <= 2 ? 8 : r <= 4 ? 4 : 2; }
 #else
 constexpr int MR = 2, NR = 2;   // AVX2: a 16-float vector is two of the 16 registers
+constexpr int kDirectRows = 2;
+constexpr int direct_cols(int) { return 2; }
 #endif
-constexpr int kDirectRows = MR;
 
 inline float bf16_to_f32(uint16_t b) {
     uint32_t u = uint32_t(b) << 16;
@@ -135,21 +138,33 @@ inline void tile(const float *x, int64_t k16, const W &w, const Out &out, int64_
         for (int b = 0; b < C; b++) out.put(i0 + a, j + b, reduce16(acc[a * C + b]));
 }
 
-// Rows [i0, i0 + R) over columns [j0, j1) (w holds W's rows from j0).
-template <int R, class W>
+// Rows [i0, i0 + R) over columns [j0, j1) in R x C tiles (w holds W's rows from j0).
+template <int R, int C, class W>
 void row_group(const float *x, int64_t k16, const W &w, const Out &out, int64_t i0,
                int64_t j0, int64_t j1) {
     int64_t j = j0;
-    for (; j + NR <= j1; j += NR) tile<R, NR>(x, k16, w.rows(j - j0), out, i0, j);
+    for (; j + C <= j1; j += C) tile<R, C>(x, k16, w.rows(j - j0), out, i0, j);
     for (; j < j1; j++) tile<R, 1>(x, k16, w.rows(j - j0), out, i0, j);
+}
+
+// Every row of a small x (m <= kDirectRows) in one R x direct_cols(R) tile pass over W,
+// so each W element is read and widened once.
+template <int R>
+bool direct(const float *x, int64_t m, int64_t k16, const WBits &w, const Out &out,
+            int64_t j0, int64_t j1) {
+    if constexpr (R > 1)
+        if (m < R) return direct<R - 1>(x, m, k16, w, out, j0, j1);
+    if (m != R) return false;
+    row_group<R, direct_cols(R)>(x, k16, w, out, 0, j0, j1);
+    return true;
 }
 
 template <class W>
 void all_rows(const float *x, int64_t m, int64_t k16, const W &w, const Out &out, int64_t j0,
               int64_t j1) {
     int64_t i = 0;
-    for (; i + MR <= m; i += MR) row_group<MR>(x + i * k16, k16, w, out, i, j0, j1);
-    for (; i < m; i++) row_group<1>(x + i * k16, k16, w, out, i, j0, j1);
+    for (; i + MR <= m; i += MR) row_group<MR, NR>(x + i * k16, k16, w, out, i, j0, j1);
+    for (; i < m; i++) row_group<1, NR>(x + i * k16, k16, w, out, i, j0, j1);
 }
 
 struct Job {
@@ -163,7 +178,7 @@ struct Job {
 void columns(const Job &job, int64_t j_lo, int64_t j_hi) {
     const WBits wb{job.w, job.k, job.k / 16 * 16};
     if (job.m <= kDirectRows) {
-        all_rows(job.x, job.m, job.k16, wb.rows(j_lo), job.out, j_lo, j_hi);
+        direct<kDirectRows>(job.x, job.m, job.k16, wb.rows(j_lo), job.out, j_lo, j_hi);
         return;
     }
     const int64_t jb = std::max<int64_t>(NR, (int64_t(192) << 10) / (job.k16 * 4) / NR * NR);
