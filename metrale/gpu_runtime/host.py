@@ -25,8 +25,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import DeviceError, InvalidArgument, KernelError
+from . import blas_threads, twins
 from . import native as _native
-from . import twins
 from .host_memory import HostMemory
 from .types import DevicePtr, KernelHandle, check_launch_args
 
@@ -71,6 +71,9 @@ class HostBackend(HostMemory):
         self._capture: list[Callable[[], None]] | None = None
         self.native = (_native.load() if native else
                        None if native is not None else _native.try_load())
+        # twins run with one BLAS thread: spinning OpenBLAS workers would take the
+        # native GEMM's cores (blas_threads.py)
+        self._blas = blas_threads.openblas()
 
     # copies ---------------------------------------------------------------------------
     def copy_h2d(self, src_bytes, dst_ptr: DevicePtr) -> None:
@@ -149,7 +152,8 @@ class HostBackend(HostMemory):
         when it returns (a twin's writes all happen during its call)."""
         outer, self._launch_writes = self._launch_writes, set()
         try:
-            fn(*args)
+            with blas_threads.limit(self._blas):
+                fn(*args)
         finally:
             wrote, self._launch_writes = self._launch_writes, outer
             for base in wrote:

@@ -89,6 +89,42 @@ inline float reduce16(v16f a) {
     return y;
 }
 
+// reduce16 of a[0..15] at once, into y[0..15]: each level adds the same operands as
+// reduce16 (lanes l and l + 8, then l and l + 4, ...), several elements per vector:
+// level 1 holds 2 elements x 8 lanes per vector, level 2 4 x 4, level 3 8 x 2, level 4
+// 16 x 1 in element order.
+inline void reduce16x16(const v16f *a, float *y) {
+    v16f v[8], u[4], t[2];
+    for (int i = 0; i < 8; i++)
+        v[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17,
+                                       18, 19, 20, 21, 22, 23) +
+               __builtin_shufflevector(a[2 * i], a[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24,
+                                       25, 26, 27, 28, 29, 30, 31);
+    for (int j = 0; j < 4; j++)
+        u[j] = __builtin_shufflevector(v[2 * j], v[2 * j + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17,
+                                       18, 19, 24, 25, 26, 27) +
+               __builtin_shufflevector(v[2 * j], v[2 * j + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20,
+                                       21, 22, 23, 28, 29, 30, 31);
+    for (int q = 0; q < 2; q++)
+        t[q] = __builtin_shufflevector(u[2 * q], u[2 * q + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17,
+                                       20, 21, 24, 25, 28, 29) +
+               __builtin_shufflevector(u[2 * q], u[2 * q + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18,
+                                       19, 22, 23, 26, 27, 30, 31);
+    v16f r = __builtin_shufflevector(t[0], t[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22,
+                                     24, 26, 28, 30) +
+             __builtin_shufflevector(t[0], t[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25,
+                                     27, 29, 31);
+    r = r + v16f{};
+    for (int e = 0; e < 16; e++) {
+        float f = r[e];
+        if (f != f) {
+            const uint32_t nan = 0x7FC00000u;
+            std::memcpy(&f, &nan, 4);
+        }
+        y[e] = f;
+    }
+}
+
 // W rows as BF16 bits (widened in registers; the last partial 16 from a zero-padded copy)
 // or as a float32 panel already zero-padded to k16.
 struct WBits {
@@ -134,8 +170,15 @@ inline void tile(const float *x, int64_t k16, const W &w, const Out &out, int64_
             for (int b = 0; b < C; b++) acc[a * C + b] += xv * wv[b];   // FMA
         }
     }
-    for (int a = 0; a < R; a++)
-        for (int b = 0; b < C; b++) out.put(i0 + a, j + b, reduce16(acc[a * C + b]));
+    if constexpr (R * C % 16 == 0) {
+        float y[R * C];
+        for (int e = 0; e < R * C; e += 16) reduce16x16(acc + e, y + e);
+        for (int a = 0; a < R; a++)
+            for (int b = 0; b < C; b++) out.put(i0 + a, j + b, y[a * C + b]);
+    } else {
+        for (int a = 0; a < R; a++)
+            for (int b = 0; b < C; b++) out.put(i0 + a, j + b, reduce16(acc[a * C + b]));
+    }
 }
 
 // Rows [i0, i0 + R) over columns [j0, j1) in R x C tiles (w holds W's rows from j0).
