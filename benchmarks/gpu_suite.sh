@@ -3,7 +3,8 @@
 #   gpu_tests.json      pytest -m gpu (passed/failed counted from its junit xml)
 #   bench_kernels.json  benchmarks/bench_kernels.py at Llama-3.1-8B shapes
 #   bench.json          metrale bench --preset llama-3.1-8b --batch 1,8,64
-#   compare_hf.json     benchmarks/compare_hf.py (metrale vs transformers, same weights)
+#   compare_hf.json     benchmarks/compare_hf.py (metrale bench --compare-hf: metrale vs
+#                       transformers on the same weights, plus HF torch.compile)
 #   suite.json          every tool's rc and wall time
 # Each JSON carries the command, GPU name, driver, CuPy/CUDA versions and
 # "gpu_tests": {"passed", "failed"}. Works from a checkout with no pip install (the repo

@@ -60,3 +60,14 @@ def environment(backend) -> dict:
         except Exception:
             pass
     return env
+
+
+def peak_rss_bytes() -> int | None:
+    """Peak resident set size of this process in bytes (getrusage); None where the
+    `resource` module is missing (Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak) if sys.platform == "darwin" else int(peak) * 1024  # Linux: KiB

@@ -25,6 +25,11 @@ copies of the first prefilled sequence (`fork_sequence`, or a copy of its dense 
 instead of fresh prefills, and decode stops after the steps done so far (at least 2). The
 result rows say how many sequences and steps were timed (`prefill_seqs_timed`,
 `decode_steps`).
+
+With a `peer` (`compare.HFComparison`, `metrale bench --compare-hf`), Hugging Face
+transformers runs on the same weights: after each timed metrale repetition the peer times one
+repetition per HF dtype on the same prompts and step count. There the CPU defaults are 2
+repetitions and no time budget. `peak_rss_bytes` is the process's peak resident set.
 """
 from __future__ import annotations
 
@@ -36,7 +41,7 @@ import numpy as np
 
 from ..errors import InvalidArgument
 from . import roofline
-from .env import environment
+from .env import environment, peak_rss_bytes
 
 CPU_DEFAULT_SECONDS = 40.0
 _MIN_DECODE_STEPS = 2
@@ -136,8 +141,9 @@ def _source_label(source) -> str:
     return str(d).rstrip("/").split("/")[-1] or str(d)
 
 
-def run_bench(cfg: BenchConfig, backend=None) -> dict:
-    """Run the benchmark described by `cfg`; returns the JSON-ready report dict."""
+def run_bench(cfg: BenchConfig, backend=None, peer=None) -> dict:
+    """Run the benchmark described by `cfg`; returns the JSON-ready report dict. `peer`:
+    an `HFComparison` timed between metrale's repetitions (its results go under "hf")."""
     cfg.check()
     from ..formats import num_parameters, open_source
     from ..gpu_runtime import backend as pick_backend
@@ -145,9 +151,9 @@ def run_bench(cfg: BenchConfig, backend=None) -> dict:
     t_start = time.perf_counter()
     be = backend if backend is not None else pick_backend(cfg.device)
     on_gpu = roofline.is_device(be)
-    reps = cfg.reps if cfg.reps is not None else (3 if on_gpu else 1)
+    reps = cfg.reps if cfg.reps is not None else (3 if on_gpu else 1 if peer is None else 2)
     budget = cfg.max_seconds if cfg.max_seconds is not None else \
-        (None if on_gpu else CPU_DEFAULT_SECONDS)
+        (None if on_gpu or peer is not None else CPU_DEFAULT_SECONDS)
     source = open_source(cfg.model)
     meta = source.metadata()
     if meta.architecture not in ("llama", "mistral", "qwen2", "qwen3"):
@@ -177,6 +183,11 @@ def run_bench(cfg: BenchConfig, backend=None) -> dict:
     label = _source_label(source)
     bar = _progress(cfg.progress, len(cfg.batches) * reps * (1 + cfg.gen_len), f"bench {label}")
     try:
+        if peer is not None:
+            check_len = min(cfg.prompt_len, 64)
+            peer.prepare(model, source, f"cuda:{getattr(be, 'device_id', 0)}" if on_gpu
+                         else "cpu", np.random.default_rng([cfg.seed, 0, check_len])
+                         .integers(0, meta.vocab_size, check_len).tolist())
         t_meas = time.perf_counter()
         for i, batch in enumerate(cfg.batches):
             share = None
@@ -186,7 +197,8 @@ def run_bench(cfg: BenchConfig, backend=None) -> dict:
             if bar is not None:
                 bar.set_postfix_str(f"batch {batch}")
             results.append(_run_batch(model, cfg, label, batch, reps, warm_len, seq_cap, share,
-                                      copy_gb_s, bar, np.random.default_rng([cfg.seed, batch])))
+                                      copy_gb_s, bar, np.random.default_rng([cfg.seed, batch]),
+                                      peer))
         measure_s = time.perf_counter() - t_meas
     finally:
         if bar is not None:
@@ -206,13 +218,16 @@ def run_bench(cfg: BenchConfig, backend=None) -> dict:
         "load_s": load_s,
         "measure_s": measure_s,
         "wall_s": time.perf_counter() - t_start,
+        "peak_rss_bytes": peak_rss_bytes(),
     })
+    if peer is not None:
+        report["hf"] = peer.section(results)
     report.update(cfg.extra)
     return report
 
 
 def _run_batch(model, cfg, label, batch, reps, warm_len, seq_cap, share, copy_gb_s, bar,
-               rng) -> dict:
+               rng, peer=None) -> dict:
     be, meta = model.backend, model.metadata()
     stream = model.default_stream()
     on_gpu = roofline.is_device(be)
@@ -249,15 +264,17 @@ def _run_batch(model, cfg, label, batch, reps, warm_len, seq_cap, share, copy_gb
         rows = _Rows(model, cfg.cache, batch, seq_cap)
         try:
             t_rep = time.perf_counter()
-            pre_times, toks = [], []
+            pre_times, toks, prompts = [], [], []   # prompts: [B][prompt_len] ids held
             for j in range(batch):
                 if j and per_rep is not None and \
                         time.perf_counter() - t_rep > 0.35 * per_rep:
                     rows.replicate(0, j, stream)
                     toks.append(toks[0])
+                    prompts.append(prompts[0])
                     continue
+                prompts.append(prompt(cfg.prompt_len))
                 t0 = time.perf_counter()
-                ptr = model.prefill(prompt(cfg.prompt_len), rows.seqs[j], stream)
+                ptr = model.prefill(prompts[-1], rows.seqs[j], stream)
                 toks.append(model.argmax_on_device(ptr, stream))
                 pre_times.append(time.perf_counter() - t0)
             if bar is not None:
@@ -288,6 +305,8 @@ def _run_batch(model, cfg, label, batch, reps, warm_len, seq_cap, share, copy_gb
                 hbm.append(step_bytes / total / 1e9)
         finally:
             rows.close()
+        if peer is not None:
+            peer.after_rep(batch, prompts, len(step_times))
     hbm_gb_s = roofline.median(hbm) if on_gpu else None
     return {
         "preset": label,

@@ -78,8 +78,13 @@ def format_table(report: dict) -> str:
                          "decode steps timed")
     if notes:
         lines += ["", *notes]
+    if report.get("hf"):
+        from .compare import format_hf_table
+        lines += format_hf_table(report["hf"])
     s = report.get("settings", {})
+    rss = report.get("peak_rss_bytes")
     lines.append(f"prompt {s.get('prompt_len')} tokens, {s.get('gen_len')} generated, "
                  f"{s.get('reps')} rep(s) after {s.get('warmup')} warm-up; medians; "
-                 f"wall {report.get('wall_s', 0):.1f} s")
+                 f"wall {report.get('wall_s', 0):.1f} s"
+                 + (f"; peak RSS {_mib(rss)} MiB" if rss else ""))
     return "\n".join(lines)

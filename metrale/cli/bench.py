@@ -50,10 +50,26 @@ def register(sub) -> None:
                         "a GPU)")
     b.add_argument("--seed", type=nonneg_int, default=0, help="prompt RNG seed (default 0)")
     b.add_argument("--json", type=out_file, metavar="FILE", help="write the report as JSON")
+    b.add_argument("--compare-hf", action="store_true",
+                   help="also run Hugging Face transformers on the same weights (needs torch "
+                        "and transformers), interleaved with metrale's repetitions on the same "
+                        "prompts, and report tokens/s ratios metrale/HF; on the CPU the "
+                        "defaults become 2 repetitions and no time budget")
+    b.add_argument("--hf-dtypes", type=hf_dtypes, default=None, metavar="float32,bfloat16",
+                   help="HF model dtypes for --compare-hf (default float32,bfloat16)")
     b.add_argument("--plot", type=out_file, metavar="FILE.png",
                    help="plot tokens/s and roofline fraction against batch size (needs "
                         "matplotlib: pip install 'metrale[plot]')")
     b.set_defaults(func=run, resolve=resolve_model)
+
+
+def hf_dtypes(text: str) -> tuple[str, ...]:
+    from ..bench.compare import parse_dtypes
+    from ..errors import InvalidArgument
+    try:
+        return parse_dtypes(text)
+    except InvalidArgument as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def resolve_model(args) -> None:
@@ -65,6 +81,8 @@ def resolve_model(args) -> None:
                                          "checkpoint directory or preset:NAME), --model "
                                          "MODEL or --preset NAME")
     args.model = model_spec(given[0])
+    if args.hf_dtypes is not None and not args.compare_hf:
+        raise argparse.ArgumentTypeError("--hf-dtypes is an option of --compare-hf")
 
 
 def fit_lengths(prompt_len, gen_len, max_positions, model: str) -> tuple[int, int, str]:
@@ -104,6 +122,12 @@ def run(args) -> int:
     if args.plot:
         from ..bench.plot import require_matplotlib
         require_matplotlib()  # fail before a long run, not after it
+    peer = None
+    if args.compare_hf:
+        from ..bench.compare import HFComparison
+        from ..bench.compare_hf import DTYPES, require_torch
+        require_torch()       # before the model loads
+        peer = HFComparison(args.hf_dtypes or DTYPES)
     model = args.model
     from .checkpoint import open_checkpoint
     meta = open_checkpoint(model).metadata()
@@ -119,7 +143,7 @@ def run(args) -> int:
                       reps=args.reps, warmup=args.warmup, max_seconds=args.max_seconds,
                       seed=args.seed,
                       extra={"command": "metrale " + shlex.join(args.argv)})
-    report = run_bench(cfg)
+    report = run_bench(cfg, peer=peer)
     print(format_table(report))
     if args.json:
         write_json(report, args.json)
