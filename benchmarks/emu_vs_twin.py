@@ -91,10 +91,11 @@ def llava_workload(be) -> None:
     m.decode(ids[-1], seq, s)
 
 
-# (heads, kv heads, head_dim): together with the fixtures these reach every prefill (p1/p2/
-# p4) and decode (v8/v2 x g1/g2/g4/g8) variant; 300-token prompts make decode split-K.
+# (heads, kv heads, head_dim): together with the fixtures these reach every prefill kernel
+# (tensor-core head dims 16..256; CUDA-core p1/p2/p4 for the others) and every decode one
+# (v8/v2 x g1/g2/g4/g8); 300-token prompts make decode split-K.
 HEAD_SHAPES = [(4, 4, 256), (8, 1, 18), (6, 2, 96), (4, 2, 6), (16, 2, 64), (2, 2, 10),
-               (8, 2, 10)]
+               (8, 2, 10), (2, 2, 80), (4, 1, 128), (2, 2, 66), (2, 1, 200)]
 
 
 def head_shapes_workload(be) -> None:
