@@ -28,13 +28,15 @@ class KernelAgreement:
     differing: int = 0
     max_ulps: int = 0
     max_rel_diff: float = 0.0  # max |kernel - twin| / max |twin| over an output
+    max_ulps_large: int = 0    # max ulps over elements with |twin| >= max |twin| / 256
     scratch_bytes: int = 0     # written by the kernel only (e.g. split-K partials)
     kinds: set = field(default_factory=set)
 
     def as_dict(self) -> dict:
         return {"launches": self.launches, "elements": self.compared,
                 "differing": self.differing, "max_ulps": self.max_ulps,
-                "max_rel_diff": self.max_rel_diff, "bit_exact": self.differing == 0,
+                "max_rel_diff": self.max_rel_diff, "max_ulps_large": self.max_ulps_large,
+                "bit_exact": self.differing == 0,
                 "scratch_bytes": self.scratch_bytes,
                 "types": sorted(self.kinds)}
 
@@ -110,6 +112,11 @@ class TwinCheck:
                 if scale > 0:
                     diff = float(np.max(np.abs(g[ok] - w[ok]), initial=0.0))
                     rec.max_rel_diff = max(rec.max_rel_diff, diff / scale)
+                    # near zero the ulp count means little (a sign flip of two tiny values
+                    # spans the whole exponent range): also report it away from zero
+                    large = ok & (np.abs(w) >= scale / 256)
+                    rec.max_ulps_large = max(rec.max_ulps_large,
+                                             int(ulps[large].max(initial=0)))
 
     def report(self) -> dict[str, dict]:
         return {k: v.as_dict() for k, v in sorted(self.kernels.items())}
