@@ -131,10 +131,10 @@ def dot_f32(x_bits: np.ndarray, w_bits: np.ndarray, native=None,
                 np.multiply(x[:, :, b], w[:, :, b], out=tmp)
                 tmp += acc
                 acc[...] = tmp
-        a = acc[..., :8] + acc[..., 8:]
-        a = a[..., :4] + a[..., 4:]
-        a = a[..., :2] + a[..., 2:]
-        y[:, j0:j0 + step] = (a[..., 0] + a[..., 1]) + np.float32(0.0)
+            a = acc[..., :8] + acc[..., 8:]
+            a = a[..., :4] + a[..., 4:]
+            a = a[..., :2] + a[..., 2:]
+            y[:, j0:j0 + step] = (a[..., 0] + a[..., 1]) + np.float32(0.0)
     y[np.isnan(y)] = np.uint32(0x7FC00000).view(np.float32)
     return y
 
