@@ -63,17 +63,17 @@ def _check_common(what, num_heads, num_kv_heads, head_dim, block_size, max_block
 
 def gather_paged(ctx, cache_ptr, table, lo, hi, block_size, num_kv_heads, head_dim, what):
     """float32 [hi - lo, KV, D] of cached positions [lo, hi) through the block table."""
-    row = num_kv_heads * head_dim
-    blk_elems = block_size * row
+    blk_elems = block_size * num_kv_heads * head_dim
     b0, b1 = lo // block_size, (hi - 1) // block_size
-    parts = []
-    for b in range(b0, b1 + 1):
-        blk = int(table[b])
-        if blk < 0:
-            raise KernelError(f"{what}: block table entry {b} is {blk} (< 0) "
-                              "inside the sequence")
-        parts.append(ctx.read(int(cache_ptr) + blk * blk_elems * 2, blk_elems, np.uint16))
-    flat = np.concatenate(parts).reshape(-1, num_kv_heads, head_dim)
+    blocks = np.asarray(table[b0:b1 + 1], np.int64)
+    if blocks.min() < 0:
+        b = b0 + int(np.argmax(blocks < 0))
+        raise KernelError(f"{what}: block table entry {b} is {int(table[b])} (< 0) "
+                          "inside the sequence")
+    # one bounds-checked read of the blocks [0, max + 1), then the table's blocks from it
+    top = int(blocks.max()) + 1
+    cache = ctx.read(cache_ptr, top * blk_elems, np.uint16).reshape(top, -1)
+    flat = cache[blocks].reshape(-1, num_kv_heads, head_dim)
     off = lo - b0 * block_size
     return bf16_to_f32(flat[off:off + (hi - lo)])
 

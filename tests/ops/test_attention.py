@@ -261,6 +261,20 @@ def test_decode_capacity_exceeded_raises_in_twin(host, rng):
         run_decode(host, c, 0.2, max_splits=2)  # 600 > 2 * 256
 
 
+@pytest.mark.parametrize("run", [run_decode, run_prefill])
+def test_a_bad_block_table_entry_raises_in_twin(host, rng, run):
+    # a -1 inside the sequence names the entry; a block past the cache's allocation fails
+    # the bounds-checked read instead of reading a neighbour
+    c = Case(rng, [5], [40], 2, 1, 32, 16)
+    c.tables[0, 1] = -1
+    with pytest.raises(KernelError, match="block table entry 1 is -1"):
+        run(host, c, 0.2)
+    c = Case(rng, [5], [40], 2, 1, 32, 16)
+    c.tables[0, 2] = c.num_blocks + 3
+    with pytest.raises(KernelError, match="runs past the end of its allocation"):
+        run(host, c, 0.2)
+
+
 def test_decode_sizes():
     assert att.decode_max_splits(1) == 1
     assert att.decode_max_splits(256) == 1

@@ -47,7 +47,7 @@ typedef uint16_t v16h_u __attribute__((vector_size(32), aligned(2), may_alias));
 #if defined(__AVX512F__)
 constexpr int MR = 4, NR = 4;   // 16 accumulators + 4 w + 1 x of 32 vector registers
 constexpr int kDirectRows = 8;  // up to 8 rows of x: R x direct_cols(R) tiles from BF16 W
-constexpr int direct_cols(int r) { return r <= 2 ? 8 : r <= 4 ? 4 : 2; }
+constexpr int direct_cols(int r) { return r <= 2 ? 8 : r <= 4 ? 4 : 3; }   // <= 28 regs
 #else
 constexpr int MR = 2, NR = 2;   // AVX2: a 16-float vector is two of the 16 registers
 constexpr int kDirectRows = 2;
@@ -170,15 +170,12 @@ inline void tile(const float *x, int64_t k16, const W &w, const Out &out, int64_
             for (int b = 0; b < C; b++) acc[a * C + b] += xv * wv[b];   // FMA
         }
     }
-    if constexpr (R * C % 16 == 0) {
-        float y[R * C];
-        for (int e = 0; e < R * C; e += 16) reduce16x16(acc + e, y + e);
-        for (int a = 0; a < R; a++)
-            for (int b = 0; b < C; b++) out.put(i0 + a, j + b, y[a * C + b]);
-    } else {
-        for (int a = 0; a < R; a++)
-            for (int b = 0; b < C; b++) out.put(i0 + a, j + b, reduce16(acc[a * C + b]));
-    }
+    float y[R * C];
+    int e = 0;
+    for (; e + 16 <= R * C; e += 16) reduce16x16(acc + e, y + e);
+    for (; e < R * C; e++) y[e] = reduce16(acc[e]);
+    for (int a = 0; a < R; a++)
+        for (int b = 0; b < C; b++) out.put(i0 + a, j + b, y[a * C + b]);
 }
 
 // Rows [i0, i0 + R) over columns [j0, j1) in R x C tiles (w holds W's rows from j0).
