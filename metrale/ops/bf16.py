@@ -20,9 +20,16 @@ def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
 def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     """float32 (any shape) -> uint16 BF16 bits, round to nearest even, NaN -> 0x7FFF."""
     u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    rounded = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16).astype(np.uint16)
+    t = u >> 16            # in place from here: this runs on every twin output
+    t &= 1
+    t += 0x7FFF
+    t += u                 # wraps modulo 2^32 only for NaNs, replaced below
+    t >>= 16
+    out = t.astype(np.uint16)
     nan = (u & 0x7FFFFFFF) > 0x7F800000
-    return np.where(nan, np.uint16(CANONICAL_NAN), rounded)
+    if nan.any():
+        out[nan] = CANONICAL_NAN
+    return out
 
 
 def round_bf16(x: np.ndarray) -> np.ndarray:
