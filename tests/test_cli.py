@@ -162,3 +162,14 @@ def test_bench_subprocess_writes_the_json_schema(tmp_path):
         assert isinstance(r["peak_memory_bytes"], int) and r["peak_memory_bytes"] > 0
         assert r["hbm_gb_s"] is None and r["roofline_fraction"] is None
     assert d["command"].startswith("metrale bench --preset tiny")
+
+
+def test_python_dash_m_metrale_is_the_command_line(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-m", "metrale", "info", "preset:tiny"],
+                       capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "preset:tiny" in p.stdout and "4 layers, hidden 128" in p.stdout
+    bad = subprocess.run([sys.executable, "-m", "metrale", "no-such-command"],
+                         capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    assert bad.returncode != 0 and "no-such-command" in bad.stderr

@@ -58,6 +58,7 @@ LAYERS = {
     "metrale": 6.5,
     "metrale.bench": 7,
     "metrale.cli": 7,
+    "metrale.__main__": 7,   # `python -m metrale`: the command line
 }
 
 # Known edges against the house order (upward, or one half of an import circle) that others
