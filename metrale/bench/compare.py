@@ -72,9 +72,10 @@ class HFComparison:
         for name in self.dtypes:
             per[name].append(self.runners[name].rep(prompts, steps))
 
-    def section(self, results: list[dict]) -> dict:
+    def section(self, results: list[dict], metrale_prefill: str = "each") -> dict:
         """The report's "hf" section: facts, logits check, and per batch size the HF
-        medians and the ratios metrale / HF (above 1: metrale is faster)."""
+        medians and the ratios metrale / HF (above 1: metrale is faster). `metrale_prefill`:
+        the bench's prefill setting ("batched" or "each")."""
         rows = []
         for r in results:
             B, P = r["batch"], r["prompt_len"]
@@ -96,11 +97,18 @@ class HFComparison:
             rows.append(row)
         return {**self.facts, "dtypes": list(self.dtypes), "attn_implementation": "sdpa",
                 "prefill_mode": PREFILL_MODE, "decode_mode": DECODE_MODE,
-                "metrale_prefill_mode": "each sequence prefilled on its own",
+                "metrale_prefill_mode": METRALE_PREFILL_MODES[metrale_prefill],
                 "order": "per batch size and repetition: metrale, then HF " +
                          ", ".join(self.dtypes) + "; same token ids; one untimed warm-up each",
                 "logits_check": self.logits_check, "logits_tolerance": LOGITS_TOLERANCE,
                 "results": rows}
+
+
+METRALE_PREFILL_MODES = {
+    "batched": "the B prompts in prefill_batch_chunk calls of as many prompts as one forward "
+               "pass holds (max_prefill_tokens = min(B * prompt_len, 4096))",
+    "each": "each sequence prefilled on its own",
+}
 
 
 def _num(v, spec: str) -> str:

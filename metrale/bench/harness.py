@@ -4,9 +4,14 @@ For each batch size B, after `warmup` untimed rounds (which compile kernels and 
 decode graph of B's padded size), `reps` repetitions of:
 
 1. open B sequences (paged: from the model's pool; contiguous: one dense `KVCache` arena
-   for all B rows) and prefill each with its own random prompt of `prompt_len` tokens,
-   timing each prefill up to its first token (device argmax, which synchronizes). The
-   first sequence's time is the TTFT; prefill tokens/s = timed tokens / their total time.
+   for all B rows), each with its own random prompt of `prompt_len` tokens, and prefill
+   them up to their first tokens (device argmax, which synchronizes). `prefill="batched"`
+   (the default, as a serving engine and HF's batched forward do): paged sequences go
+   through `prefill_batch_chunk` in groups of as many prompts as one forward pass holds
+   (`max_prefill_tokens`, which the bench sizes to min(B * prompt_len, 4096)), and the
+   first group's time is the TTFT; `prefill="each"` (and the contiguous cache): one
+   `prefill` per sequence, the first one's time is the TTFT. Prefill tokens/s = timed
+   tokens / their total time.
 2. `gen_len` steps of `decode_batch` over all B rows, each followed by the device argmax of
    every row (the greedy next tokens, a synchronizing copy); the wall time of each step is
    one inter-token latency. decode tokens/s = B * steps / total decode time.
@@ -55,6 +60,7 @@ class BenchConfig:
     prompt_len: int = 512
     gen_len: int = 128
     cache: str = "paged"                # "paged" | "contiguous"
+    prefill: str = "batched"            # "batched" (prefill_batch_chunk groups) | "each"
     graphs: bool | None = None          # None: the model's default (on for CUDA)
     reps: int | None = None             # None: 3 on a GPU, 1 on the CPU
     warmup: int = 1
@@ -73,6 +79,8 @@ class BenchConfig:
                 raise InvalidArgument(f"{name} must be an int >= 1, got {v!r}")
         if self.cache not in ("paged", "contiguous"):
             raise InvalidArgument(f"cache must be 'paged' or 'contiguous', got {self.cache!r}")
+        if self.prefill not in ("batched", "each"):
+            raise InvalidArgument(f"prefill must be 'batched' or 'each', got {self.prefill!r}")
         if self.reps is not None and (not isinstance(self.reps, int) or self.reps < 1):
             raise InvalidArgument(f"reps must be an int >= 1, got {self.reps!r}")
         if not isinstance(self.warmup, int) or self.warmup < 0:
@@ -169,12 +177,14 @@ def run_bench(cfg: BenchConfig, backend=None, peer=None) -> dict:
     per_seq = -(-seq_cap // block_size) + 1
     bmax = max(cfg.batches)
     kv_blocks = bmax * per_seq + 8 if cfg.cache == "paged" else per_seq + 8
+    # one forward pass holds `group` whole prompts (batched prefill) or one
+    max_prefill = min(max(cfg.prompt_len * (bmax if batched_prefill(cfg) else 1), 16), 4096)
+    group = max(1, max_prefill // cfg.prompt_len) if batched_prefill(cfg) else 1
     env = environment(be)
     copy_gb_s = roofline.copy_bandwidth(be)
     t0 = time.perf_counter()
     model = TransformerModel(be, source, kv_blocks=kv_blocks, block_size=block_size,
-                             max_batch=bmax, max_prefill_tokens=min(max(cfg.prompt_len, 16),
-                                                                    4096),
+                             max_batch=bmax, max_prefill_tokens=max_prefill,
                              max_seq_len=per_seq * block_size, graphs=cfg.graphs,
                              progress=bool(cfg.progress) if cfg.progress is not None
                              else sys.stderr.isatty())
@@ -198,7 +208,7 @@ def run_bench(cfg: BenchConfig, backend=None, peer=None) -> dict:
                 bar.set_postfix_str(f"batch {batch}")
             results.append(_run_batch(model, cfg, label, batch, reps, warm_len, seq_cap, share,
                                       copy_gb_s, bar, np.random.default_rng([cfg.seed, batch]),
-                                      peer))
+                                      group, peer))
         measure_s = time.perf_counter() - t_meas
     finally:
         if bar is not None:
@@ -213,6 +223,7 @@ def run_bench(cfg: BenchConfig, backend=None, peer=None) -> dict:
         "copy_bandwidth_gb_s": copy_gb_s,
         "settings": {"batches": list(cfg.batches), "prompt_len": cfg.prompt_len,
                      "gen_len": cfg.gen_len, "cache": cfg.cache,
+                     "prefill": "batched" if batched_prefill(cfg) else "each",
                      "graphs": bool(model._use_graphs), "reps": reps, "warmup": cfg.warmup,
                      "max_seconds": budget, "seed": cfg.seed},
         "load_s": load_s,
@@ -221,13 +232,21 @@ def run_bench(cfg: BenchConfig, backend=None, peer=None) -> dict:
         "peak_rss_bytes": peak_rss_bytes(),
     })
     if peer is not None:
-        report["hf"] = peer.section(results)
+        report["hf"] = peer.section(results, "batched" if batched_prefill(cfg) else "each")
     report.update(cfg.extra)
     return report
 
 
+def batched_prefill(cfg: BenchConfig) -> bool:
+    """Whether prompts are prefilled in prefill_batch_chunk groups (paged cache only: the
+    contiguous baseline's sequences live outside the model's pool)."""
+    return cfg.prefill == "batched" and cfg.cache == "paged"
+
+
 def _run_batch(model, cfg, label, batch, reps, warm_len, seq_cap, share, copy_gb_s, bar,
-               rng, peer=None) -> dict:
+               rng, group, peer=None) -> dict:
+    """One batch size's row; `group`: prompts per timed prefill call (1: `prefill`)."""
+    from ..model_engine import PrefillSlice
     be, meta = model.backend, model.metadata()
     stream = model.default_stream()
     on_gpu = roofline.is_device(be)
@@ -264,25 +283,35 @@ def _run_batch(model, cfg, label, batch, reps, warm_len, seq_cap, share, copy_gb
         rows = _Rows(model, cfg.cache, batch, seq_cap)
         try:
             t_rep = time.perf_counter()
-            pre_times, toks, prompts = [], [], []   # prompts: [B][prompt_len] ids held
-            for j in range(batch):
-                if j and per_rep is not None and \
+            toks, prompts = [], []   # prompts: [B][prompt_len] ids held
+            pre_times = []           # (sequences, seconds) per timed prefill call
+            for j0 in range(0, batch, group):
+                js = range(j0, min(batch, j0 + group))
+                if j0 and per_rep is not None and \
                         time.perf_counter() - t_rep > 0.35 * per_rep:
-                    rows.replicate(0, j, stream)
-                    toks.append(toks[0])
-                    prompts.append(prompts[0])
+                    for j in js:
+                        rows.replicate(0, j, stream)
+                        toks.append(toks[0])
+                        prompts.append(prompts[0])
                     continue
-                prompts.append(prompt(cfg.prompt_len))
+                new = [prompt(cfg.prompt_len) for _ in js]
+                prompts.extend(new)
                 t0 = time.perf_counter()
-                ptr = model.prefill(prompts[-1], rows.seqs[j], stream)
-                toks.append(model.argmax_on_device(ptr, stream))
-                pre_times.append(time.perf_counter() - t0)
+                if group == 1:
+                    ptrs = [model.prefill(new[0], rows.seqs[j0], stream)]
+                else:
+                    ptrs = model.prefill_batch_chunk(
+                        [PrefillSlice(p, rows.seqs[j], 0, len(p), True)
+                         for p, j in zip(new, js)], stream)
+                toks.extend(model.argmax_on_device(ptr, stream) for ptr in ptrs)
+                pre_times.append((len(js), time.perf_counter() - t0))
             if bar is not None:
                 bar.update(1)
             be.synchronize(stream)
-            prefill_tps.append(len(pre_times) * cfg.prompt_len / sum(pre_times))
-            ttft.append(pre_times[0] * 1e3)
-            timed_seqs.append(len(pre_times))
+            n_timed = sum(n for n, _ in pre_times)
+            prefill_tps.append(n_timed * cfg.prompt_len / sum(t for _, t in pre_times))
+            ttft.append(pre_times[0][1] * 1e3)
+            timed_seqs.append(n_timed)
             step_times, step_bytes = [], 0
             for step in range(cfg.gen_len):
                 t0 = time.perf_counter()

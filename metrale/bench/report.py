@@ -52,8 +52,9 @@ def _mib(n) -> str:
 def format_table(report: dict) -> str:
     """A fixed-width table of the results, with a header naming model and device."""
     dev = report.get("gpu_name") or report.get("device")
-    head = (f"model {report.get('model')}  device {dev}  "
-            f"cache {report.get('settings', {}).get('cache', '-')}")
+    settings = report.get("settings", {})
+    head = (f"model {report.get('model')}  device {dev}  cache {settings.get('cache', '-')}  "
+            f"prefill {settings.get('prefill', '-')}")
     bw = report.get("copy_bandwidth_gb_s")
     if bw:
         head += f"  copy bandwidth {bw:,.0f} GB/s"

@@ -39,6 +39,10 @@ def register(sub) -> None:
                         "fewer positions)")
     b.add_argument("--cache", choices=["paged", "contiguous"], default="paged",
                    help="KV cache: the paged pool or the contiguous baseline (default paged)")
+    b.add_argument("--prefill", choices=["batched", "each"], default="batched",
+                   help="batched: a batch's prompts share forward passes "
+                        "(prefill_batch_chunk, up to 4096 tokens per pass; paged cache); "
+                        "each: one prefill per sequence (default batched)")
     b.add_argument("--graphs", choices=["on", "off"], default=None,
                    help="CUDA graphs for decode (default: on for CUDA, off on CPU)")
     b.add_argument("--reps", type=positive_int, default=None,
@@ -139,6 +143,7 @@ def run(args) -> int:
         print(note, file=sys.stderr)
     cfg = BenchConfig(model=model, device=args.device, batches=tuple(args.batch),
                       prompt_len=prompt_len, gen_len=gen_len, cache=args.cache,
+                      prefill=args.prefill,
                       graphs=None if args.graphs is None else args.graphs == "on",
                       reps=args.reps, warmup=args.warmup, max_seconds=args.max_seconds,
                       seed=args.seed,

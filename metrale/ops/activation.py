@@ -62,8 +62,13 @@ def gelu(backend, stream: int, out_ptr, x_ptr, n: int, approximate: str = "none"
 
 
 def silu_f32(g: np.ndarray) -> np.ndarray:
+    """g / (1 + exp(-g)) in float32 (a new array; each step rounds as the kernel's)."""
+    g = np.asarray(g, np.float32)
     with np.errstate(over="ignore"):
-        return (g / (np.float32(1.0) + np.exp(-g))).astype(np.float32)
+        e = np.negative(g)
+        np.exp(e, out=e)
+        e += np.float32(1.0)
+        return np.divide(g, e, out=e)
 
 
 def act_f32(g: np.ndarray, code: int) -> np.ndarray:
@@ -99,7 +104,8 @@ def act_mul_twin(ctx, out_ptr, gate_up_ptr, n_rows, intermediate, act) -> None:
     r, i = int(n_rows), int(intermediate)
     gu = bf16_to_f32(ctx.read(gate_up_ptr, r * 2 * i, np.uint16)).reshape(r, 2 * i)
     with np.errstate(invalid="ignore"):
-        y = act_f32(gu[:, :i], int(act)) * gu[:, i:]
+        y = act_f32(gu[:, :i], int(act))
+        y *= gu[:, i:]
     ctx.view(out_ptr, r * i, np.uint16).reshape(r, i)[:] = f32_to_bf16(y)
 
 

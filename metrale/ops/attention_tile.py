@@ -45,16 +45,16 @@ def attend_base2_bf16p(scores: np.ndarray, values: np.ndarray, key_pos: np.ndarr
     """
     s = np.asarray(scores, np.float32)
     first = int(key_pos[0]) // tile
-    tile_of = np.asarray(key_pos, np.int64) // tile - first        # [T]
-    n_tiles = int(tile_of[-1]) + 1
+    n_tiles = int(key_pos[-1]) // tile - first + 1
     front = int(key_pos[0]) - first * tile
     pad = [(0, 0)] * (s.ndim - 1) + [(front, n_tiles * tile - s.shape[-1] - front)]
-    tile_max = np.pad(s, pad, constant_values=-np.inf).reshape(
-        *s.shape[:-1], n_tiles, tile).max(axis=-1)                  # [..., n_tiles]
-    running = np.maximum.accumulate(tile_max, axis=-1)
+    s_tiles = np.pad(s, pad, constant_values=-np.inf).reshape(
+        *s.shape[:-1], n_tiles, tile)                               # [..., n_tiles, tile]
+    running = np.maximum.accumulate(s_tiles.max(axis=-1), axis=-1)  # [..., n_tiles]
     ref = np.where(running == -np.inf, np.float32(0), running)     # the kernel's mu
-    ref_p = ref[..., tile_of]                                       # [..., T]
-    p = round_bf16(np.exp2(s - ref_p))
-    w = p.astype(np.float64) * np.exp2(ref_p.astype(np.float64) - ref[..., -1:])
+    p = round_bf16(np.exp2(s_tiles - ref[..., None]))              # pads and masked: 0
+    scale = np.exp2(ref.astype(np.float64) - ref[..., -1:])        # per tile
+    w = (p * scale[..., None]).reshape(*s.shape[:-1], n_tiles * tile)
+    w = w[..., front:front + s.shape[-1]]                           # [..., T]
     total = w.sum(axis=-1, keepdims=True)
     return np.matmul(w, values) / np.where(total > 0, total, 1.0)

@@ -76,7 +76,20 @@ def write_kv_twin(ctx, qkv_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr, n_to
     row = kv * d
     qkv = ctx.read(qkv_ptr, n * (h + 2 * kv) * d, np.uint16).reshape(n, (h + 2 * kv) * d)
     slots = ctx.read(slot_mapping_ptr, n, np.int32)
-    for t in range(n):
+    live = np.flatnonzero(slots >= 0)
+    if live.size:
+        dst = slots[live].astype(np.int64)
+        try:   # one bounds-checked view of each cache up to the highest slot written
+            top = int(dst.max()) + 1
+            kc = ctx.view(k_cache_ptr, top * row, np.uint16).reshape(top, row)
+            vc = ctx.view(v_cache_ptr, top * row, np.uint16).reshape(top, row)
+        except KernelError:
+            kc = None      # the loop below names the first slot outside the cache
+        if kc is not None and np.unique(dst).size == dst.size:
+            kc[dst] = qkv[live, h * d:(h + kv) * d]
+            vc[dst] = qkv[live, (h + kv) * d:]
+            return
+    for t in range(n):   # repeated slots (the last token wins) or a slot outside the cache
         slot = int(slots[t])
         if slot < 0:
             continue

@@ -83,12 +83,17 @@ def fake_load(events, scale=1.0):
 def record_prefills(monkeypatch):
     """Every metrale prefill's tokens, in order, into the returned event list."""
     events = []
-    real = TransformerModel.prefill
+    real, real_batch = TransformerModel.prefill, TransformerModel.prefill_batch_chunk
 
     def prefill(self, tokens, seq, stream):
         events.append(("metrale", list(tokens), None))
         return real(self, tokens, seq, stream)
+
+    def prefill_batch_chunk(self, slices, stream):   # the bench's default, batched prefill
+        events.extend(("metrale", list(s.prompt_tokens), None) for s in slices)
+        return real_batch(self, slices, stream)
     monkeypatch.setattr(TransformerModel, "prefill", prefill)
+    monkeypatch.setattr(TransformerModel, "prefill_batch_chunk", prefill_batch_chunk)
     return events
 
 
@@ -105,6 +110,7 @@ def test_interleaved_same_prompts_ratios_and_report(record_prefills, tmp_path):
     assert r["peak_rss_bytes"] > 0
     hf = r["hf"]
     assert hf["dtypes"] == ["float32", "bfloat16"]
+    assert "prefill_batch_chunk" in hf["metrale_prefill_mode"]   # batched, as HF's forward
     for check in hf["logits_check"].values():
         assert check["rel_max_err"] == 0.0 and check["argmax_agree"]
     # After each timed metrale repetition of B prefills: one rep per dtype on those prompts

@@ -36,6 +36,48 @@ def test_paged_report_schema_and_table(tmp_path):
     assert "decode tok/s" in table and "\n    3 " in table
 
 
+def _count_prefill_calls(monkeypatch):
+    from metrale.model_engine import TransformerModel
+    calls = []
+    real_one, real_batch = TransformerModel.prefill, TransformerModel.prefill_batch_chunk
+
+    def one(self, tokens, seq, stream):
+        calls.append(("prefill", 1, len(tokens)))
+        return real_one(self, tokens, seq, stream)
+
+    def batch(self, slices, stream):
+        calls.append(("batch", len(slices), sum(s.chunk_len for s in slices)))
+        return real_batch(self, slices, stream)
+
+    monkeypatch.setattr(TransformerModel, "prefill", one)
+    monkeypatch.setattr(TransformerModel, "prefill_batch_chunk", batch)
+    return calls
+
+
+@pytest.mark.parametrize("mode", ["batched", "each"])
+def test_prefill_mode_batched_shares_passes_each_does_not(monkeypatch, mode):
+    calls = _count_prefill_calls(monkeypatch)
+    r = run_bench(BenchConfig(model="preset:tiny", batches=(3,), prompt_len=20, gen_len=2,
+                              warmup=0, reps=1, prefill=mode, progress=False),
+                  backend=HostBackend())
+    # batched: max_prefill_tokens = 3 * 20, so one call holds the three prompts
+    assert calls == ([("batch", 3, 60)] if mode == "batched" else [("prefill", 1, 20)] * 3)
+    x = r["results"][0]
+    assert x["prefill_seqs_timed"] == 3 and x["prefill_tokens_per_s"] > 0
+    assert r["settings"]["prefill"] == mode and f"prefill {mode}" in format_table(r)
+
+
+def test_batched_prefill_groups_fit_one_pass_and_the_budget_copies_whole_groups(monkeypatch):
+    calls = _count_prefill_calls(monkeypatch)
+    r = run_bench(BenchConfig(model="preset:tiny", batches=(5,), prompt_len=1000, gen_len=3,
+                              warmup=0, reps=1, max_seconds=0.01, progress=False),
+                  backend=HostBackend())
+    # 5 * 1000 tokens > 4096: groups of 4 prompts; the budget is gone after the first
+    # group, so the fifth sequence is a copy
+    assert calls == [("batch", 4, 4000)]
+    assert r["results"][0]["prefill_seqs_timed"] == 4
+
+
 def test_contiguous_cache_under_a_time_budget_copies_prompts():
     be = HostBackend()
     r = run_bench(BenchConfig(model="preset:tiny", batches=(3,), prompt_len=20, gen_len=6,
@@ -73,7 +115,7 @@ def test_paged_budget_forks_and_matches_fresh_decode():
 
 def test_bad_config_is_invalid_argument():
     for kw in ({"batches": ()}, {"batches": (0,)}, {"prompt_len": 0}, {"gen_len": True},
-               {"cache": "dense"}, {"reps": 0}, {"max_seconds": 0}):
+               {"cache": "dense"}, {"reps": 0}, {"max_seconds": 0}, {"prefill": "all"}):
         with pytest.raises(InvalidArgument):
             BenchConfig(**kw).check()
 
