@@ -102,11 +102,16 @@ def gelu_f32(x: np.ndarray, mode: int) -> np.ndarray:
 @twin(MODULE, "act_mul")
 def act_mul_twin(ctx, out_ptr, gate_up_ptr, n_rows, intermediate, act) -> None:
     r, i = int(n_rows), int(intermediate)
-    gu = bf16_to_f32(ctx.read(gate_up_ptr, r * 2 * i, np.uint16)).reshape(r, 2 * i)
-    with np.errstate(invalid="ignore"):
-        y = act_f32(gu[:, :i], int(act))
-        y *= gu[:, i:]
-    ctx.view(out_ptr, r * i, np.uint16).reshape(r, i)[:] = f32_to_bf16(y)
+    gate_up = ctx.read(gate_up_ptr, r * 2 * i, np.uint16).reshape(r, 2 * i)
+    out = ctx.view(out_ptr, r * i, np.uint16).reshape(r, i)
+    # rows are independent: blocks of ~1 MiB of float32 keep the temporaries in cache
+    step = max(1, (1 << 20) // (8 * i))
+    for r0 in range(0, r, step):
+        gu = bf16_to_f32(gate_up[r0:r0 + step])
+        with np.errstate(invalid="ignore"):
+            y = act_f32(gu[:, :i], int(act))
+            y *= gu[:, i:]
+        out[r0:r0 + step] = f32_to_bf16(y)
 
 
 @twin(MODULE, "gelu")

@@ -199,11 +199,13 @@ def test_native_and_numpy_give_the_same_bits(rng):
     """The native library and numpy compute the same formula: the same bits everywhere,
     where the order decides every rounding (values 2^-60 .. 2^60, products down in the
     float32 subnormals), with NaN, Inf, -0, subnormals, every k from 1 to 300 (every tail
-    of a 16-lane block) and a few long rows; both output types."""
+    of a 16-lane block), a few long rows, and row counts the native GEMM splits into row
+    blocks (the last one small enough for its direct path); both output types."""
     nat = native.load()
     specials = np.array([0x7F80, 0xFF80, 0x7FC1, 0x0001, 0x8000, 0x807F], np.uint16)
     shapes = [tuple(int(v) for v in rng.integers(1, (40, 70, 300))) for _ in range(150)]
-    shapes += [(1, 1, k) for k in range(1, 40)] + [(9, 5, 4864), (3, 17, 4104), (2, 3, 9000)]
+    shapes += [(1, 1, k) for k in range(1, 40)] + [(9, 5, 4864), (3, 17, 4104), (2, 3, 9000),
+                                                   (250, 7, 4864), (200, 5, 9000)]
     for trial, (m, n, k) in enumerate(shapes):
         scale = (2.0 ** rng.integers(-60, 60, (1, k)) if trial % 3 == 0 else
                  2.0 ** -66 if trial % 3 == 1 and trial % 2 else 1.0)   # tiny products

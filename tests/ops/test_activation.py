@@ -113,6 +113,16 @@ def test_act_mul_matches_float64(host, rng, act, rows, inter):
     assert_close(bf16_to_f32(run_act_mul(host, gu, act)), ref, "twin_bf16", act)
 
 
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_act_mul_twin_rows_in_blocks_equal_rows_alone(host, rng, act):
+    # the twin works in blocks of rows (70 rows of 4097: three blocks); a row's bits must
+    # not depend on the block it falls in
+    gu = rand_bf16(rng, (70, 2 * 4097))
+    whole = run_act_mul(host, gu, act)
+    for r in (0, 31, 32, 69):
+        assert np.array_equal(whole[r:r + 1], run_act_mul(host, gu[r:r + 1], act)), r
+
+
 def test_act_mul_modes_differ_and_relu_edges(host):
     gu = np.zeros((1, 64), np.float32)
     gu[0, :32] = np.linspace(-4, 4, 32)

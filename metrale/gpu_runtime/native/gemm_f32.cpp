@@ -357,16 +357,25 @@ void gemm(const uint16_t *x, const uint16_t *w, int64_t m, int64_t n, int64_t k,
     std::vector<float> xf(size_t(m * k16), 0.0f);
     for (int64_t i = 0; i < m; i++)
         for (int64_t t = 0; t < k; t++) xf[i * k16 + t] = bf16_to_f32(x[i * k + t]);
-    const Job job{xf.data(), w, out, m, n, k, k16};
     // Threads only when each gets at least ~256K multiply-adds; ranges in multiples of NR.
     int nt = int(std::min<int64_t>(g_threads.load(), (m * n * k16) >> 18));
     nt = int(std::min<int64_t>(std::max(nt, 1), (n + NR - 1) / NR));
     const int64_t per = ((n + nt - 1) / nt + NR - 1) / NR * NR;
-    std::function<void(int)> run = [&](int t) {
-        const int64_t lo = std::min(n, t * per), hi = std::min(n, lo + per);
-        if (lo < hi) columns(job, lo, hi);
-    };
-    pool().run(nt, run);
+    // Row blocks of about 2 MiB of x (at least 16 MR-row groups): every W panel block is
+    // widened once per row block, and the x rows that pass over it come from L2/L3, not
+    // DRAM (1024 rows at k = 4864: 115 -> 180 GF/s). Rows never interact: same bits.
+    const int64_t x_block_rows = (int64_t(2) << 20) / (k16 * 4) / MR * MR;
+    const int64_t rows = m <= kDirectRows ? m : std::max<int64_t>(16 * MR, x_block_rows);
+    for (int64_t i0 = 0; i0 < m; i0 += rows) {
+        const Out part{out.f32 ? out.f32 + i0 * n : nullptr,
+                       out.bf16 ? out.bf16 + i0 * n : nullptr, n};
+        const Job job{xf.data() + i0 * k16, w, part, std::min(rows, m - i0), n, k, k16};
+        std::function<void(int)> run = [&](int t) {
+            const int64_t lo = std::min(n, t * per), hi = std::min(n, lo + per);
+            if (lo < hi) columns(job, lo, hi);
+        };
+        pool().run(nt, run);
+    }
 }
 
 }  // namespace
