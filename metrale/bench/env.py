@@ -5,6 +5,7 @@ keys; GPU-only facts are None on the host backend.
 """
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import subprocess
@@ -43,11 +44,33 @@ def nvidia_driver() -> str | None:
         return None
 
 
+def cpu_info() -> dict:
+    """{"model", "cpus", "flags"}: the CPU's model name (/proc/cpuinfo, else
+    platform.processor()), the CPUs this process may run on, and the vector-unit flags
+    that decide the host backend's speed (AVX2, AVX-512, BF16 dot products, AMX)."""
+    model, flags = platform.processor() or None, set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and value.strip():
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+    return {"model": model, "cpus": cpus, "flags": [f for f in wanted if f in flags]}
+
+
 def environment(backend) -> dict:
-    """{"device", "gpu_name", "driver", "cupy", "cuda", "python", "platform"}."""
+    """{"device", "gpu_name", "driver", "cupy", "cuda", "python", "platform", "cpu"}."""
     env = {"device": getattr(backend, "name", "cpu"), "gpu_name": None, "driver": None,
            "cupy": _cupy_version(), "cuda": None,
-           "python": sys.version.split()[0], "platform": platform.platform()}
+           "python": sys.version.split()[0], "platform": platform.platform(),
+           "cpu": cpu_info()}
     if env["device"].startswith("cuda"):
         try:
             env["gpu_name"] = backend.device_name()

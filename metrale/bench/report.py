@@ -52,6 +52,9 @@ def _mib(n) -> str:
 def format_table(report: dict) -> str:
     """A fixed-width table of the results, with a header naming model and device."""
     dev = report.get("gpu_name") or report.get("device")
+    cpu = report.get("cpu") or {}
+    if not report.get("gpu_name") and cpu.get("model"):
+        dev = f"{dev} ({cpu['model']}, {cpu.get('cpus')} CPUs)"
     settings = report.get("settings", {})
     head = (f"model {report.get('model')}  device {dev}  cache {settings.get('cache', '-')}  "
             f"prefill {settings.get('prefill', '-')}")

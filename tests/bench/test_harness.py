@@ -29,6 +29,12 @@ def test_paged_report_schema_and_table(tmp_path):
         assert x["peak_memory_bytes"] >= r["parameters"] * 2  # weights are live
         assert x["hbm_gb_s"] is None and x["roofline_fraction"] is None
     assert r["device"] == "cpu" and r["copy_bandwidth_gb_s"] is None
+    cpu = r["cpu"]      # what a CPU figure means: the model and its vector units
+    assert cpu["cpus"] >= 1 and isinstance(cpu["flags"], list)
+    assert cpu["model"] is None or isinstance(cpu["model"], str)
+    if Path("/proc/cpuinfo").exists():
+        assert cpu["model"] and ("avx2" in cpu["flags"]) == \
+            ("avx2" in Path("/proc/cpuinfo").read_text().split())
     assert be.live_bytes() == 0  # torn down
     p = write_json(r, tmp_path / "r.json")
     assert set(TOP_KEYS) <= set(json.loads(p.read_text()))
