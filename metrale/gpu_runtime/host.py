@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -49,6 +50,12 @@ class LaunchContext:
         """A read-only view of `count` elements of `dtype` at `ptr` (what the kernel reads)."""
         return self.backend.read(ptr, count, dtype)
 
+    def map_blocks(self, n: int, block: int, fn: Callable[[int, int], None]) -> None:
+        """fn(lo, hi) over [0, n) in consecutive blocks of `block` items, spread over the
+        backend's twin threads. Only for items that are computed independently (rows of
+        a norm, sequences of attention), so the bits never depend on the split."""
+        self.backend.map_blocks(n, block, fn)
+
 
 class HostBackend(HostMemory):
     """numpy implementation of `GpuBackend`; see the module docstring."""
@@ -74,6 +81,11 @@ class HostBackend(HostMemory):
         # twins run with one BLAS thread: spinning OpenBLAS workers would take the
         # native GEMM's cores (blas_threads.py)
         self._blas = blas_threads.openblas()
+        # numpy releases the GIL inside its loops, so twins spread independent rows over
+        # one thread per CPU (map_blocks); made on first use
+        self._twin_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else (os.cpu_count() or 1)
+        self._twin_pool: ThreadPoolExecutor | None = None
 
     # copies ---------------------------------------------------------------------------
     def copy_h2d(self, src_bytes, dst_ptr: DevicePtr) -> None:
@@ -146,6 +158,25 @@ class HostBackend(HostMemory):
         ctx = LaunchContext(self, grid3, block3, int(shared_mem))
         args = tuple(args)
         self._run(lambda: self._tracked(kernel.impl, ctx, *args))
+
+    def map_blocks(self, n: int, block: int, fn: Callable[[int, int], None]) -> None:
+        """`LaunchContext.map_blocks`: fn(lo, hi) per block, on the calling thread when
+        there is one block or one CPU, else on the twin threads; the first exception is
+        raised after every block has finished."""
+        n, block = int(n), max(1, int(block))
+        spans = [(lo, min(n, lo + block)) for lo in range(0, n, block)]
+        if len(spans) <= 1 or self._twin_threads <= 1:
+            for lo, hi in spans:
+                fn(lo, hi)
+            return
+        if self._twin_pool is None:
+            self._twin_pool = ThreadPoolExecutor(self._twin_threads,
+                                                 thread_name_prefix="metrale-twin")
+        futures = [self._twin_pool.submit(fn, lo, hi) for lo, hi in spans]
+        errors = [f.exception() for f in futures]   # waits for all
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise first
 
     def _tracked(self, fn, *args) -> None:
         """Run a twin; every allocation it got a writable view of drops its conversions

@@ -170,17 +170,27 @@ class DecoderPasses:
             seq.tokens.extend(int(t) for t in chunk)
             seq.seq_len += len(chunk)
         hid_bytes = self._meta.hidden_size * 2
-        out = []
+        row_bytes = self._meta.vocab_size * ws.logit_bytes
+        out, rows = [], []
         for (_, _, row), end in zip(items, ends):
             if row is None:
                 out.append(DevicePtr.NULL)
                 continue
-            hidden_row = ws.final_hidden.offset(row * hid_bytes)
-            b.copy_d2d_async(ws.normed.offset((end - 1) * hid_bytes), hidden_row, hid_bytes,
-                             stream)
-            logits = ws.logits.offset(row * self._meta.vocab_size * ws.logit_bytes)
-            lm_head(self, stream, hidden_row, 1, logits)
-            out.append(logits)
+            b.copy_d2d_async(ws.normed.offset((end - 1) * hid_bytes),
+                             ws.final_hidden.offset(row * hid_bytes), hid_bytes, stream)
+            out.append(ws.logits.offset(row * row_bytes))
+            rows.append(row)
+        # consecutive rows (the usual case) share one lm_head GEMM: it reads the head's
+        # weights once, and a row's logits are the same bits either way (batch-invariant)
+        runs = []
+        for row in rows:
+            if runs and row == runs[-1][0] + runs[-1][1]:
+                runs[-1][1] += 1
+            else:
+                runs.append([row, 1])
+        for first, count in runs:
+            lm_head(self, stream, ws.final_hidden.offset(first * hid_bytes), count,
+                    ws.logits.offset(first * row_bytes))
         return out
 
     # decode --------------------------------------------------------------------------

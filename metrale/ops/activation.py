@@ -104,14 +104,15 @@ def act_mul_twin(ctx, out_ptr, gate_up_ptr, n_rows, intermediate, act) -> None:
     r, i = int(n_rows), int(intermediate)
     gate_up = ctx.read(gate_up_ptr, r * 2 * i, np.uint16).reshape(r, 2 * i)
     out = ctx.view(out_ptr, r * i, np.uint16).reshape(r, i)
-    # rows are independent: blocks of ~1 MiB of float32 keep the temporaries in cache
-    step = max(1, (1 << 20) // (8 * i))
-    for r0 in range(0, r, step):
-        gu = bf16_to_f32(gate_up[r0:r0 + step])
+
+    def rows(lo: int, hi: int) -> None:   # rows are independent
+        gu = bf16_to_f32(gate_up[lo:hi])
         with np.errstate(invalid="ignore"):
             y = act_f32(gu[:, :i], int(act))
             y *= gu[:, i:]
-        out[r0:r0 + step] = f32_to_bf16(y)
+        out[lo:hi] = f32_to_bf16(y)
+    # blocks of ~1 MiB of float32 keep the temporaries in cache
+    ctx.map_blocks(r, max(1, (1 << 20) // (8 * i)), rows)
 
 
 @twin(MODULE, "gelu")

@@ -172,7 +172,7 @@ def prefill_twin(ctx, attend, what, out_ptr, qkv_ptr, k_cache_ptr, v_cache_ptr,
     qo = ctx.read(qo_indptr_ptr, ns + 1, np.int32).astype(np.int64)
     kv_lens = ctx.read(kv_lens_ptr, ns, np.int32).astype(np.int64)
     tables = ctx.read(block_tables_ptr, ns * mb, np.int32).reshape(ns, mb)
-    for s in range(ns):
+    for s in range(ns):   # every sequence checked before any output is written
         q_start, q_len, kv_len = int(qo[s]), int(qo[s + 1] - qo[s]), int(kv_lens[s])
         if not (q_start >= 0 and 0 <= q_len <= mq and q_start + q_len <= nt
                 and q_len <= kv_len <= mb * bs):
@@ -180,32 +180,43 @@ def prefill_twin(ctx, attend, what, out_ptr, qkv_ptr, k_cache_ptr, v_cache_ptr,
                 f"{what}: sequence {s} is inconsistent: qo_indptr "
                 f"[{q_start}, {q_start + q_len}), max_q_len {mq}, n_tokens {nt}, kv_len "
                 f"{kv_len}, capacity {mb * bs} (the kernel writes NaN rows)")
-        if q_len == 0:
-            continue
+
+    def one(s: int, k0: int, k1: int) -> None:
+        """Sequence s, kv heads [k0, k1) (and their query heads)."""
+        q_start, q_len, kv_len = int(qo[s]), int(qo[s + 1] - qo[s]), int(kv_lens[s])
+        nk = k1 - k0
         pos_first = kv_len - q_len
         lo = max(0, pos_first - w + 1) if w > 0 else 0
-        k = gather_paged(ctx, k_cache_ptr, tables[s], lo, kv_len, bs, kv, d, what)
-        v = gather_paged(ctx, v_cache_ptr, tables[s], lo, kv_len, bs, kv, d, what)
+        k = gather_paged(ctx, k_cache_ptr, tables[s], lo, kv_len, bs, kv, d, what)[:, k0:k1]
+        v = gather_paged(ctx, v_cache_ptr, tables[s], lo, kv_len, bs, kv, d, what)[:, k0:k1]
         # float64 so a row's result does not depend on how many keys or rows share its
         # matmul: a prompt prefilled in chunks caches the same values as one prefilled whole
         # (differences ~1e-16 vanish in the BF16 store).
-        kt = np.ascontiguousarray(k.transpose(1, 2, 0), np.float64)   # [KV, D, T]
-        vt = np.ascontiguousarray(v.transpose(1, 0, 2), np.float64)   # [KV, T, D]
+        kt = np.ascontiguousarray(k.transpose(1, 2, 0), np.float64)   # [nk, D, T]
+        vt = np.ascontiguousarray(v.transpose(1, 0, 2), np.float64)   # [nk, T, D]
         kpos = np.arange(lo, kv_len)
         for r0 in range(0, q_len, _PREFILL_ROWS):
             r1 = min(q_len, r0 + _PREFILL_ROWS)
-            q = bf16_to_f32(qkv[q_start + r0:q_start + r1, :h]).astype(np.float64)  # [R, H, D]
-            qg = q.reshape(r1 - r0, kv, g, d).transpose(1, 2, 0, 3)    # [KV, G, R, D]
-            sc = np.matmul(qg.reshape(kv, g * (r1 - r0), d), kt) * float(sl2)  # [KV, G*R, T]
-            sc = sc.reshape(kv, g, r1 - r0, -1)
+            q = bf16_to_f32(qkv[q_start + r0:q_start + r1, k0 * g:k1 * g]
+                            ).astype(np.float64)                        # [R, nk*G, D]
+            qg = q.reshape(r1 - r0, nk, g, d).transpose(1, 2, 0, 3)    # [nk, G, R, D]
+            sc = np.matmul(qg.reshape(nk, g * (r1 - r0), d), kt) * float(sl2)  # [nk, G*R, T]
+            sc = sc.reshape(nk, g, r1 - r0, -1)
             qpos = pos_first + np.arange(r0, r1)
             allowed = kpos[None, :] <= qpos[:, None]
             if w > 0:
                 allowed &= kpos[None, :] > qpos[:, None] - w
-            sc = np.where(allowed[None, None], sc, -np.inf).reshape(kv, g * (r1 - r0), -1)
-            o = attend(sc, vt, kpos).reshape(kv, g, r1 - r0, d).astype(np.float32)
-            out[q_start + r0:q_start + r1] = f32_to_bf16(
-                o.transpose(2, 0, 1, 3).reshape(r1 - r0, h, d))
+            sc = np.where(allowed[None, None], sc, -np.inf).reshape(nk, g * (r1 - r0), -1)
+            o = attend(sc, vt, kpos).reshape(nk, g, r1 - r0, d).astype(np.float32)
+            out[q_start + r0:q_start + r1, k0 * g:k1 * g] = f32_to_bf16(
+                o.transpose(2, 0, 1, 3).reshape(r1 - r0, nk * g, d))
+
+    # sequences and kv heads are independent: spread them over the twin threads, the kv
+    # heads split in two when there are fewer sequences than that
+    halves = 2 if kv > 1 and ns < 2 else 1
+    tasks = [(s, kv * j // halves, kv * (j + 1) // halves)
+             for s in range(ns) if qo[s + 1] > qo[s] for j in range(halves)]
+    ctx.map_blocks(len(tasks), 1, lambda a, b: [one(*t) for t in tasks[a:b]])
 
 
 def _prefill_twin(ctx, *args) -> None:

@@ -73,17 +73,28 @@ def layernorm(backend, stream: int, out_ptr, x_ptr, weight_ptr, bias_ptr, n_rows
 @twin(MODULE, "rmsnorm")
 def rmsnorm_twin(ctx, out_ptr, x_ptr, weight_ptr, residual_ptr, n_rows, hidden, eps) -> None:
     r, h = int(n_rows), int(hidden)
-    x = bf16_to_f32(ctx.read(x_ptr, r * h, np.uint16)).reshape(r, h)
+    x_all = ctx.read(x_ptr, r * h, np.uint16).reshape(r, h)
     w = bf16_to_f32(ctx.read(weight_ptr, h, np.uint16))
-    if int(residual_ptr) != 0:
-        res = ctx.view(residual_ptr, r * h, np.uint16).reshape(r, h)
-        s = f32_to_bf16(bf16_to_f32(res) + x)
-        res[:] = s
-        x = bf16_to_f32(s)
-    ss = np.sum(x * x, axis=1, dtype=np.float32)
-    inv = (np.float32(1.0) / np.sqrt(ss / np.float32(h) + np.float32(eps))).astype(np.float32)
-    normed = round_bf16(x * inv[:, None])
-    ctx.view(out_ptr, r * h, np.uint16).reshape(r, h)[:] = f32_to_bf16(normed * w[None, :])
+    res_all = ctx.view(residual_ptr, r * h, np.uint16).reshape(r, h) \
+        if int(residual_ptr) != 0 else None
+    out = ctx.view(out_ptr, r * h, np.uint16).reshape(r, h)
+    if np.may_share_memory(x_all, out) or \
+            (res_all is not None and np.may_share_memory(x_all, res_all)):
+        x_all = x_all.copy()   # in place: blocks must not see rows another block wrote
+
+    def rows(lo: int, hi: int) -> None:   # one row's result never depends on another's
+        x = bf16_to_f32(x_all[lo:hi])
+        if res_all is not None:
+            res = res_all[lo:hi]
+            s = f32_to_bf16(bf16_to_f32(res) + x)
+            res[:] = s
+            x = bf16_to_f32(s)
+        ss = np.sum(x * x, axis=1, dtype=np.float32)
+        inv = (np.float32(1.0) / np.sqrt(ss / np.float32(h) + np.float32(eps))
+               ).astype(np.float32)
+        normed = round_bf16(x * inv[:, None])
+        out[lo:hi] = f32_to_bf16(normed * w[None, :])
+    ctx.map_blocks(r, max(1, (1 << 18) // h), rows)   # ~1 MiB of float32 per block
 
 
 @twin(MODULE, "layernorm")
