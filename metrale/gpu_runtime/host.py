@@ -161,8 +161,8 @@ class HostBackend(HostMemory):
 
     def map_blocks(self, n: int, block: int, fn: Callable[[int, int], None]) -> None:
         """`LaunchContext.map_blocks`: fn(lo, hi) per block, on the calling thread when
-        there is one block or one CPU, else on the twin threads; the first exception is
-        raised after every block has finished."""
+        there is one block or one CPU (stopping at an exception), else on the twin
+        threads, where the first exception is raised after every block has finished."""
         n, block = int(n), max(1, int(block))
         spans = [(lo, min(n, lo + block)) for lo in range(0, n, block)]
         if len(spans) <= 1 or self._twin_threads <= 1:

@@ -93,6 +93,36 @@ def test_kernel_launch_calls_twin_and_checks_args():
     assert h.has_module("argmax") and not h.has_module("nope")
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_map_blocks_covers_every_item_once_and_raises_the_first_error(threads):
+    import threading
+    be = HostBackend()
+    be._twin_threads = threads     # as on a machine with that many CPUs
+    seen, names = [], set()
+
+    def fn(lo, hi):
+        seen.extend(range(lo, hi))
+        names.add(threading.current_thread().name)
+    be.map_blocks(10, 3, fn)
+    assert sorted(seen) == list(range(10))
+    assert (names == {threading.current_thread().name}) == (threads == 1)
+    seen.clear()
+    be.map_blocks(2, 5, fn)        # one block: on the calling thread
+    assert seen == [0, 1]
+    be.map_blocks(0, 4, fn)        # nothing to do
+    assert seen == [0, 1]
+
+    def bad(lo, hi):
+        seen.append(lo)
+        if lo == 3:
+            raise KernelError("block 3")
+    seen.clear()
+    with pytest.raises(KernelError, match="block 3"):
+        be.map_blocks(9, 3, bad)
+    # threaded, every block finishes before the error is raised; inline it stops there
+    assert sorted(seen) == ([0, 3] if threads == 1 else [0, 3, 6])
+
+
 def test_graph_capture_replays_with_current_buffer_contents():
     h = HostBackend()
     lp, op = h.alloc(4 * 4), h.alloc(4)
