@@ -86,6 +86,7 @@ class HostBackend(HostMemory):
         self._twin_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
             else (os.cpu_count() or 1)
         self._twin_pool: ThreadPoolExecutor | None = None
+        self._twin_pool_pid = 0
 
     # copies ---------------------------------------------------------------------------
     def copy_h2d(self, src_bytes, dst_ptr: DevicePtr) -> None:
@@ -169,9 +170,11 @@ class HostBackend(HostMemory):
             for lo, hi in spans:
                 fn(lo, hi)
             return
-        if self._twin_pool is None:
+        if self._twin_pool is None or self._twin_pool_pid != os.getpid():
+            # (again in a forked child, which has none of the parent's threads)
             self._twin_pool = ThreadPoolExecutor(self._twin_threads,
                                                  thread_name_prefix="metrale-twin")
+            self._twin_pool_pid = os.getpid()
         futures = [self._twin_pool.submit(fn, lo, hi) for lo, hi in spans]
         errors = [f.exception() for f in futures]   # waits for all
         first = next((e for e in errors if e is not None), None)

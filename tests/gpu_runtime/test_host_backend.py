@@ -1,5 +1,6 @@
 """HostBackend: memory, bounds checks, copies, memset, offsets, twin launches, graph capture."""
 import logging
+import os
 
 import numpy as np
 import pytest
@@ -121,6 +122,27 @@ def test_map_blocks_covers_every_item_once_and_raises_the_first_error(threads):
         be.map_blocks(9, 3, bad)
     # threaded, every block finishes before the error is raised; inline it stops there
     assert sorted(seen) == ([0, 3] if threads == 1 else [0, 3, 6])
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_map_blocks_in_a_forked_child_gets_threads_of_its_own():
+    be = HostBackend()
+    be._twin_threads = 2
+    be.map_blocks(4, 1, lambda lo, hi: None)      # the parent's pool exists now
+    pid = os.fork()
+    if pid == 0:                                  # child: must not wait on dead threads
+        out = []
+        be.map_blocks(4, 1, lambda lo, hi: out.append(lo))
+        os._exit(0 if sorted(out) == [0, 1, 2, 3] else 1)
+    import time
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("map_blocks in a forked child waited on the parent's threads")
+    assert os.WIFEXITED(done[1]) and os.WEXITSTATUS(done[1]) == 0
 
 
 def test_graph_capture_replays_with_current_buffer_contents():
