@@ -140,12 +140,20 @@ struct WBits {
         return widen16(tail);
     }
     WBits rows(int64_t r0) const { return {p + r0 * k, k, k_full}; }
+    // Prefetches never fault, so rows past W's end are harmless; the address is formed
+    // as an integer (no out-of-range pointer). Decode streams W from DRAM: with it, 8 rows
+    // over the 151936 x 896 LM head take 17 ms instead of 24.
+    void prefetch(int64_t row, int64_t t) const {
+        __builtin_prefetch(reinterpret_cast<const void *>(
+            reinterpret_cast<uintptr_t>(p) + uintptr_t((row * k + t) * 2)));
+    }
 };
 struct WPanel {
     const float *p;
     int64_t k16;
     v16f load(int64_t row, int64_t t) const { return load16(p + row * k16 + t); }
     WPanel rows(int64_t r0) const { return {p + r0 * k16, k16}; }
+    void prefetch(int64_t, int64_t) const {}   // the panel is in L2 already
 };
 
 struct Out {
@@ -177,7 +185,10 @@ inline void tile(const float *x, int64_t k16, const W &w, const Out &out, int64_
     for (int e = 0; e < R * C; e++) acc[e] = v16f{};
     for (int64_t t = 0; t < k16; t += 16) {
         v16f wv[C];
-        for (int b = 0; b < C; b++) wv[b] = w.load(b, t);
+        for (int b = 0; b < C; b++) {
+            w.prefetch(b + 2 * C, t);   // the tile after next: DRAM latency is long
+            wv[b] = w.load(b, t);
+        }
         for (int a = 0; a < R; a++) {
             v16f xv = load16(x + a * k16 + t);
             pin(xv);
