@@ -43,18 +43,25 @@ def attend_base2_bf16p(scores: np.ndarray, values: np.ndarray, key_pos: np.ndarr
     (the kernel's l sums the same rounded p, rescaled tile by tile). A row with no visible
     key gives 0, as the kernel.
     """
-    s = np.asarray(scores, np.float32)
+    s = np.array(scores, dtype=np.float32)          # a copy of our own: modified in place
     first = int(key_pos[0]) // tile
     n_tiles = int(key_pos[-1]) // tile - first + 1
     front = int(key_pos[0]) - first * tile
-    pad = [(0, 0)] * (s.ndim - 1) + [(front, n_tiles * tile - s.shape[-1] - front)]
-    s_tiles = np.pad(s, pad, constant_values=-np.inf).reshape(
-        *s.shape[:-1], n_tiles, tile)                               # [..., n_tiles, tile]
+    lead, T = s.shape[:-1], s.shape[-1]
+    if front == 0 and T == n_tiles * tile:
+        s_tiles = s.reshape(*lead, n_tiles, tile)
+    else:   # keys padded to whole tiles with -inf (weight 0)
+        s_tiles = np.full((*lead, n_tiles * tile), -np.inf, np.float32)
+        s_tiles[..., front:front + T] = s
+        s_tiles = s_tiles.reshape(*lead, n_tiles, tile)           # [..., n_tiles, tile]
     running = np.maximum.accumulate(s_tiles.max(axis=-1), axis=-1)  # [..., n_tiles]
     ref = np.where(running == -np.inf, np.float32(0), running)     # the kernel's mu
-    p = round_bf16(np.exp2(s_tiles - ref[..., None]))              # pads and masked: 0
+    s_tiles -= ref[..., None]
+    np.exp2(s_tiles, out=s_tiles)
+    p = round_bf16(s_tiles)                                         # pads and masked: 0
     scale = np.exp2(ref.astype(np.float64) - ref[..., -1:])        # per tile
-    w = (p * scale[..., None]).reshape(*s.shape[:-1], n_tiles * tile)
-    w = w[..., front:front + s.shape[-1]]                           # [..., T]
+    w = (p * scale[..., None]).reshape(*lead, n_tiles * tile)[..., front:front + T]  # [..., T]
     total = w.sum(axis=-1, keepdims=True)
-    return np.matmul(w, values) / np.where(total > 0, total, 1.0)
+    out = np.matmul(w, values)
+    out /= np.where(total > 0, total, 1.0)
+    return out
