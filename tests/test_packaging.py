@@ -24,4 +24,5 @@ def test_native_source_ships_as_package_data():
     text = (ROOT / "pyproject.toml").read_text()
     assert '"metrale.gpu_runtime" = ["native/*.cpp"]' in text
     from metrale.gpu_runtime import native
-    assert native.SOURCE.is_file() and native.SOURCE.parent.name == "native"
+    assert native.SOURCES and all(src.is_file() and src.parent.name == "native"
+                                  for src in native.SOURCES)

@@ -1,8 +1,10 @@
-"""HostBackend's native helpers: `native/gemm_f32.cpp` compiled for this CPU on first use.
+"""HostBackend's native helpers: `native/*.cpp` compiled for this CPU on first use.
 
 The GEMM twin's definition (metrale/ops/gemm_tc.py, `dot_f32`: 16 float32 lanes, a fixed
 order that depends on k alone) computed with every core, reading the BF16 weights as they
-are: the same bits as the numpy path (tests compare both), about a hundred times faster.
+are: the same bits as the numpy path (tests compare both), about a hundred times faster;
+and the BF16 <-> float32 conversions of the twins (`native/convert_bf16.cpp`, one pass
+instead of numpy's seven for the rounding, exact either way).
 The library is built with the C++ compiler of `cxx.py` for the machine it runs on
 (`-march=native`) into `<cache_root()>/host/`, keyed by the source, the flags, the compiler
 and the CPU, and reused by every later process. Without a compiler HostBackend runs the
@@ -26,7 +28,8 @@ from .cxx import cache_root, compiler, compiler_version
 
 log = logging.getLogger("metrale")
 
-SOURCE = Path(__file__).resolve().parent / "native" / "gemm_f32.cpp"
+SOURCES = tuple(Path(__file__).resolve().parent / "native" / name
+                for name in ("gemm_f32.cpp", "convert_bf16.cpp"))
 # IEEE arithmetic (no -ffast-math: signed zeros, NaN and subnormals are kept); FMA
 # contraction is what the formula asks for (a_l + x w rounded once).
 FLAGS = ("-std=c++17", "-O3", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
@@ -46,7 +49,7 @@ def _cpu_identity(flags) -> str:
 
 def _build(tune) -> Path:
     flags = [*FLAGS, *tune]
-    h = hashlib.sha256(SOURCE.read_bytes())
+    h = hashlib.sha256(b"".join(src.read_bytes() for src in SOURCES))
     h.update("\0".join(flags).encode())
     h.update(compiler_version().encode())
     h.update(_cpu_identity(tune).encode())
@@ -57,10 +60,11 @@ def _build(tune) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         lib = Path(tmp) / out.name
-        proc = subprocess.run([compiler(), *flags, str(SOURCE), "-o", str(lib)],
+        proc = subprocess.run([compiler(), *flags, *map(str, SOURCES), "-o", str(lib)],
                               capture_output=True, text=True, check=False)
         if proc.returncode != 0:
-            raise KernelError(f"{SOURCE.name}: the native build failed:\n"
+            raise KernelError(f"{', '.join(src.name for src in SOURCES)}: the native "
+                              "build failed:\n"
                               f"{proc.stderr.strip()[-4000:]}")
         os.replace(lib, out)  # atomic: a concurrent build of the same hash is harmless
     return out
@@ -76,6 +80,10 @@ class NativeKernels:
         for f in (self._f32, self._bf16):
             f.restype = None
             f.argtypes = [_P, _P, _I64, _I64, _I64, _P]
+        self._to_bf16, self._to_f32 = lib.md_f32_to_bf16, lib.md_bf16_to_f32
+        for f in (self._to_bf16, self._to_f32):
+            f.restype = None
+            f.argtypes = [_P, _P, _I64]
         lib.md_set_threads.argtypes = [ctypes.c_int]
         lib.md_set_threads(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                            else (os.cpu_count() or 1))
@@ -92,6 +100,26 @@ class NativeKernels:
         f = self._f32 if out.dtype == np.float32 else self._bf16
         f(x_bits.ctypes.data, w_bits.ctypes.data, m, n, k, out.ctypes.data)
         return out
+
+
+    def f32_to_bf16(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """x C-contiguous float32, out C-contiguous uint16 of x's size: ops.bf16's rule."""
+        _check_pair("f32_to_bf16", x, np.float32, out, np.uint16)
+        self._to_bf16(x.ctypes.data, out.ctypes.data, x.size)
+        return out
+
+    def bf16_to_f32(self, bits: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """bits C-contiguous uint16, out C-contiguous float32 of its size: exact widening."""
+        _check_pair("bf16_to_f32", bits, np.uint16, out, np.float32)
+        self._to_f32(bits.ctypes.data, out.ctypes.data, bits.size)
+        return out
+
+
+def _check_pair(what: str, x, x_dtype, out, out_dtype) -> None:
+    if not (x.dtype == x_dtype and out.dtype == out_dtype and x.flags.c_contiguous and
+            out.flags.c_contiguous and out.flags.writeable and x.size == out.size):
+        raise ValueError(f"{what}: C-contiguous {np.dtype(x_dtype)} in, writable "
+                         f"C-contiguous {np.dtype(out_dtype)} out of the same size")
 
 
 def _check_rows(what: str, x_bits, w_bits) -> None:

@@ -176,10 +176,9 @@ def prefill_twin(ctx, attend, what, out_ptr, qkv_ptr, k_cache_ptr, v_cache_ptr,
         q_start, q_len, kv_len = int(qo[s]), int(qo[s + 1] - qo[s]), int(kv_lens[s])
         if not (q_start >= 0 and 0 <= q_len <= mq and q_start + q_len <= nt
                 and q_len <= kv_len <= mb * bs):
-            raise KernelError(
-                f"{what}: sequence {s} is inconsistent: qo_indptr "
-                f"[{q_start}, {q_start + q_len}), max_q_len {mq}, n_tokens {nt}, kv_len "
-                f"{kv_len}, capacity {mb * bs} (the kernel writes NaN rows)")
+            raise KernelError(f"{what}: sequence {s} is inconsistent: qo_indptr [{q_start}, "
+                              f"{q_start + q_len}), max_q_len {mq}, n_tokens {nt}, kv_len "
+                              f"{kv_len}, capacity {mb * bs} (the kernel writes NaN rows)")
 
     def one(s: int, k0: int, k1: int) -> None:
         """Sequence s, kv heads [k0, k1) (and their query heads)."""
@@ -211,8 +210,7 @@ def prefill_twin(ctx, attend, what, out_ptr, qkv_ptr, k_cache_ptr, v_cache_ptr,
             out[q_start + r0:q_start + r1, k0 * g:k1 * g] = f32_to_bf16(
                 o.transpose(2, 0, 1, 3).reshape(r1 - r0, nk * g, d))
 
-    # sequences and kv heads are independent: spread them over the twin threads, the kv
-    # heads split in two when there are fewer sequences than that
+    # sequences and kv heads are independent: over the twin threads (one sequence: halves)
     halves = 2 if kv > 1 and ns < 2 else 1
     tasks = [(s, kv * j // halves, kv * (j + 1) // halves)
              for s in range(ns) if qo[s + 1] > qo[s] for j in range(halves)]

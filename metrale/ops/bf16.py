@@ -12,13 +12,32 @@ import numpy as np
 CANONICAL_NAN = 0x7FFF  # CUDART_NAN_BF16
 
 
+# At or above this many elements the conversions run in HostBackend's native library
+# (gpu_runtime/native/convert_bf16.cpp) when this machine could build it: one pass instead
+# of numpy's several. Both are exact integer maps, so the bits are the same either way.
+NATIVE_MIN_ELEMENTS = 1 << 14
+
+
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
     """uint16 BF16 bits (any shape) -> float32, exactly."""
-    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+    bits = np.asarray(bits, dtype=np.uint16)
+    nat = _native() if bits.size >= NATIVE_MIN_ELEMENTS and bits.flags.c_contiguous else None
+    if nat is not None:
+        return nat.bf16_to_f32(bits, np.empty(bits.shape, np.float32))
+    return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
 def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     """float32 (any shape) -> uint16 BF16 bits, round to nearest even, NaN -> 0x7FFF."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    nat = _native() if x.size >= NATIVE_MIN_ELEMENTS else None
+    if nat is not None:
+        return nat.f32_to_bf16(x, np.empty(x.shape, np.uint16))
+    return f32_to_bf16_numpy(x)
+
+
+def f32_to_bf16_numpy(x: np.ndarray) -> np.ndarray:
+    """`f32_to_bf16` in numpy alone (the rule the native conversion is checked against)."""
     u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     t = u >> 16            # in place from here: this runs on every twin output
     t &= 1
@@ -45,3 +64,9 @@ def round_bf16(x: np.ndarray) -> np.ndarray:
     if nan.any():
         u[nan] = CANONICAL_NAN << 16
     return u.view(np.float32)
+
+
+def _native():
+    """The native library, or None (no compiler): looked up once per process."""
+    from ..gpu_runtime import native
+    return native.try_load()

@@ -56,6 +56,33 @@ def test_roundtrip_against_ml_dtypes(host, rng, n):
     assert np.all(np.isnan(back[nan]))
 
 
+def test_native_conversions_equal_numpy_on_every_kind_of_value(rng):
+    # ops.bf16 hands arrays of NATIVE_MIN_ELEMENTS or more to the native library: it must
+    # give numpy's bits for every float32 class (NaN payloads and signs, infinities,
+    # subnormals, ties) and every bf16 pattern
+    from metrale.gpu_runtime import native
+    from metrale.ops import bf16
+    nat = native.try_load()
+    if nat is None:
+        pytest.skip("no C++ compiler: the native library cannot be built")
+    u = rng.integers(0, 2**32, 1 << 20, dtype=np.uint64).astype(np.uint32)
+    u[:16] = [0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0x7FFFFFFF, 0xFFFFFFFF,
+              0x7F800000, 0xFF800000, 0, 0x80000000, 1, 0x807FFFFF, 0x3F808000, 0x3F818000,
+              0x7F7FFFFF, 0x7F7F8000]
+    x = u.view(np.float32)
+    for n in (bf16.NATIVE_MIN_ELEMENTS - 1, bf16.NATIVE_MIN_ELEMENTS, x.size):
+        got = bf16.f32_to_bf16(x[:n])
+        assert np.array_equal(got, bf16.f32_to_bf16_numpy(x[:n])), n
+    assert np.array_equal(nat.f32_to_bf16(x, np.empty(x.size, np.uint16)),
+                          bf16.f32_to_bf16_numpy(x))
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    widened = nat.bf16_to_f32(every, np.empty(every.size, np.float32))
+    assert np.array_equal(widened.view(np.uint32), every.astype(np.uint32) << 16)
+    assert np.array_equal(bf16.bf16_to_f32(every).view(np.uint32), widened.view(np.uint32))
+    with pytest.raises(ValueError):
+        nat.f32_to_bf16(x[::2], np.empty(x.size // 2, np.uint16))   # not contiguous
+
+
 def test_every_nan_becomes_the_canonical_bf16_nan(host):
     # sign, quiet/signalling and payload bits all vanish, as with cvt.rn.bf16.f32 on sm_80+
     bits = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0x7FFFFFFF, 0xFFFFFFFF,
