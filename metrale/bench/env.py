@@ -5,11 +5,12 @@ keys; GPU-only facts are None on the host backend.
 """
 from __future__ import annotations
 
-import os
 import platform
 import shutil
 import subprocess
 import sys
+
+from ..gpu_runtime.native import usable_cpus
 
 
 def _cupy_version() -> str | None:
@@ -60,9 +61,9 @@ def cpu_info() -> dict:
                     break
     except OSError:
         pass
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
-    return {"model": model, "cpus": cpus, "flags": [f for f in wanted if f in flags]}
+    return {"model": model, "cpus": usable_cpus(),
+            "flags": [f for f in wanted if f in flags]}
 
 
 def environment(backend) -> dict:

@@ -177,9 +177,12 @@ def run_bench(cfg: BenchConfig, backend=None, peer=None) -> dict:
     per_seq = -(-seq_cap // block_size) + 1
     bmax = max(cfg.batches)
     kv_blocks = bmax * per_seq + 8 if cfg.cache == "paged" else per_seq + 8
-    # one forward pass holds `group` whole prompts (batched prefill) or one
-    max_prefill = min(max(cfg.prompt_len * (bmax if batched_prefill(cfg) else 1), 16), 4096)
-    group = max(1, max_prefill // cfg.prompt_len) if batched_prefill(cfg) else 1
+    # batched prefill needs the paged cache (the contiguous baseline's sequences live outside
+    # the model's pool); one forward pass holds `group` whole prompts, or one
+    prefill_mode = "batched" if cfg.prefill == "batched" and cfg.cache == "paged" else "each"
+    max_prefill = min(max(cfg.prompt_len * (bmax if prefill_mode == "batched" else 1), 16),
+                      4096)
+    group = max(1, max_prefill // cfg.prompt_len) if prefill_mode == "batched" else 1
     env = environment(be)
     copy_gb_s = roofline.copy_bandwidth(be)
     t0 = time.perf_counter()
@@ -223,7 +226,7 @@ def run_bench(cfg: BenchConfig, backend=None, peer=None) -> dict:
         "copy_bandwidth_gb_s": copy_gb_s,
         "settings": {"batches": list(cfg.batches), "prompt_len": cfg.prompt_len,
                      "gen_len": cfg.gen_len, "cache": cfg.cache,
-                     "prefill": "batched" if batched_prefill(cfg) else "each",
+                     "prefill": prefill_mode,
                      "graphs": bool(model._use_graphs), "reps": reps, "warmup": cfg.warmup,
                      "max_seconds": budget, "seed": cfg.seed},
         "load_s": load_s,
@@ -232,15 +235,9 @@ def run_bench(cfg: BenchConfig, backend=None, peer=None) -> dict:
         "peak_rss_bytes": peak_rss_bytes(),
     })
     if peer is not None:
-        report["hf"] = peer.section(results, "batched" if batched_prefill(cfg) else "each")
+        report["hf"] = peer.section(results, prefill_mode)
     report.update(cfg.extra)
     return report
-
-
-def batched_prefill(cfg: BenchConfig) -> bool:
-    """Whether prompts are prefilled in prefill_batch_chunk groups (paged cache only: the
-    contiguous baseline's sequences live outside the model's pool)."""
-    return cfg.prefill == "batched" and cfg.cache == "paged"
 
 
 def _run_batch(model, cfg, label, batch, reps, warm_len, seq_cap, share, copy_gb_s, bar,

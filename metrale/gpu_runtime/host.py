@@ -83,8 +83,7 @@ class HostBackend(HostMemory):
         self._blas = blas_threads.openblas()
         # numpy releases the GIL inside its loops, so twins spread independent rows over
         # one thread per CPU (map_blocks); made on first use
-        self._twin_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-            else (os.cpu_count() or 1)
+        self._twin_threads = _native.usable_cpus()
         self._twin_pool: ThreadPoolExecutor | None = None
         self._twin_pool_pid = 0
 

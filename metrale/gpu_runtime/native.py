@@ -70,6 +70,13 @@ def _build(tune) -> Path:
     return out
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 class NativeKernels:
     """The loaded library (see native/gemm_f32.cpp): `gemm(x_bits, w_bits, out)`."""
 
@@ -85,8 +92,7 @@ class NativeKernels:
             f.restype = None
             f.argtypes = [_P, _P, _I64]
         lib.md_set_threads.argtypes = [ctypes.c_int]
-        lib.md_set_threads(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                           else (os.cpu_count() or 1))
+        lib.md_set_threads(usable_cpus())
 
     def gemm(self, x_bits: np.ndarray, w_bits: np.ndarray, out: np.ndarray) -> np.ndarray:
         """x_bits [m, k], w_bits [n, k] C-contiguous uint16 BF16; out [m, n] C-contiguous,

@@ -52,21 +52,8 @@ def f32_to_bf16_numpy(x: np.ndarray) -> np.ndarray:
 
 
 def round_bf16(x: np.ndarray) -> np.ndarray:
-    """float32 -> float32 rounded through BF16 (what storing to a bf16 buffer does):
-    `bf16_to_f32(f32_to_bf16(x))`: natively for large arrays, else in place in one uint32
-    copy."""
-    if np.size(x) >= NATIVE_MIN_ELEMENTS and _native() is not None:
-        return bf16_to_f32(f32_to_bf16(x))
-    u = np.array(x, dtype=np.float32).view(np.uint32)   # a copy of its own
-    nan = np.isnan(u.view(np.float32))
-    t = u >> 16
-    t &= 1
-    t += 0x7FFF
-    u += t                 # wraps modulo 2^32 only for NaNs, replaced below
-    u &= 0xFFFF0000
-    if nan.any():
-        u[nan] = CANONICAL_NAN << 16
-    return u.view(np.float32)
+    """float32 -> float32 rounded through BF16 (what storing to a bf16 buffer does)."""
+    return bf16_to_f32(f32_to_bf16(x))
 
 
 def _native():
