@@ -1,9 +1,14 @@
-"""Moving numpy arrays to and from any backend's raw pointers, for kernel tests."""
+"""Moving numpy arrays to and from any backend's raw pointers, for kernel tests; the GEMM
+twin's implementations."""
 from __future__ import annotations
 
-import numpy as np
+from contextlib import contextmanager
+from functools import lru_cache
 
-from metrale.gpu_runtime import DevicePtr
+import numpy as np
+import pytest
+
+from metrale.gpu_runtime import DevicePtr, native
 
 
 class Buffers:
@@ -42,3 +47,34 @@ class Buffers:
 
     def __exit__(self, *exc):
         self.free_all()
+
+
+GEMM_PATHS = ("dp", "fma", "portable", "numpy")
+
+
+@contextmanager
+def gemm_twin_path(path: str):
+    """The GEMM twin implementation `path` of GEMM_PATHS for `ops.gemm_tc.dot_f32`'s
+    `native` argument: the native library with VDPBF16PS ("dp") or float32 FMAs ("fma"),
+    the library built with -DMD_PORTABLE (float64 steps, the non-x86 path), or None (numpy).
+    Skips where this machine cannot run it; restores the library's default."""
+    if path == "numpy":
+        yield None
+        return
+    lib = native.try_load()
+    if lib is None:
+        pytest.skip("no C++ compiler: the native GEMM twin cannot be built")
+    if path == "portable":
+        yield _portable_native()
+        return
+    if lib.set_dp(path == "dp") != (path == "dp"):
+        pytest.skip("this CPU has no VDPBF16PS path (or it failed the load-time check)")
+    try:
+        yield lib
+    finally:
+        lib.set_dp(True)   # the default: on where built and checked
+
+
+@lru_cache(maxsize=1)
+def _portable_native():
+    return native.NativeKernels(native._build((*native.TUNE, "-DMD_PORTABLE")))

@@ -1,8 +1,11 @@
 """HostBackend's native helpers: `native/*.cpp` compiled for this CPU on first use.
 
 The GEMM twin's definition (metrale/ops/gemm_tc.py, `dot_f32`: 16 float32 lanes, a fixed
-order that depends on k alone) computed with every core, reading the BF16 weights as they
-are: the same bits as the numpy path (tests compare both), about a hundred times faster;
+order that depends on k alone, subnormals flushed) computed with every core, reading the
+BF16 weights as they are, through the CPU's BF16 dot-product instruction where it has one
+and it passes a check at load against the formula (`uses_dp`), else through float32 FMAs:
+the same bits as the numpy path either way (tests compare all three), about a hundred
+times faster;
 and the BF16 <-> float32 conversions of the twins (`native/convert_bf16.cpp`, one pass
 instead of numpy's seven for the rounding, exact either way).
 The library is built with the C++ compiler of `cxx.py` for the machine it runs on
@@ -30,6 +33,9 @@ log = logging.getLogger("metrale")
 
 SOURCES = tuple(Path(__file__).resolve().parent / "native" / name
                 for name in ("gemm_f32.cpp", "convert_bf16.cpp"))
+HEADERS = (Path(__file__).resolve().parent / "native" / "pool.h",)
+# Adversarial blocks the load-time check runs through VDPBF16PS and the formula (~10 ms).
+SELFCHECK_BLOCKS = 1 << 16
 # IEEE arithmetic (no -ffast-math: signed zeros, NaN and subnormals are kept); FMA
 # contraction is what the formula asks for (a_l + x w rounded once).
 FLAGS = ("-std=c++17", "-O3", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
@@ -49,7 +55,7 @@ def _cpu_identity(flags) -> str:
 
 def _build(tune) -> Path:
     flags = [*FLAGS, *tune]
-    h = hashlib.sha256(b"".join(src.read_bytes() for src in SOURCES))
+    h = hashlib.sha256(b"".join(src.read_bytes() for src in (*SOURCES, *HEADERS)))
     h.update("\0".join(flags).encode())
     h.update(compiler_version().encode())
     h.update(_cpu_identity(tune).encode())
@@ -93,6 +99,25 @@ class NativeKernels:
             f.argtypes = [_P, _P, _I64]
         lib.md_set_threads.argtypes = [ctypes.c_int]
         lib.md_set_threads(usable_cpus())
+        lib.md_dp_selfcheck.restype = _I64
+        lib.md_dp_selfcheck.argtypes = [_I64]
+        lib.md_set_dp.argtypes = [ctypes.c_int]
+        self._lib = lib
+        # VDPBF16PS only where this CPU's instruction computes the formula, lane for lane
+        self.dp_mismatches = lib.md_dp_selfcheck(SELFCHECK_BLOCKS) if lib.md_dp_compiled() \
+            else -1
+        self.uses_dp = False
+        self.set_dp(self.dp_mismatches == 0)
+        if self.dp_mismatches > 0:
+            log.warning("metrale: this CPU's VDPBF16PS differs from the GEMM formula in %d "
+                        "of %d checked lanes; the native GEMM uses float32 FMAs instead",
+                        self.dp_mismatches, 16 * SELFCHECK_BLOCKS)
+
+    def set_dp(self, on: bool) -> bool:
+        """Use the BF16 dot-product instruction (True, where built and checked) or the
+        float32 steps: the same bits either way. Returns whether it is used now."""
+        self.uses_dp = bool(self._lib.md_set_dp(int(bool(on) and self.dp_mismatches == 0)))
+        return self.uses_dp
 
     def gemm(self, x_bits: np.ndarray, w_bits: np.ndarray, out: np.ndarray) -> np.ndarray:
         """x_bits [m, k], w_bits [n, k] C-contiguous uint16 BF16; out [m, n] C-contiguous,

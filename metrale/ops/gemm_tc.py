@@ -7,10 +7,10 @@ the tile the launcher picks (the argument is in the .cu header), so decode_batch
 solo decode, verify rows equal decode steps and chunked prefill equals whole prefill.
 
 The twin is batch-invariant by construction: every element is a float32 sum of the exact
-products of its two rows in one fixed order that depends on k alone (`dot_f32`), computed
-by the native library (gpu_runtime/native.py) or, without a C++ compiler, by numpy, with
-the same bits; no BLAS is involved, so no blocking, thread split or row position can reach
-the result.
+products of its two rows in one fixed order that depends on k alone, subnormals flushed
+(`dot_f32`: what the CPU's BF16 dot-product instruction computes), computed by the native
+library (gpu_runtime/native.py) or, without a C++ compiler, by numpy, with the same bits;
+no BLAS is involved, so no blocking, thread split or row position can reach the result.
 """
 from __future__ import annotations
 
@@ -98,53 +98,78 @@ def dot_f32(x_bits: np.ndarray, w_bits: np.ndarray, native=None,
             w_f64: np.ndarray | None = None) -> np.ndarray:
     """x_bits [m, k], w_bits [n, k] uint16 BF16 -> float32 [m, n], the twin's definition:
 
-    per element, both rows zero-padded to k16 (k rounded up to a multiple of 16); 16 float32
-    lanes, lane l summing the products of positions l, l + 16, ... in order, each step one
-    rounding of (lane + exact product); then lanes l + (l + 8), + (l + 4), + (l + 2),
-    (0) + (1), in float32; + 0 (an exact zero is +0, as the kernel's accumulator gives);
-    a NaN is the canonical 0x7FC00000. The order depends on k alone, so a row's result is a
-    function of its two rows: batch invariance by construction. FP32 accumulation like the
-    kernel's (whose tensor-core order differs: the GPU tests compare within the table's
-    bound). `native` (gpu_runtime/native.py) computes the same bits fast; `w_f64`: W
-    already widened to float64 [n, k16] for the numpy path (the backend's cache).
+    per element, a BF16 subnormal input counts as 0 and both rows are zero-padded to k32
+    (k rounded up to a multiple of 32); 16 float32 lanes, and for each block of 32
+    positions in order, lane l adds the product at 32b + 2l + 1, then the one at 32b + 2l,
+    each step one rounding of (lane + exact product), a result that is tiny after rounding
+    (below 2^-126 when rounded to 24 bits with an unbounded exponent) flushed to 0; then
+    lanes l + (l + 8), + (l + 4), + (l + 2), (0) + (1), in float32, flushed alike; + 0 (an
+    exact zero is +0, as the kernel's accumulator gives); a NaN is the canonical
+    0x7FC00000. That is what the CPU's BF16 dot-product instruction (VDPBF16PS) computes,
+    so the native library runs it at that instruction's rate. The order depends on k
+    alone, so a row's result is a function of its two rows: batch invariance by
+    construction. FP32 accumulation like the kernel's (whose tensor-core order differs: the
+    GPU tests compare within the table's bound). `native` (gpu_runtime/native.py) computes
+    the same bits fast; `w_f64`: W already in step order (`widen_steps`) for the numpy
+    path (the backend's cache).
     """
     if native is not None:
         x_bits, w_bits = np.ascontiguousarray(x_bits), np.ascontiguousarray(w_bits)
         return native.gemm(x_bits, w_bits, np.empty((len(x_bits), len(w_bits)), np.float32))
     m, k = x_bits.shape
     n = w_bits.shape[0]
-    k16 = -(-k // 16) * 16
-    x = widen_padded(x_bits).reshape(m, 1, k16 // 16, 16)
+    steps = 2 * -(-k // 32)
+    x = widen_steps(x_bits).reshape(m, 1, steps, 16)
     y = np.empty((m, n), np.float32)
     step = max(1, _CHUNK_ELEMS // (16 * m))   # columns per chunk: temporaries ~ 2^22
     for j0 in range(0, n, step):
         w = (w_f64[j0:j0 + step] if w_f64 is not None else
-             widen_padded(w_bits[j0:j0 + step]))
-        w = w.reshape(1, len(w), k16 // 16, 16)
+             widen_steps(w_bits[j0:j0 + step]))
+        w = w.reshape(1, len(w), steps, 16)
         acc = np.zeros((m, w.shape[1], 16), np.float32)
         tmp = np.empty(acc.shape, np.float64)
+        tiny = np.empty(acc.shape, bool)
         with np.errstate(over="ignore", invalid="ignore"):   # Inf and NaN as IEEE says
-            for b in range(k16 // 16):
+            for s in range(steps):
                 # the product is exact in float64 and so is adding it to a float32 lane
                 # unless the two are over 2^36 apart, when both roundings give the larger
-                # one: the float32 rounding of tmp is the one rounding the formula asks for
-                np.multiply(x[:, :, b], w[:, :, b], out=tmp)
+                # one: the float32 rounding of tmp is the one rounding the formula asks for.
+                # Near 2^-126 the sum is exact, so comparing it with the point from which it
+                # rounds up to 2^-126 is the formula's tininess test.
+                np.multiply(x[:, :, s], w[:, :, s], out=tmp)
                 tmp += acc
+                np.less(np.abs(tmp), _TINY_BELOW, out=tiny)
+                tmp[tiny] = 0.0
                 acc[...] = tmp
-            a = acc[..., :8] + acc[..., 8:]
-            a = a[..., :4] + a[..., 4:]
-            a = a[..., :2] + a[..., 2:]
-            y[:, j0:j0 + step] = (a[..., 0] + a[..., 1]) + np.float32(0.0)
+            a = _flush(acc[..., :8] + acc[..., 8:])   # sums of normals: exact when tiny
+            a = _flush(a[..., :4] + a[..., 4:])
+            a = _flush(a[..., :2] + a[..., 2:])
+            y[:, j0:j0 + step] = _flush(a[..., 0] + a[..., 1]) + np.float32(0.0)
     y[np.isnan(y)] = np.uint32(0x7FC00000).view(np.float32)
     return y
 
 
-def widen_padded(bits: np.ndarray) -> np.ndarray:
-    """BF16 bits [r, k] -> float64 [r, k16], zero-padded to a multiple of 16 columns."""
+# |sum| below this rounds (24 bits, unbounded exponent) to below 2^-126: flushed
+_TINY_BELOW = 2.0**-126 - 2.0**-151
+_MIN_NORMAL = np.float32(2.0**-126)
+
+
+def _flush(a: np.ndarray) -> np.ndarray:
+    """float32 a with |a| < 2^-126 set to +0, in place; returns a."""
+    a[np.abs(a) < _MIN_NORMAL] = 0.0
+    return a
+
+
+def widen_steps(bits: np.ndarray) -> np.ndarray:
+    """BF16 bits [r, k] -> float64 [r, k32] in the formula's step order: per block of 32
+    positions its 16 odd ones, then its 16 even ones; subnormals as 0, zero-padded."""
     r, k = bits.shape
-    out = np.zeros((r, -(-k // 16) * 16), np.float64)
-    out[:, :k] = bf16_to_f32(bits)
-    return out
+    nb = -(-k // 32)
+    padded = np.zeros((r, nb * 32), np.uint16)
+    padded[:, :k] = np.where((bits & 0x7F80) == 0, 0, bits)
+    pairs = padded.reshape(r, nb, 16, 2)[..., ::-1]   # [r, block, lane, (odd, even)]
+    return bf16_to_f32(np.ascontiguousarray(pairs.transpose(0, 1, 3, 2))).reshape(
+        r, nb * 32).astype(np.float64)
 
 
 def _gemm_tc_twin(ctx, y_ptr, x_ptr, w_ptr, m, n, k, out_fp32: bool) -> None:
@@ -159,8 +184,8 @@ def _gemm_tc_twin(ctx, y_ptr, x_ptr, w_ptr, m, n, k, out_fp32: bool) -> None:
         return
     cached = getattr(be, "converted", None)   # numpy: W widened once, within the budget
     w_f64 = None if cached is None else cached(
-        w_ptr, n * k * 2, "gemm_tc.f64", lambda: widen_padded(w_bits),
-        8 * n * (-(-k // 16) * 16))
+        w_ptr, n * k * 2, "gemm_tc.f64", lambda: widen_steps(w_bits),
+        8 * n * (-(-k // 32) * 32))
     y32 = dot_f32(x_bits, w_bits, None, w_f64)
     y[:] = y32 if out_fp32 else f32_to_bf16(y32)
 

@@ -1,5 +1,5 @@
 """The batch-invariant tensor-core GEMM (module "gemm_tc"): twin against float64 and its
-16-lane definition (native and numpy paths), kernel against twin at ragged and real sizes, and bit-exact batch invariance across
+16-lane definition (native VDPBF16PS and FMA paths, numpy), kernel against twin at ragged and real sizes, and bit-exact batch invariance across
 every m and every tile configuration."""
 import numpy as np
 import pytest
@@ -9,7 +9,7 @@ from metrale.gpu_runtime import kernel_source, native
 from metrale.ops import gemm_tc as T
 from metrale.ops.bf16 import bf16_to_f32, f32_to_bf16
 from tests.conftest import assert_close, real
-from tests.helpers import Buffers
+from tests.helpers import GEMM_PATHS, Buffers, gemm_twin_path
 from tests.ops.test_gemm import operands, ref64
 
 KINDS = {False: "gpu_vs_twin_bf16", True: "gpu_vs_twin_fp32"}
@@ -42,18 +42,37 @@ def as_f32(y):
 
 
 def lanes_f32(x, w):
-    """The twin's definition written out position by position (small shapes only): lane
-    t % 16 of every element gets f32(lane + exact product) for t < k, padding adds nothing;
-    then the lane tree, + 0, the canonical NaN."""
-    xf, wf = bf16_to_f32(x).astype(np.float64), bf16_to_f32(w).astype(np.float64)
+    """The twin's definition written out position by position (small shapes only): BF16
+    subnormals count as 0; block b = t // 32, lane l = (t % 32) // 2, each block's odd
+    position of a lane before its even one, each step f32(lane + exact product) flushed to
+    0 when tiny after rounding to 24 bits with an unbounded exponent; padding adds nothing;
+    then the lane tree (flushed alike), + 0, the canonical NaN."""
+    def daz(b):
+        return bf16_to_f32(np.where((b & 0x7F80) == 0, 0, b)).astype(np.float64)
+
+    def step(lane, prod):
+        # float64 holds the product exactly and, when the two are near enough to matter,
+        # the sum: its float32 rounding is the one rounding of an FMA
+        s = lane + prod
+        mant, exp = np.frexp(s)
+        tiny = np.abs(np.ldexp(np.round(mant * 2.0**24) / 2.0**24, exp)) < 2.0**-126
+        return np.where(tiny, 0.0, s).astype(np.float32)
+
+    def flush(a):
+        return np.where(np.abs(a) < 2.0**-126, np.float32(0.0), a)
+
+    xf, wf = daz(x), daz(w)
+    k = x.shape[1]
     lanes = [np.zeros((len(x), len(w)), np.float32) for _ in range(16)]
     with np.errstate(over="ignore", invalid="ignore"):
-        for t in range(x.shape[1]):
-            # float64 holds the product exactly and, when the two are near enough to
-            # matter, the sum: its float32 rounding is the one rounding of an FMA
-            lanes[t % 16] = (lanes[t % 16] + np.outer(xf[:, t], wf[:, t])).astype(np.float32)
-    for half in (8, 4, 2, 1):
-        lanes = [lanes[i] + lanes[i + half] for i in range(half)]
+        for b in range(-(-k // 32)):
+            for parity in (1, 0):
+                for lane in range(16):
+                    t = 32 * b + 2 * lane + parity
+                    if t < k:
+                        lanes[lane] = step(lanes[lane], np.outer(xf[:, t], wf[:, t]))
+        for half in (8, 4, 2, 1):
+            lanes = [flush(lanes[i] + lanes[i + half]) for i in range(half)]
     y = lanes[0] + np.float32(0.0)
     y[np.isnan(y)] = np.uint32(0x7FC00000).view(np.float32)
     return y
@@ -83,44 +102,37 @@ def test_twin_matches_float64(host, rng, m, n, k, out_fp32):
 
 
 @pytest.mark.parametrize("m,n,k", [(5, 9, 37), (17, 6, 300), (2, 3, 1000), (12, 40, 6000)])
-@pytest.mark.parametrize("path", ["native", "numpy"])
+@pytest.mark.parametrize("path", GEMM_PATHS)
 def test_twin_is_the_16_lane_float32_sum(rng, m, n, k, path):
     x, w = operands(rng, m, n, k)
-    nat = native_or_skip() if path == "native" else None
-    assert np.array_equal(bits(T.dot_f32(x, w, nat)), bits(lanes_f32(x, w)))
+    with gemm_twin_path(path) as nat:
+        assert np.array_equal(bits(T.dot_f32(x, w, nat)), bits(lanes_f32(x, w)))
 
 
-def native_or_skip():
-    nat = native.try_load()
-    if nat is None:
-        pytest.skip("no C++ compiler: the native GEMM twin cannot be built")
-    return nat
-
-
-@pytest.mark.parametrize("path", ["native", "numpy"])
+@pytest.mark.parametrize("path", GEMM_PATHS)
 def test_twin_result_is_a_function_of_the_two_rows(path):
-    # products 2^60 (t=0), 2^-10 (t=1), -2^60 (t=16): 2^-10 by the twin's order (t=0 and
-    # t=16 share lane 0), 0 by a sequential one; alone or inside a 5 x 7 block the same
-    nat = native_or_skip() if path == "native" else None
-    xr, wr = np.zeros((1, 32), np.float32), np.zeros((1, 32), np.float32)
-    xr[0, [0, 1, 16]] = [2.0**30, 1.0, -(2.0**30)]
-    wr[0, [0, 1, 16]] = [2.0**30, 2.0**-10, 2.0**30]
+    # products 2^60 (t=0), 2^-10 (t=2), -2^60 (t=32): 2^-10 by the twin's order (t=0 and
+    # t=32 share lane 0, t=2 is lane 1), 0 by a sequential one; alone or inside a 5 x 7
+    # block the same
+    xr, wr = np.zeros((1, 64), np.float32), np.zeros((1, 64), np.float32)
+    xr[0, [0, 2, 32]] = [2.0**30, 1.0, -(2.0**30)]
+    wr[0, [0, 2, 32]] = [2.0**30, 2.0**-10, 2.0**30]
     x, w = f32_to_bf16(xr), f32_to_bf16(wr)
-    alone = T.dot_f32(x, w, nat)
-    inside = T.dot_f32(np.repeat(x, 5, axis=0), np.repeat(w, 7, axis=0), nat)
+    with gemm_twin_path(path) as nat:
+        alone = T.dot_f32(x, w, nat)
+        inside = T.dot_f32(np.repeat(x, 5, axis=0), np.repeat(w, 7, axis=0), nat)
+        # an exactly cancelling row is +0, as the kernel's accumulator gives
+        z = T.dot_f32(f32_to_bf16(np.array([[1.0, 1.0, -2.0]], np.float32)),
+                      f32_to_bf16(np.array([[1.0, 1.0, 1.0]], np.float32)), nat)
     assert alone[0, 0] == 2.0**-10
     assert np.array_equal(bits(inside), bits(np.broadcast_to(alone, (5, 7))))
-    # an exactly cancelling row is +0, as the kernel's accumulator gives
-    z = T.dot_f32(f32_to_bf16(np.array([[1.0, 1.0, -2.0]], np.float32)),
-                  f32_to_bf16(np.array([[1.0, 1.0, 1.0]], np.float32)), nat)
     assert z[0, 0] == 0.0 and not np.signbit(z[0, 0])
 
 
-@pytest.mark.parametrize("path", ["native", "numpy"])
+@pytest.mark.parametrize("path", GEMM_PATHS)
 def test_twin_handles_zeros_subnormals_and_wide_rows(rng, path):
     # rows: all zero; BF16 subnormals with normals; values spanning 2^-60 .. 2^60; products
     # in the float32 subnormals; ordinary values
-    nat = native_or_skip() if path == "native" else None
     x = np.zeros((5, 40), np.uint16)
     x[1, :20] = rng.integers(1, 0x80, 20)                                  # subnormals
     x[1, 20:] = f32_to_bf16(rng.standard_normal(20).astype(np.float32))
@@ -129,19 +141,51 @@ def test_twin_handles_zeros_subnormals_and_wide_rows(rng, path):
     x[3] = f32_to_bf16((rng.standard_normal(40) * 2.0**-66).astype(np.float32))
     x[4] = f32_to_bf16(rng.standard_normal(40).astype(np.float32))
     w = np.concatenate([x, f32_to_bf16(rng.standard_normal((5, 40)).astype(np.float32))])
-    y = T.dot_f32(x, w, nat)
+    with gemm_twin_path(path) as nat:
+        y = T.dot_f32(x, w, nat)
     assert np.array_equal(bits(y), bits(lanes_f32(x, w)))
     assert not np.signbit(y[0]).any() and not y[0].any()
+    # row 3 with itself: products near 2^-132, every step's sum subnormal, so flushed
+    assert y[3, 3] == 0.0
 
 
-@pytest.mark.parametrize("path", ["native", "numpy"])
+@pytest.mark.parametrize("path", GEMM_PATHS)
+def test_twin_flushes_by_the_rounded_value_at_2_to_the_minus_126(path):
+    # lane 0: 2^-126 (t=1) then a product -d (t=0). Exact sum 2^-126 - d: d = 2^-151 is
+    # the tie that rounds (24 bits, unbounded exponent) up to 2^-126, kept; d = 1.25 *
+    # 2^-151 rounds below 2^-126, flushed to 0, although rounding it into float32's
+    # subnormals would give 2^-126; d = 2^-150 flushed; d = 2^-152 kept.
+    cases = [(2.0**-151, 2.0**-126), (1.25 * 2.0**-151, 0.0), (2.0**-150, 0.0),
+             (2.0**-152, 2.0**-126)]
+    x = f32_to_bf16(np.array([[2.0**-76, 2.0**-63]], np.float32))
+    w = f32_to_bf16(np.array([[-d * 2.0**76, 2.0**-63] for d, _ in cases], np.float32))
+    with gemm_twin_path(path) as nat:
+        y = T.dot_f32(x, w, nat)
+    assert np.array_equal(y[0], [want for _, want in cases])
+    assert np.array_equal(bits(y), bits(lanes_f32(x, w)))
+
+
+@pytest.mark.parametrize("path", GEMM_PATHS)
 def test_twin_keeps_nan_and_inf(path):
-    nat = native_or_skip() if path == "native" else None
     x = f32_to_bf16(np.array([[np.inf, 1.0], [np.nan, 0.0], [1.0, 2.0]], np.float32))
     w = f32_to_bf16(np.array([[1.0, 1.0], [-1.0, 3.0]], np.float32))
-    y = T.dot_f32(x, w, nat)
+    with gemm_twin_path(path) as nat:
+        y = T.dot_f32(x, w, nat)
     assert y[0, 0] == np.inf and y[0, 1] == -np.inf
     assert np.isnan(y[1]).all() and np.array_equal(y[2], [3.0, 5.0])
+
+
+def test_native_library_checks_its_dot_product_instruction():
+    """Where the library has the VDPBF16PS path, the load-time check ran it against the
+    formula and it is used only when no lane differed; set_dp(False) falls back to FMAs."""
+    nat = native.try_load()
+    if nat is None:
+        pytest.skip("no C++ compiler: the native GEMM twin cannot be built")
+    if nat.dp_mismatches < 0:
+        assert not nat.uses_dp and not nat.set_dp(True)
+        return
+    assert nat.uses_dp == (nat.dp_mismatches == 0)
+    assert not nat.set_dp(False) and nat.set_dp(True) == (nat.dp_mismatches == 0)
 
 
 @pytest.mark.parametrize("out_fp32", [False, True])
