@@ -2,6 +2,7 @@
 twin's implementations."""
 from __future__ import annotations
 
+import platform
 from contextlib import contextmanager
 from functools import lru_cache
 
@@ -49,14 +50,15 @@ class Buffers:
         self.free_all()
 
 
-GEMM_PATHS = ("dp", "fma", "portable", "numpy")
+GEMM_PATHS = ("dp", "fma", "avx2", "portable", "numpy")
 
 
 @contextmanager
 def gemm_twin_path(path: str):
     """The GEMM twin implementation `path` of GEMM_PATHS for `ops.gemm_tc.dot_f32`'s
     `native` argument: the native library with VDPBF16PS ("dp") or float32 FMAs ("fma"),
-    the library built with -DMD_PORTABLE (float64 steps, the non-x86 path), or None (numpy).
+    built without AVX-512 ("avx2": 2x2 tiles of two-register vectors), built with
+    -DMD_PORTABLE (float64 steps, the non-x86 path), or None (numpy).
     Skips where this machine cannot run it; restores the library's default."""
     if path == "numpy":
         yield None
@@ -64,8 +66,8 @@ def gemm_twin_path(path: str):
     lib = native.try_load()
     if lib is None:
         pytest.skip("no C++ compiler: the native GEMM twin cannot be built")
-    if path == "portable":
-        yield _portable_native()
+    if path in ("avx2", "portable"):
+        yield _variant(path)
         return
     if lib.set_dp(path == "dp") != (path == "dp"):
         pytest.skip("this CPU has no VDPBF16PS path (or it failed the load-time check)")
@@ -75,6 +77,9 @@ def gemm_twin_path(path: str):
         lib.set_dp(True)   # the default: on where built and checked
 
 
-@lru_cache(maxsize=1)
-def _portable_native():
-    return native.NativeKernels(native._build((*native.TUNE, "-DMD_PORTABLE")))
+@lru_cache(maxsize=None)
+def _variant(path: str):
+    if path == "avx2" and platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("the AVX2 build needs an x86-64 CPU")
+    flag = "-mno-avx512f" if path == "avx2" else "-DMD_PORTABLE"
+    return native.NativeKernels(native._build((*native.TUNE, flag)))
