@@ -72,6 +72,10 @@ def environment(backend) -> dict:
            "cupy": _cupy_version(), "cuda": None,
            "python": sys.version.split()[0], "platform": platform.platform(),
            "cpu": cpu_info()}
+    if env["device"] == "cpu":   # which implementation of the GEMM twin ran (native.py)
+        nat = getattr(backend, "native", None)
+        env["cpu"]["gemm"] = ("numpy" if nat is None else
+                              "native vdpbf16ps" if nat.uses_dp else "native fma")
     if env["device"].startswith("cuda"):
         try:
             env["gpu_name"] = backend.device_name()

@@ -54,7 +54,8 @@ def format_table(report: dict) -> str:
     dev = report.get("gpu_name") or report.get("device")
     cpu = report.get("cpu") or {}
     if not report.get("gpu_name") and cpu.get("model"):
-        dev = f"{dev} ({cpu['model']}, {cpu.get('cpus')} CPUs)"
+        gemm = f", GEMM {cpu['gemm']}" if cpu.get("gemm") else ""
+        dev = f"{dev} ({cpu['model']}, {cpu.get('cpus')} CPUs{gemm})"
     settings = report.get("settings", {})
     head = (f"model {report.get('model')}  device {dev}  cache {settings.get('cache', '-')}  "
             f"prefill {settings.get('prefill', '-')}")
