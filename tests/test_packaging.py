@@ -22,7 +22,13 @@ def test_kernels_dir_found():
 
 def test_native_source_ships_as_package_data():
     text = (ROOT / "pyproject.toml").read_text()
-    assert '"metrale.gpu_runtime" = ["native/*.cpp"]' in text
+    assert '"metrale.gpu_runtime" = ["native/*.cpp", "native/*.h"]' in text
     from metrale.gpu_runtime import native
-    assert native.SOURCES and all(src.is_file() and src.parent.name == "native"
-                                  for src in native.SOURCES)
+    assert native.SOURCES and all(src.is_file() and src.parent.name == "native" and
+                                  src.suffix in (".cpp", ".h")
+                                  for src in (*native.SOURCES, *native.HEADERS))
+    # every file the sources include from their own folder is one of them
+    names = {src.name for src in (*native.SOURCES, *native.HEADERS)}
+    for src in native.SOURCES:
+        for inc in re.findall(r'#include "([^"]+)"', src.read_text()):
+            assert inc in names, (src.name, inc)
