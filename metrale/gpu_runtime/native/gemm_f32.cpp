@@ -294,7 +294,15 @@ inline void tile(const v16f *x, int64_t steps, const W &w, const Out &out, int64
     float y[R * C];
     int e = 0;
     for (; e + 16 <= R * C; e += 16) reduce16x16(acc + e, y + e);
-    for (; e < R * C; e++) y[e] = reduce16(acc[e]);
+    if constexpr (R * C % 16 > 4) {   // the rest through the vector tree, zero-padded
+        v16f rest[16] = {};
+        float y16[16];
+        for (int i = 0; e + i < R * C; i++) rest[i] = acc[e + i];
+        reduce16x16(rest, y16);
+        for (int i = 0; e + i < R * C; i++) y[e + i] = y16[i];
+    } else {
+        for (; e < R * C; e++) y[e] = reduce16(acc[e]);
+    }
     for (int a = 0; a < R; a++)
         for (int b = 0; b < C; b++) out.put(i0 + a, j + b, y[a * C + b]);
 }
