@@ -4,7 +4,7 @@ The GEMM twin's definition (metrale/ops/gemm_tc.py, `dot_f32`: 16 float32 lanes,
 order that depends on k alone, subnormals flushed) computed with every core, reading the
 BF16 weights as they are, through the CPU's BF16 dot-product instruction where it has one
 and it passes a check at load against the formula (`uses_dp`), else through float32 FMAs:
-the same bits as the numpy path either way (tests compare all three), about a hundred
+the same bits as the numpy path either way (tests compare every pair), about a hundred
 times faster;
 and the BF16 <-> float32 conversions of the twins (`native/convert_bf16.cpp`, one pass
 instead of numpy's seven for the rounding, exact either way).
@@ -34,7 +34,7 @@ log = logging.getLogger("metrale")
 SOURCES = tuple(Path(__file__).resolve().parent / "native" / name
                 for name in ("gemm_f32.cpp", "convert_bf16.cpp"))
 HEADERS = (Path(__file__).resolve().parent / "native" / "pool.h",)
-# Adversarial blocks the load-time check runs through VDPBF16PS and the formula (~10 ms).
+# Adversarial blocks the load-time check runs through VDPBF16PS and the formula (~40 ms).
 SELFCHECK_BLOCKS = 1 << 16
 # IEEE arithmetic (no -ffast-math: signed zeros, NaN and subnormals are kept); FMA
 # contraction is what the formula asks for (a_l + x w rounded once).
