@@ -57,8 +57,8 @@ def test_roundtrip_against_ml_dtypes(host, rng, n):
 
 
 def test_native_conversions_equal_numpy_on_every_kind_of_value(rng):
-    # ops.bf16 hands arrays of NATIVE_MIN_ELEMENTS or more to the native library: it must
-    # give numpy's bits for every float32 class (NaN payloads and signs, infinities,
+    # ops.bf16 hands every FP32 -> BF16 conversion, and widenings of NATIVE_MIN_ELEMENTS or
+    # more, to the native library: it must give numpy's bits for every float32 class (NaN payloads and signs, infinities,
     # subnormals, ties) and every bf16 pattern
     from metrale.gpu_runtime import native
     from metrale.ops import bf16
@@ -70,9 +70,10 @@ def test_native_conversions_equal_numpy_on_every_kind_of_value(rng):
               0x7F800000, 0xFF800000, 0, 0x80000000, 1, 0x807FFFFF, 0x3F808000, 0x3F818000,
               0x7F7FFFFF, 0x7F7F8000]
     x = u.view(np.float32)
-    for n in (bf16.NATIVE_MIN_ELEMENTS - 1, bf16.NATIVE_MIN_ELEMENTS, x.size):
+    for n in (0, 1, 17, bf16.NATIVE_MIN_ELEMENTS - 1, bf16.NATIVE_MIN_ELEMENTS, x.size):
         got = bf16.f32_to_bf16(x[:n])
         assert np.array_equal(got, bf16.f32_to_bf16_numpy(x[:n])), n
+        assert np.array_equal(bf16.bf16_to_f32(got).view(np.uint32), got.astype(np.uint32) << 16)
     assert np.array_equal(nat.f32_to_bf16(x, np.empty(x.size, np.uint16)),
                           bf16.f32_to_bf16_numpy(x))
     every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)

@@ -155,9 +155,9 @@ struct F64Step {
         const v16d s = __builtin_convertvector(a, v16d) +
                        __builtin_convertvector(x, v16d) * __builtin_convertvector(w, v16d);
         const double tiny_below = 0x1p-126 - 0x1p-151;   // rounds up to 2^-126 from here
-        const v16d mag = s < 0 ? -s : s;
         const v16f r = __builtin_convertvector(s, v16f);
-        const v16i keep = __builtin_convertvector(mag < tiny_below, v16i) == 0;
+        const v16i keep =
+            __builtin_convertvector((s < tiny_below) & (s > -tiny_below), v16i) == 0;
         return reinterpret_cast<v16f>(reinterpret_cast<v16u>(r) & reinterpret_cast<v16u>(keep));
     }
 };
