@@ -28,9 +28,9 @@
 //            16 even positions, one FMA per step with MXCSR's flush-to-zero and
 //            denormals-are-zero bits set for the duration of a job (x86 flushes by the
 //            formula's rule).
-//   F64Step  other CPUs (and -DMD_PORTABLE, for the tests): the step in float64, which
-//            holds the exact product and, wherever the rounding can matter, the exact sum;
-//            the flush written out.
+//   F64Step  other CPUs, x86 without FMA (and -DMD_PORTABLE, for the tests): the step in
+//            float64, which holds the exact product and, wherever the rounding can matter,
+//            the exact sum; the flush written out (MXCSR's for the tree on x86).
 // Register tiles: x rows stay in L1 while W rows come from L2. W is read as stored when x
 // has at most kDirectRows rows (decode: memory-bound, W read once, prefetched); otherwise
 // in blocks copied once into a panel in step order (DpStep: the bits, zero-padded; the
@@ -138,7 +138,7 @@ inline v16f half_block(v16u words, int h) {
     return reinterpret_cast<v16f>(u);
 }
 
-#if defined(MD_MXCSR)
+#if defined(MD_MXCSR) && defined(__FMA__)   // an unfused a + x w would flush a tiny x w
 struct FmaStep {
     static constexpr int kPerBlock = 2;
     static v16f from_bits(v16u words, int h) { return half_block(words, h); }
@@ -421,7 +421,7 @@ void gemm_any(const uint16_t *x, const uint16_t *w, int64_t m, int64_t n, int64_
 }
 
 #if defined(MD_DP)
-// 16 lanes of one block through VDPBF16PS and through FmaStep's two steps; the lanes that
+// 16 lanes of one block through VDPBF16PS and through FloatStep's two steps; the lanes that
 // differ (zeros of either sign are equal: the formula's + 0 makes every zero result +0).
 __attribute__((noinline)) int selfcheck_block(const uint16_t *xb, const uint16_t *wb,
                                               const float *acc) {
@@ -432,8 +432,8 @@ __attribute__((noinline)) int selfcheck_block(const uint16_t *xb, const uint16_t
     std::memcpy(&ww, wb, 64);
     std::memcpy(&a, acc, 64);
     const v16f hw = DpStep::step(a, reinterpret_cast<v16f>(xw), reinterpret_cast<v16f>(ww));
-    v16f ref = FmaStep::step(a, half_block(xw, 0), half_block(ww, 0));
-    ref = FmaStep::step(ref, half_block(xw, 1), half_block(ww, 1));
+    v16f ref = FloatStep::step(a, half_block(xw, 0), half_block(ww, 0));
+    ref = FloatStep::step(ref, half_block(xw, 1), half_block(ww, 1));
     int bad = 0;
     for (int l = 0; l < 16; l++) {
         const float p = hw[l], q = ref[l];
