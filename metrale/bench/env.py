@@ -74,8 +74,7 @@ def environment(backend) -> dict:
            "cpu": cpu_info()}
     if env["device"] == "cpu":   # which implementation of the GEMM twin ran (native.py)
         nat = getattr(backend, "native", None)
-        env["cpu"]["gemm"] = ("numpy" if nat is None else
-                              "native vdpbf16ps" if nat.uses_dp else "native fma")
+        env["cpu"]["gemm"] = "numpy" if nat is None else f"native {nat.kind}"
     if env["device"].startswith("cuda"):
         try:
             env["gpu_name"] = backend.device_name()

@@ -102,11 +102,11 @@ class NativeKernels:
         lib.md_dp_selfcheck.restype = _I64
         lib.md_dp_selfcheck.argtypes = [_I64]
         lib.md_set_dp.argtypes = [ctypes.c_int]
+        lib.md_gemm_kind.restype = ctypes.c_char_p
         self._lib = lib
         # VDPBF16PS only where this CPU's instruction computes the formula, lane for lane
         self.dp_mismatches = lib.md_dp_selfcheck(SELFCHECK_BLOCKS) if lib.md_dp_compiled() \
             else -1
-        self.uses_dp = False
         self.set_dp(self.dp_mismatches == 0)
         if self.dp_mismatches > 0:
             log.warning("metrale: this CPU's VDPBF16PS differs from the GEMM formula in %d "
@@ -116,8 +116,16 @@ class NativeKernels:
     def set_dp(self, on: bool) -> bool:
         """Use the BF16 dot-product instruction (True, where built and checked) or the
         float32 steps: the same bits either way. Returns whether it is used now."""
-        self.uses_dp = bool(self._lib.md_set_dp(int(bool(on) and self.dp_mismatches == 0)))
-        return self.uses_dp
+        return bool(self._lib.md_set_dp(int(bool(on) and self.dp_mismatches == 0)))
+
+    @property
+    def kind(self) -> str:
+        """The GEMM's step now: "vdpbf16ps", "fma" (float32 FMAs) or "float64"."""
+        return self._lib.md_gemm_kind().decode()
+
+    @property
+    def uses_dp(self) -> bool:
+        return self.kind == "vdpbf16ps"
 
     def gemm(self, x_bits: np.ndarray, w_bits: np.ndarray, out: np.ndarray) -> np.ndarray:
         """x_bits [m, k], w_bits [n, k] C-contiguous uint16 BF16; out [m, n] C-contiguous,

@@ -196,7 +196,14 @@ def test_native_library_checks_its_dot_product_instruction():
         assert not nat.uses_dp and not nat.set_dp(True)
         return
     assert nat.uses_dp == (nat.dp_mismatches == 0)
-    assert not nat.set_dp(False) and nat.set_dp(True) == (nat.dp_mismatches == 0)
+    assert nat.kind == ("vdpbf16ps" if nat.uses_dp else "fma")
+    assert not nat.set_dp(False) and nat.kind == "fma" and not nat.uses_dp
+    assert nat.set_dp(True) == (nat.dp_mismatches == 0)
+
+
+def test_the_portable_build_runs_the_float64_step():
+    with gemm_twin_path("portable") as lib:
+        assert lib.kind == "float64" and not lib.uses_dp and lib.dp_mismatches == -1
 
 
 @pytest.mark.parametrize("out_fp32", [False, True])

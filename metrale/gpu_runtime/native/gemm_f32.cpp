@@ -85,16 +85,8 @@ inline uint16_t f32_to_bf16(float f) {
     return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
-// The flush of a float32 sum of two normals (exact when tiny, so any tininess rule agrees):
+// The flush of float32 sums of two normals (exact when tiny, so any tininess rule agrees):
 // MXCSR's job on x86, written out elsewhere.
-inline float ftz(float v) {
-#if defined(MD_MXCSR)
-    return v;
-#else
-    return std::fabs(v) < kMinNormal ? 0.0f : v;
-#endif
-}
-
 inline v16f ftz(v16f v) {
 #if defined(MD_MXCSR)
     return v;
@@ -119,6 +111,7 @@ struct FlushScope {
 // 32 BF16 bits are `words` (word l = positions 2l | 2l + 1 << 16).
 #if defined(MD_DP)
 struct DpStep {
+    static constexpr const char *kName = "vdpbf16ps";
     static constexpr int kPerBlock = 1;
     static v16f from_bits(v16u words, int) { return reinterpret_cast<v16f>(words); }
     static v16f step(v16f a, v16f x, v16f w) {
@@ -140,6 +133,7 @@ inline v16f half_block(v16u words, int h) {
 
 #if defined(MD_MXCSR) && defined(__FMA__)   // an unfused a + x w would flush a tiny x w
 struct FmaStep {
+    static constexpr const char *kName = "fma";
     static constexpr int kPerBlock = 2;
     static v16f from_bits(v16u words, int h) { return half_block(words, h); }
     static v16f step(v16f a, v16f x, v16f w) { return a + x * w; }   // one FMA, flushed
@@ -147,6 +141,7 @@ struct FmaStep {
 using FloatStep = FmaStep;
 #else
 struct F64Step {
+    static constexpr const char *kName = "float64";
     static constexpr int kPerBlock = 2;
     static v16f from_bits(v16u words, int h) { return half_block(words, h); }
     static v16f step(v16f a, v16f x, v16f w) {
@@ -164,24 +159,10 @@ struct F64Step {
 using FloatStep = F64Step;
 #endif
 
-// The formula's lane tree, then + 0 and the canonical NaN.
-inline float reduce16(v16f a) {
-    float b[8], c[4], d[2];
-    for (int l = 0; l < 8; l++) b[l] = ftz(a[l] + a[l + 8]);
-    for (int l = 0; l < 4; l++) c[l] = ftz(b[l] + b[l + 4]);
-    for (int l = 0; l < 2; l++) d[l] = ftz(c[l] + c[l + 2]);
-    float y = ftz(d[0] + d[1]) + 0.0f;
-    if (y != y) {
-        const uint32_t nan = 0x7FC00000u;
-        std::memcpy(&y, &nan, 4);
-    }
-    return y;
-}
-
-// reduce16 of a[0..15] at once, into y[0..15]: each level adds the same operands as
-// reduce16 (lanes l and l + 8, then l and l + 4, ...), several elements per vector:
-// level 1 holds 2 elements x 8 lanes per vector, level 2 4 x 4, level 3 8 x 2, level 4
-// 16 x 1 in element order.
+// The formula's lane tree, then + 0 and the canonical NaN, for 16 elements at once:
+// y[e] from the lanes of a[e]. Each level adds lanes l and l + 8, then l and l + 4, ...,
+// several elements per vector: level 1 holds 2 elements x 8 lanes per vector, level 2
+// 4 x 4, level 3 8 x 2, level 4 16 x 1 in element order.
 inline void reduce16x16(const v16f *a, float *y) {
     v16f v[8], u[4], t[2];
     for (int i = 0; i < 8; i++)
@@ -294,14 +275,12 @@ inline void tile(const v16f *x, int64_t steps, const W &w, const Out &out, int64
     float y[R * C];
     int e = 0;
     for (; e + 16 <= R * C; e += 16) reduce16x16(acc + e, y + e);
-    if constexpr (R * C % 16 > 4) {   // the rest through the vector tree, zero-padded
+    if constexpr (R * C % 16 != 0) {   // the rest through the same tree, zero-padded
         v16f rest[16] = {};
         float y16[16];
         for (int i = 0; e + i < R * C; i++) rest[i] = acc[e + i];
         reduce16x16(rest, y16);
         for (int i = 0; e + i < R * C; i++) y[e + i] = y16[i];
-    } else {
-        for (; e < R * C; e++) y[e] = reduce16(acc[e]);
     }
     for (int a = 0; a < R; a++)
         for (int b = 0; b < C; b++) out.put(i0 + a, j + b, y[a * C + b]);
@@ -525,6 +504,14 @@ __attribute__((visibility("default"))) int64_t md_dp_selfcheck(int64_t blocks) {
     (void)blocks;
     return -1;
 #endif
+}
+
+// The step later calls use: "vdpbf16ps", "fma" or "float64".
+__attribute__((visibility("default"))) const char *md_gemm_kind() {
+#if defined(MD_DP)
+    if (md::g_use_dp.load()) return md::DpStep::kName;
+#endif
+    return md::FloatStep::kName;
 }
 
 // Use VDPBF16PS (1) or the float32 steps (0); returns whether it is now used.
