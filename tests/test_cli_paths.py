@@ -63,9 +63,20 @@ def test_a_hub_id_says_how_to_download(capsys):
     assert main(["generate", "meta-llama/Llama-3.2-1B", "--prompt", "hi"]) == 2
     line = one_error_line(capsys)
     assert "local checkpoint directories only" in line
-    assert "huggingface-cli download meta-llama/Llama-3.2-1B --local-dir Llama-3.2-1B" in line
+    assert "hf download meta-llama/Llama-3.2-1B --local-dir Llama-3.2-1B" in line
     assert main(["info", "./no/such/dir"]) == 2
-    assert "huggingface-cli" not in one_error_line(capsys)
+    assert "hf download" not in one_error_line(capsys)
+
+
+def test_load_of_a_hub_id_gives_the_same_hint(tmp_path, monkeypatch):
+    import metrale
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(metrale.FormatError, match="hf download Qwen/Qwen2.5-0.5B-Instruct "
+                       "--local-dir Qwen2.5-0.5B-Instruct"):
+        metrale.load("Qwen/Qwen2.5-0.5B-Instruct", device="cpu")
+    with pytest.raises(metrale.FormatError, match="no such file") as e:
+        metrale.load("./no/such/dir", device="cpu")
+    assert "hf download" not in str(e.value)
 
 
 def test_streamed_text_is_the_decoded_text(tmp_path, capsys):

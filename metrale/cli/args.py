@@ -90,9 +90,9 @@ def token_ids(text: str) -> tuple[int, ...]:
 # names and paths -------------------------------------------------------------------------
 def device(text: str) -> str:
     t = text.strip().lower()
-    if t in ("auto", "cpu") or re.fullmatch(r"cuda(:\d+)?", t):
+    if t in ("auto", "cpu", "emu") or re.fullmatch(r"cuda(:\d+)?", t):
         return t
-    raise argparse.ArgumentTypeError(f"{text!r}: expected auto, cpu, cuda or cuda:N")
+    raise argparse.ArgumentTypeError(f"{text!r}: expected auto, cpu, emu, cuda or cuda:N")
 
 
 def preset_name(text: str) -> str:
@@ -103,25 +103,13 @@ def preset_name(text: str) -> str:
     return text
 
 
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
-
-
-def hub_hint(text: str) -> str:
-    """Advice for a missing path that looks like a Hugging Face Hub id ("" otherwise)."""
-    if not HUB_ID.fullmatch(text):
-        return ""
-    name = text.split("/")[-1]
-    return (f"; metrale loads local checkpoint directories only, and {text!r} looks like a "
-            f"Hugging Face Hub id: download it first with huggingface-cli download {text} "
-            f"--local-dir {name} (pip install huggingface_hub), then pass {name}")
-
-
 def model_spec(text: str) -> str:
     """A checkpoint directory, a .safetensors file or preset:NAME."""
     if text.startswith("preset:"):
         return "preset:" + preset_name(text[len("preset:"):])
     p = Path(text)
     if not p.exists():
+        from ..formats.hub import hub_hint
         raise argparse.ArgumentTypeError(f"{text}: no such file or directory{hub_hint(text)}")
     if p.is_file() and p.suffix != ".safetensors":
         raise argparse.ArgumentTypeError(f"{text}: expected a checkpoint directory, a "
@@ -149,8 +137,9 @@ def out_file(text: str) -> str:
 # options several subcommands share -------------------------------------------------------
 def add_device(p) -> None:
     p.add_argument("--device", type=device, default="auto",
-                   help="auto (CUDA when CuPy sees a GPU, else CPU), cpu, cuda or cuda:N "
-                        "(default auto; env METRALE_DEVICE)")
+                   help="auto (CUDA when CuPy sees a GPU, else CPU), cpu, cuda, cuda:N or "
+                        "emu (the CUDA kernels' own sources compiled for and run on the CPU, "
+                        "slow; a check without a GPU) (default auto; env METRALE_DEVICE)")
 
 
 MODEL_HELP = "checkpoint directory (config.json + *.safetensors), .safetensors file or " \

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import FormatError
 from ..ops.bf16 import f32_to_bf16
+from .hub import hub_hint
 from .layout import expected_tensors
 from .metadata import ModelMetadata
 from .presets import preset_config
@@ -61,7 +62,7 @@ def open_source(path_or_source) -> ModelSource:
             raise FormatError(f"{p}: pickle checkpoints are never loaded; convert it to "
                               "safetensors (e.g. save_pretrained(..., safe_serialization=True))")
         raise FormatError(f"{p}: not a checkpoint directory or a .safetensors file")
-    raise FormatError(f"{p}: no such file or directory")
+    raise FormatError(f"{p}: no such file or directory{hub_hint(os.fspath(path_or_source))}")
 
 
 # Checkpoint tensors no code consumes and whose absence changes nothing: buffers that old
