@@ -42,7 +42,7 @@ def _one_line_error(capsys) -> str:
     (["bench", "--preset", "tiny", "--cache", "dense"], "invalid choice"),
     (["bench", "--preset", "tiny", "--graphs", "maybe"], "invalid choice"),
     (["bench", "--preset", "tiny", "--json", "/no/such/dir/x.json"], "does not exist"),
-    (["generate", "--model", "preset:tiny"], "--prompt --ids"),
+    (["generate", "--model", "preset:tiny"], "give the prompt once"),
     (["generate", "--model", "preset:tiny", "--ids", "1,a"], "'a'"),
     (["generate", "--model", "preset:tiny", "--ids", "1", "--top-p", "0"], "(0, 1]"),
     (["generate", "--model", "preset:tiny", "--ids", "1", "--temperature", "-1"], ">= 0"),

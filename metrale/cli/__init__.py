@@ -20,8 +20,10 @@ SUBCOMMANDS = (bench, generate, ppl, embed, transcribe, info, check_kernels)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
     p = Parser(prog="metrale", description=__doc__,
                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"metrale {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser,
                            metavar="COMMAND")
     for command in SUBCOMMANDS:
@@ -33,10 +35,18 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extras = parser.parse_known_args(argv)
     except SystemExit as e:  # bad arguments (2) or --help (0), as a return code
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     args.argv = argv
+    # argparse gives a positional that follows an option to nobody (`generate MODEL --chat
+    # "text"`): commands whose last positional takes more (PROMPT, AUDIO files) get them.
+    unknown = [x for x in extras if x.startswith("-") and x != "-"]
+    if unknown or (extras and not getattr(args, "takes_more_positionals", False)):
+        print(f"metrale: error: unrecognized arguments: {' '.join(unknown or extras)}",
+              file=sys.stderr)
+        return 2
+    args.more_positionals = list(extras)
     resolve = getattr(args, "resolve", None)
     if resolve is not None:
         try:

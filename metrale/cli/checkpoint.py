@@ -19,9 +19,29 @@ def require_text_model(source, command: str) -> None:
 
 def load_model(source, device: str, **options):
     """The right model for `source` on `device` (`metrale.load`); options that are None
-    are left at their defaults."""
+    are left at their defaults. A `max_seq_len` the model lowers (to the checkpoint's
+    context or to its KV pool) is said on stderr."""
     from ..api import load
-    return load(source, device, **{k: v for k, v in options.items() if v is not None})
+    model = load(source, device, **{k: v for k, v in options.items() if v is not None})
+    asked = options.get("max_seq_len")
+    if asked is not None:
+        from ..engine.models import context_limit
+        got = context_limit(model)
+        if got is not None and got < asked:
+            from .notes import note
+            note(f"--max-seq-len {asked} lowered to {got}: {_limit_reason(model, got)}")
+    return model
+
+
+def _limit_reason(model, got: int) -> str:
+    meta = model.metadata()
+    context = meta.context_length or meta.max_position_embeddings
+    if got >= context:
+        how = "max_position_embeddings" if context == meta.max_position_embeddings else \
+            "max_position_embeddings scaled by its rope_scaling"
+        return f"the checkpoint's context is {context} positions ({how})"
+    return (f"the KV pool holds {model.num_total_blocks()} blocks of {model.kv_block_size()} "
+            "tokens")
 
 
 def load_tokenizer(source):

@@ -14,9 +14,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, Unsupported
 from ..kv.config import CacheConfig
 from .models import context_limit, eos_ids, generative_model, pointer_model
+from .multimodal import image_prefill
 from .sampler import DeviceSampler
 from .sampling import SamplingParams, resolve_seed
 
@@ -90,14 +91,17 @@ def resolve_stops(model, stop_token_ids) -> set[int]:
 
 def generate(model, prompt_ids: Sequence[int], max_new_tokens: int,
              sampling: SamplingParams | None = None, stop_token_ids=None,
-             on_token: Callable[[int], None] | None = None) -> GenerationResult:
+             on_token: Callable[[int], None] | None = None,
+             images=None) -> GenerationResult:
     """Generate up to `max_new_tokens` tokens after `prompt_ids`.
 
     sampling: None is greedy (the device argmax rule). stop_token_ids: None stops at the
     checkpoint's eos ids; an empty list never stops early. on_token(id) is called for
     each new token as soon as it is chosen. Generation also stops ("length") when the
     sequence fills the model's context (`max_seq_len`); a prompt longer than that raises
-    InvalidArgument naming both and the load option that raises the limit.
+    InvalidArgument naming both and the load option that raises the limit. images (LLaVA):
+    one preprocessed `[1, 3, H, W]` float32 image per image-token span of the prompt, in
+    order (engine/multimodal.py).
     """
     sampling = sampling or SamplingParams()
     if not isinstance(sampling, SamplingParams):
@@ -107,10 +111,14 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int,
     prompt = check_prompt(prompt_ids, model.metadata().vocab_size)
     stops = resolve_stops(model, stop_token_ids)
     if pm is None:
+        if images is not None and len(images):
+            raise Unsupported("generate: images need a metrale pointer-API model "
+                              "(metrale.load of a LLaVA checkpoint)")
         return _generate_tensor(generative_model(model), prompt, max_new, sampling, stops,
                                 on_token)
+    prefill = image_prefill(pm, prompt, images)
     limit = check_prompt_fits(len(prompt), pm)
-    return _generate_pointer(pm, prompt, max_new, sampling, stops, on_token, limit)
+    return _generate_pointer(pm, prompt, max_new, sampling, stops, on_token, limit, prefill)
 
 
 def _decode_loop(first, advance, max_new: int, stops, on_token,
@@ -150,8 +158,8 @@ def _max_out(prompt_len: int, limit: int | None) -> int | None:
     return None if limit is None else limit - prompt_len + 1
 
 
-def _generate_pointer(m, prompt, max_new, sampling, stops, on_token,
-                      limit) -> GenerationResult:
+def _generate_pointer(m, prompt, max_new, sampling, stops, on_token, limit,
+                      prefill) -> GenerationResult:
     stream = m.default_stream()
     seed = resolve_seed(sampling)
     sampler = DeviceSampler(m)
@@ -160,7 +168,7 @@ def _generate_pointer(m, prompt, max_new, sampling, stops, on_token,
     def pick(ptr, step, history):
         return sampler.pick(ptr, [sampling], [seed], [step], [history], stream)[0]
     try:
-        return _decode_loop(lambda: pick(m.prefill(prompt, seq, stream), 0, prompt),
+        return _decode_loop(lambda: pick(prefill(prompt, seq, stream), 0, prompt),
                             lambda tok, out: pick(m.decode(tok, seq, stream), len(out),
                                                   prompt + out),
                             max_new, stops, on_token, _max_out(len(prompt), limit))
