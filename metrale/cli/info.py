@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from .args import model_spec, positive_int
+from .args import add_model, positive_int
 from .checkpoint import open_checkpoint
 
 
@@ -13,14 +13,41 @@ def register(sub) -> None:
     i = sub.add_parser("info", help="architecture, parameters, dtype and memory of a checkpoint",
                        description="Architecture, parameter count, dtype and the device memory "
                        "a checkpoint needs (weights + KV cache + workspaces).")
-    i.add_argument("model", type=model_spec, metavar="DIR",
-                   help="checkpoint directory, .safetensors file or preset:NAME")
-    i.add_argument("--context", type=positive_int, default=4096,
-                   help="tokens per sequence for the memory estimate (default 4096)")
+    add_model(i)
+    i.add_argument("--context", type=positive_int, default=None,
+                   help=f"tokens per sequence for the memory estimate (default "
+                        f"{DEFAULT_CONTEXT}, or the model's context when it is shorter; at "
+                        "most the model's context)")
     i.add_argument("--batch", type=positive_int, default=1,
                    help="sequences for the memory estimate (default 1)")
     i.add_argument("--json", action="store_true", help="print JSON")
     i.set_defaults(func=run)
+
+
+DEFAULT_CONTEXT = 4096
+
+
+def human_count(n: int) -> str:
+    """8_030_261_248 -> "8.03 B", 494_032_768 -> "494.0 M", 106_816 -> "106.8 K"."""
+    for scale, unit, digits in ((1e9, "B", 2), (1e6, "M", 1), (1e3, "K", 1)):
+        if n >= scale:
+            return f"{n / scale:.{digits}f} {unit}"
+    return str(n)
+
+
+def context_tokens(asked: int | None, meta, model: str) -> int:
+    """The context of the memory estimate: --context, at most the model's; by default
+    DEFAULT_CONTEXT or the model's when shorter."""
+    limit = meta.context_length or meta.max_position_embeddings
+    if asked is None:
+        return min(DEFAULT_CONTEXT, limit)
+    if asked > limit:
+        from ..errors import InvalidArgument
+        how = "max_position_embeddings" if limit == meta.max_position_embeddings else \
+            "max_position_embeddings scaled by its rope_scaling"
+        raise InvalidArgument(f"--context {asked} exceeds {model}'s context of {limit:,} "
+                              f"positions ({how}): give at most --context {limit}")
+    return asked
 
 
 def human_bytes(n: float) -> str:
@@ -41,6 +68,7 @@ def run(args) -> int:
     from .info_math import math_fields
     source = open_checkpoint(args.model)
     meta = source.metadata()
+    context = context_tokens(args.context, meta, source.description)
     names = source.tensor_names()
     used = expected_tensors(meta, names)   # what the model reads (tied head counted once)
     n_params = sum(math.prod(source.tensor_shape(n)) for n in used if n in set(names))
@@ -48,7 +76,7 @@ def run(args) -> int:
     fields = math_fields(meta, source, head_stored)
     w = weight_bytes(meta)
     kv_tok = meta.num_layers * 2 * meta.num_kv_heads * meta.head_dim * 2
-    kv = kv_tok * args.context * args.batch
+    kv = kv_tok * context * args.batch
     kv_and_ws = kv
     if meta.architecture in ("llama", "mistral", "qwen2", "qwen3"):
         # The decoder's own estimate: KV pool (+1 padding block) and every workspace.
@@ -56,8 +84,8 @@ def run(args) -> int:
         bs = 16
         kv_and_ws = Workspace.estimate_bytes(
             meta, max_tokens=2048, max_rows=max(args.batch, 16),
-            num_blocks=-(-args.context // bs) * args.batch, block_size=bs,
-            max_blocks_per_seq=-(-args.context // bs), fp32_logits=False)
+            num_blocks=-(-context // bs) * args.batch, block_size=bs,
+            max_blocks_per_seq=-(-context // bs), fp32_logits=False)
     info = {
         "model": source.description, "architecture": meta.architecture,
         "parameters": n_params, "dtype": meta.dtype, "device_dtype": "bfloat16",
@@ -72,7 +100,7 @@ def run(args) -> int:
                    "mlp": meta.mlp_bias},
         "math": fields,
         "weight_bytes": w, "kv_bytes_per_token": kv_tok,
-        "context": args.context, "batch": args.batch,
+        "context": context, "batch": args.batch,
         "memory_needed_bytes": w + kv_and_ws,
         "tokenizer": str(source.tokenizer_path()) if source.tokenizer_path() else None,
     }
@@ -81,7 +109,7 @@ def run(args) -> int:
         return 0
     print(f"model          {info['model']}")
     print(f"architecture   {meta.architecture}")
-    print(f"parameters     {n_params:,} ({n_params / 1e9:.2f} B)")
+    print(f"parameters     {n_params:,} ({human_count(n_params)})")
     print(f"shape          {meta.num_layers} layers, hidden {meta.hidden_size}, "
           f"intermediate {meta.intermediate_size}, {meta.num_heads} heads / "
           f"{meta.num_kv_heads} kv heads x {meta.head_dim}, vocab {meta.vocab_size}")
@@ -94,6 +122,6 @@ def run(args) -> int:
     print(f"weights        {human_bytes(w)}")
     print(f"KV cache       {human_bytes(kv_tok)} per token")
     print(f"memory needed  {human_bytes(info['memory_needed_bytes'])} for batch {args.batch} "
-          f"x {args.context:,} tokens (weights + KV cache + workspaces)")
+          f"x {context:,} tokens (weights + KV cache + workspaces)")
     print(f"tokenizer      {info['tokenizer'] or 'none (use --ids)'}")
     return 0
