@@ -29,11 +29,12 @@ def load_model(source, device: str, **options):
         got = context_limit(model)
         if got is not None and got < asked:
             from .notes import note
-            note(f"--max-seq-len {asked} lowered to {got}: {_limit_reason(model, got)}")
+            note(f"--max-seq-len {asked} lowered to {got}: {limit_reason(model, got)}")
     return model
 
 
-def _limit_reason(model, got: int) -> str:
+def limit_reason(model, got: int) -> str:
+    """Why a pointer-API model's context is `got` tokens: the checkpoint or its KV pool."""
     meta = model.metadata()
     context = meta.context_length or meta.max_position_embeddings
     if got >= context:

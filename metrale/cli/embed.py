@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from .args import add_device, add_model, nonneg_int, token_ids
+from .args import add_device, add_max_seq_len, add_model, nonneg_int, token_ids
 from .checkpoint import load_model, open_checkpoint, require_text_model, text_tokenizer
 
 
@@ -22,6 +22,7 @@ def register(sub) -> None:
     e.add_argument("--no-normalize", action="store_true", help="keep the raw vector norm")
     e.add_argument("--show", type=nonneg_int, default=8, help="values to print (default 8)")
     e.add_argument("--json", action="store_true", help="print the vectors as JSON")
+    add_max_seq_len(e)
     add_device(e)
     e.set_defaults(func=run)
 
@@ -39,8 +40,10 @@ def run(args) -> int:
         tok = text_tokenizer(source, "--text")
         batch = [tok.encode(t).ids for t in args.text]
         labels = list(args.text)
-    model = load_model(source, args.device)
+    model = load_model(source, args.device, max_seq_len=args.max_seq_len)
     try:
+        check_lengths(model, batch, "--ids" if args.ids is not None else "--text",
+                      args.max_seq_len)
         vecs = embed(model, batch, pooling=args.pooling, normalize=not args.no_normalize)
     finally:
         model.teardown()
@@ -54,3 +57,23 @@ def run(args) -> int:
         print(f"{short!r}: dim {v.shape[0]}, norm {float(np.linalg.norm(v)):.4f}, "
               f"first [{first}]")
     return 0
+
+
+def check_lengths(model, batch, flag: str, asked: int | None) -> None:
+    """InvalidArgument, before anything runs, for an input longer than the model's context:
+    which input, its length, the limit and what sets it."""
+    from ..engine.models import context_limit
+    from ..errors import InvalidArgument
+    from .checkpoint import limit_reason
+    limit = context_limit(model)
+    meta = model.metadata()
+    context = meta.context_length or meta.max_position_embeddings
+    for i, ids in enumerate(batch, 1):
+        if limit is None or len(ids) <= limit:
+            continue
+        what = f"{flag} input {i} is {len(ids)} tokens"
+        if asked == limit and limit < context:
+            raise InvalidArgument(f"{what}, longer than --max-seq-len {asked}: raise it (up "
+                                  f"to {context}) or shorten the input")
+        raise InvalidArgument(f"{what}, longer than the model's context of {limit} tokens: "
+                              f"{limit_reason(model, limit)}; shorten the input")
