@@ -59,13 +59,14 @@ class Transcription:
 def transcribe(model, audio, tokenizer=None, language: str | None = None,
                task: str = "transcribe", max_new_tokens: int = 224, *,
                timestamps: bool = False,
-               sampling_rate: int = SAMPLE_RATE) -> Transcription:
+               sampling_rate: int = SAMPLE_RATE, on_window=None) -> Transcription:
     """Transcribe (or translate) `audio` — a float numpy array of 16 kHz mono samples, or a
     path to a WAV file (multi-channel files are averaged) — with greedy decoding.
     `tokenizer`: anything with `decode(ids, skip_special_tokens=True)`; `language`: "en" or
     "<|en|>" (None: forced by the checkpoint or detected); `task`: "transcribe" or
     "translate" (to English); `timestamps`: segment times from the model's timestamp
-    tokens (`result.segments`), which then stay out of `result.tokens`."""
+    tokens (`result.segments`), which then stay out of `result.tokens`. `on_window(i, n,
+    segments)` is called after each 30 s window (i from 0 of n) with its segments."""
     w = model.metadata().whisper
     if w is None:
         raise InvalidArgument("transcribe: the model is not a Whisper (speech-to-text) model")
@@ -118,6 +119,8 @@ def transcribe(model, audio, tokenizer=None, language: str | None = None,
                 seg.text = _decode(tokenizer, seg.tokens)
             result.segments.append(seg)
             result.tokens.extend(seg.tokens)
+        if on_window is not None:
+            on_window(wi, n_windows, segs)
     if tokenizer is not None:
         result.text = _decode(tokenizer, result.tokens)
     return result
