@@ -10,7 +10,16 @@ DEFAULT_ARCHS = ("sm_80", "sm_90")
 
 def register(sub) -> None:
     ck = sub.add_parser("check-kernels", help="compile every kernels/*.cu with NVRTC (no GPU "
-                        "needed) and report registers, spills and shared memory")
+                        "needed) and report registers, spills and shared memory",
+                        description="Compile every CUDA kernel metrale ships (kernels/*.cu, "
+                        "found inside the installed package) with NVRTC for each "
+                        "architecture, without a GPU, and report per kernel its registers, "
+                        "spill stores/loads and static shared memory, as ptxas -v prints "
+                        "them. A file fails when it does not compile, when an entry point "
+                        "of its source is missing from what ptxas compiled, or when inline "
+                        "asm has no C++ fallback. Exit status 1 when any compile fails. A "
+                        "progress line per compile goes to stderr; the table or the JSON "
+                        "(--json) to stdout.")
     ck.add_argument("--json", action="store_true", help="print JSON records instead of a table")
     ck.add_argument("--arch", action="append", choices=["sm_80", "sm_90", "sm_90a"],
                     help="architecture (repeatable; default sm_80 and sm_90)")
@@ -19,9 +28,16 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..gpu_runtime import kernel_source
+    from .notes import Progress
     archs = tuple(args.arch) if args.arch else DEFAULT_ARCHS
+    progress = None
+
+    def on_record(rec, i, total):
+        nonlocal progress
+        progress = progress or Progress("check-kernels", total)
+        progress.step(f"{rec['file']} {rec['arch']}{'' if rec['ok'] else ' FAILED'}")
     try:
-        records = kernel_source.check_all(archs)
+        records = kernel_source.check_all(archs, on_record=on_record)
     except ImportError as e:
         print(f"metrale: error: NVRTC bindings unavailable ({e}); pip install cuda-python "
               "nvidia-cuda-nvrtc-cu12", file=sys.stderr)

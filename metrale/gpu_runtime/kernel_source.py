@@ -198,14 +198,16 @@ def compile_cubin(module, arch: str) -> tuple[bytes, str]:
         nvrtc.nvrtcDestroyProgram(prog)
 
 
-def check_all(archs=ARCHS) -> list[dict]:
+def check_all(archs=ARCHS, on_record=None) -> list[dict]:
     """Compile every kernel file for every arch; one record per (file, arch).
+    `on_record(record, index, total)` is called as each record is made (progress).
 
     A record fails when the file does not compile, when an entry point of the preprocessed
     source is missing from what ptxas compiled, or when inline asm has no C++ fallback.
     """
     records = []
-    for path in kernel_files():
+    files = kernel_files()
+    for path in files:
         lint = unguarded_asm(path.read_text())
         try:
             names, names_error = entry_points(path.stem), None
@@ -229,4 +231,6 @@ def check_all(archs=ARCHS) -> list[dict]:
             except Exception as e:  # report every file, then fail at the end
                 rec["error"] = str(e)
             records.append(rec)
+            if on_record is not None:
+                on_record(rec, len(records), len(files) * len(archs))
     return records
