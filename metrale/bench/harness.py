@@ -89,6 +89,14 @@ class BenchConfig:
             raise InvalidArgument(f"max_seconds must be > 0, got {self.max_seconds!r}")
 
 
+class BenchInterrupted(KeyboardInterrupt):
+    """A KeyboardInterrupt during `run_bench`, with `.report`: the rows finished before it."""
+
+    def __init__(self, report: dict) -> None:
+        super().__init__("bench interrupted")
+        self.report = report
+
+
 class _Rows:
     """B sequences of one cache kind, opened and closed together."""
 
@@ -149,9 +157,12 @@ def _source_label(source) -> str:
     return str(d).rstrip("/").split("/")[-1] or str(d)
 
 
-def run_bench(cfg: BenchConfig, backend=None, peer=None) -> dict:
+def run_bench(cfg: BenchConfig, backend=None, peer=None, on_row=None) -> dict:
     """Run the benchmark described by `cfg`; returns the JSON-ready report dict. `peer`:
-    an `HFComparison` timed between metrale's repetitions (its results go under "hf")."""
+    an `HFComparison` timed between metrale's repetitions (its results go under "hf").
+    `on_row(report, row)` is called as each batch size's row is done (`report` holds the
+    rows so far). Ctrl-C raises `BenchInterrupted` carrying the report of the rows
+    finished (`"interrupted": true`, no "hf" section)."""
     cfg.check()
     from ..formats import num_parameters, open_source
     from ..gpu_runtime import backend as pick_backend
@@ -194,7 +205,36 @@ def run_bench(cfg: BenchConfig, backend=None, peer=None) -> dict:
     load_s = time.perf_counter() - t0
     results = []
     label = _source_label(source)
+    report = dict(env)
+    report.update({
+        "model": getattr(source, "description", str(cfg.model)),
+        "results": results,
+        "architecture": meta.architecture,
+        "parameters": int(num_parameters(meta)),
+        "copy_bandwidth_gb_s": copy_gb_s,
+        "settings": {"batches": list(cfg.batches), "prompt_len": cfg.prompt_len,
+                     "gen_len": cfg.gen_len, "cache": cfg.cache,
+                     "prefill": prefill_mode,
+                     "graphs": bool(model._use_graphs), "reps": reps, "warmup": cfg.warmup,
+                     "max_seconds": budget, "seed": cfg.seed},
+        "load_s": load_s,
+        "measure_s": None,
+        "wall_s": None,
+        "peak_rss_bytes": None,
+    })
     bar = _progress(cfg.progress, len(cfg.batches) * reps * (1 + cfg.gen_len), f"bench {label}")
+    t_meas = time.perf_counter()
+
+    def finish(interrupted: bool) -> dict:
+        report.update({"measure_s": time.perf_counter() - t_meas,
+                       "wall_s": time.perf_counter() - t_start,
+                       "peak_rss_bytes": peak_rss_bytes()})
+        if interrupted:
+            report["interrupted"] = True
+        elif peer is not None:
+            report["hf"] = peer.section(results, prefill_mode)
+        report.update(cfg.extra)
+        return report
     try:
         if peer is not None:
             check_len = min(cfg.prompt_len, 64)
@@ -212,32 +252,20 @@ def run_bench(cfg: BenchConfig, backend=None, peer=None) -> dict:
             results.append(_run_batch(model, cfg, label, batch, reps, warm_len, seq_cap, share,
                                       copy_gb_s, bar, np.random.default_rng([cfg.seed, batch]),
                                       group, peer))
-        measure_s = time.perf_counter() - t_meas
+            if on_row is not None:
+                if bar is not None:
+                    bar.clear()   # the row's line goes where the bar was
+                on_row(report, results[-1])
+                if bar is not None:
+                    bar.refresh()
+    except KeyboardInterrupt as e:
+        raise BenchInterrupted(finish(interrupted=True)) from e
     finally:
         if bar is not None:
             bar.close()
         model.teardown()
-    report = dict(env)
-    report.update({
-        "model": getattr(source, "description", str(cfg.model)),
-        "results": results,
-        "architecture": meta.architecture,
-        "parameters": int(num_parameters(meta)),
-        "copy_bandwidth_gb_s": copy_gb_s,
-        "settings": {"batches": list(cfg.batches), "prompt_len": cfg.prompt_len,
-                     "gen_len": cfg.gen_len, "cache": cfg.cache,
-                     "prefill": prefill_mode,
-                     "graphs": bool(model._use_graphs), "reps": reps, "warmup": cfg.warmup,
-                     "max_seconds": budget, "seed": cfg.seed},
-        "load_s": load_s,
-        "measure_s": measure_s,
-        "wall_s": time.perf_counter() - t_start,
-        "peak_rss_bytes": peak_rss_bytes(),
-    })
-    if peer is not None:
-        report["hf"] = peer.section(results, prefill_mode)
-    report.update(cfg.extra)
-    return report
+    return finish(interrupted=False)
+
 
 
 def _run_batch(model, cfg, label, batch, reps, warm_len, seq_cap, share, copy_gb_s, bar,

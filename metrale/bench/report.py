@@ -1,4 +1,5 @@
-"""Reading and writing benchmark reports: the `--json` schema and the end-of-run table."""
+"""Reading and writing benchmark reports: the `--json` schema and the table (its head, one
+row per batch size as it finishes, and its foot)."""
 from __future__ import annotations
 
 import json
@@ -49,8 +50,19 @@ def _mib(n) -> str:
     return "-" if n is None else f"{n / 2**20:,.1f}"
 
 
+COLUMNS = [("batch", 5), ("prefill tok/s", 13), ("decode tok/s", 12), ("TTFT ms", 9),
+           ("ITL p50 ms", 10), ("ITL p99 ms", 10), ("peak MiB", 10), ("HBM GB/s", 9),
+           ("roofline", 8)]
+
+
 def format_table(report: dict) -> str:
     """A fixed-width table of the results, with a header naming model and device."""
+    return "\n".join(table_head(report) + [table_row(r) for r in report.get("results", [])]
+                     + table_foot(report))
+
+
+def table_head(report: dict) -> list[str]:
+    """The table's first lines: model, device and settings, then the column names."""
     dev = report.get("gpu_name") or report.get("device")
     cpu = report.get("cpu") or {}
     if not report.get("gpu_name") and cpu.get("model"):
@@ -62,18 +74,23 @@ def format_table(report: dict) -> str:
     bw = report.get("copy_bandwidth_gb_s")
     if bw:
         head += f"  copy bandwidth {bw:,.0f} GB/s"
-    cols = [("batch", 5), ("prefill tok/s", 13), ("decode tok/s", 12), ("TTFT ms", 9),
-            ("ITL p50 ms", 10), ("ITL p99 ms", 10), ("peak MiB", 10), ("HBM GB/s", 9),
-            ("roofline", 8)]
-    lines = [head, "  ".join(f"{name:>{w}}" for name, w in cols)]
-    lines.append("  ".join("-" * w for _, w in cols))
-    for r in report.get("results", []):
-        vals = [str(r["batch"]), _fmt(r["prefill_tokens_per_s"], ",.1f"),
-                _fmt(r["decode_tokens_per_s"], ",.1f"), _fmt(r["ttft_ms"], ",.2f"),
-                _fmt(r["itl_ms_p50"], ",.2f"), _fmt(r["itl_ms_p99"], ",.2f"),
-                _mib(r["peak_memory_bytes"]), _fmt(r["hbm_gb_s"], ",.0f"),
-                _fmt(r["roofline_fraction"], ".2f")]
-        lines.append("  ".join(f"{v:>{w}}" for v, (_, w) in zip(vals, cols)))
+    return [head, "  ".join(f"{name:>{w}}" for name, w in COLUMNS),
+            "  ".join("-" * w for _, w in COLUMNS)]
+
+
+def table_row(r: dict) -> str:
+    """One batch size's line of the table."""
+    vals = [str(r["batch"]), _fmt(r["prefill_tokens_per_s"], ",.1f"),
+            _fmt(r["decode_tokens_per_s"], ",.1f"), _fmt(r["ttft_ms"], ",.2f"),
+            _fmt(r["itl_ms_p50"], ",.2f"), _fmt(r["itl_ms_p99"], ",.2f"),
+            _mib(r["peak_memory_bytes"]), _fmt(r["hbm_gb_s"], ",.0f"),
+            _fmt(r["roofline_fraction"], ".2f")]
+    return "  ".join(f"{v:>{w}}" for v, (_, w) in zip(vals, COLUMNS))
+
+
+def table_foot(report: dict) -> list[str]:
+    """The lines after the rows: time-budget notes, the HF comparison, the settings."""
+    lines = []
     notes = []
     for r in report.get("results", []):
         if r.get("decode_steps", r["gen_len"]) < r["gen_len"] or \
@@ -92,4 +109,7 @@ def format_table(report: dict) -> str:
                  f"{s.get('reps')} rep(s) after {s.get('warmup')} warm-up; medians; "
                  f"wall {report.get('wall_s', 0):.1f} s"
                  + (f"; peak RSS {_mib(rss)} MiB" if rss else ""))
-    return "\n".join(lines)
+    if report.get("interrupted"):
+        done = len(report.get("results", []))
+        lines.append(f"interrupted: {done} of {len(s.get('batches', []))} batch sizes finished")
+    return lines

@@ -3,6 +3,7 @@ batch size (the harness is `metrale.bench`)."""
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 
@@ -53,7 +54,9 @@ def register(sub) -> None:
                    help="soft time budget for the whole run (default 40 on CPU, none on "
                         "a GPU)")
     b.add_argument("--seed", type=nonneg_int, default=0, help="prompt RNG seed (default 0)")
-    b.add_argument("--json", type=out_file, metavar="FILE", help="write the report as JSON")
+    b.add_argument("--json", type=json_out, metavar="FILE",
+                   help="write the report as JSON to FILE (- for stdout; the table then goes "
+                        "to stderr); an interrupted run writes the rows finished")
     b.add_argument("--compare-hf", action="store_true",
                    help="also run Hugging Face transformers on the same weights (needs torch "
                         "and transformers), interleaved with metrale's repetitions on the same "
@@ -65,6 +68,10 @@ def register(sub) -> None:
                    help="plot tokens/s and roofline fraction against batch size (needs "
                         "matplotlib: pip install 'metrale[plot]')")
     b.set_defaults(func=run, resolve=resolve_model)
+
+
+def json_out(text: str) -> str:
+    return text if text == "-" else out_file(text)
 
 
 def hf_dtypes(text: str) -> tuple[str, ...]:
@@ -122,7 +129,7 @@ def fit_lengths(prompt_len, gen_len, max_positions, model: str) -> tuple[int, in
 
 
 def run(args) -> int:
-    from ..bench import BenchConfig, format_table, run_bench, write_json
+    from ..bench import BenchConfig, write_json
     if args.plot:
         from ..bench.plot import require_matplotlib
         require_matplotlib()  # fail before a long run, not after it
@@ -148,13 +155,43 @@ def run(args) -> int:
                       reps=args.reps, warmup=args.warmup, max_seconds=args.max_seconds,
                       seed=args.seed,
                       extra={"command": "metrale " + shlex.join(args.argv)})
-    report = run_bench(cfg, peer=peer)
-    print(format_table(report))
-    if args.json:
+    report, interrupted = run_rows(cfg, peer, sys.stderr if args.json == "-" else sys.stdout)
+    if args.json == "-":
+        json.dump(report, sys.stdout, indent=1)
+        print()
+    elif args.json and report["results"]:
         write_json(report, args.json)
         print(f"wrote {args.json}", file=sys.stderr)
-    if args.plot:
+    if args.plot and report["results"]:
         from ..bench.plot import plot_report
         plot_report(report, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
-    return 0
+    return 130 if interrupted else 0
+
+
+def run_rows(cfg, peer, out) -> tuple[dict, bool]:
+    """Run the bench printing the table to `out` a row at a time, as each batch size
+    finishes, with a progress line on stderr when neither a progress bar nor the table is
+    shown there; on Ctrl-C, the rows finished. Returns (report, interrupted)."""
+    from ..bench import BenchInterrupted, run_bench
+    from ..bench.report import table_foot, table_head, table_row
+    from .notes import Progress, note
+    progress = None if sys.stderr.isatty() or out is sys.stderr else \
+        Progress("bench", len(cfg.batches))
+
+    def on_row(report, row):
+        if len(report["results"]) == 1:
+            print("\n".join(table_head(report)), file=out)
+        print(table_row(row), file=out, flush=True)
+        if progress is not None:
+            progress.step(f"batch {row['batch']}: decode {row['decode_tokens_per_s']:,.1f} "
+                          "tokens/s")
+    try:
+        report, interrupted = run_bench(cfg, peer=peer, on_row=on_row), False
+    except BenchInterrupted as e:
+        report, interrupted = e.report, True
+        note(f"bench interrupted: {len(report['results'])} of {len(cfg.batches)} batch sizes "
+             "finished" + ("; nothing to write" if not report["results"] else ""))
+    if report["results"]:
+        print("\n".join(table_foot(report)), file=out, flush=True)
+    return report, interrupted
