@@ -137,14 +137,34 @@ def resample(audio: np.ndarray, orig_rate: int, target_rate: int = SAMPLE_RATE,
     xp = np.concatenate([np.zeros(half), x, np.zeros(half + 1)])
     out = np.empty(n_out, np.float64)
     taps = np.arange(-half + 1, half + 1)
+
+    def kernel(u):
+        return cutoff * np.sinc(cutoff * u) * (0.5 + 0.5 * np.cos(np.pi * np.clip(u / half,
+                                                                               -1, 1)))
+    # Output n sits at input time n * down / up, at phase (n * down) % up of a sample: the
+    # outputs n = r, r + up, r + 2 up, ... share one kernel row and their windows step by
+    # `down` input samples. So when that table is small (44.1k -> 16k: 160 rows), each row
+    # is one strided matrix-vector product instead of a sinc per tap and output (a 31 s
+    # file: 0.25 s instead of 21 s), and exact phases avoid the rounding of n * ratio.
+    # einsum, not `@`: BLAS threads on a gemv this thin thrash on a busy machine (10x).
+    g = math.gcd(orig_rate, target_rate)
+    up, down = target_rate // g, orig_rate // g
+    if up * taps.size <= (1 << 22):
+        table = kernel(np.arange(up)[:, None] / up - taps[None, :])   # [up, taps]
+        for r in range(min(up, n_out)):
+            m = -(-(n_out - r) // up)                    # outputs r, r + up, ... < n_out
+            start = (r * down) // up + 1                 # xp index of tap -half+1 (+half)
+            windows = np.lib.stride_tricks.as_strided(
+                xp[start:], shape=(m, taps.size), strides=(down * xp.strides[0],
+                                                           xp.strides[0]), writeable=False)
+            out[r::up] = np.einsum("mk,k->m", windows, table[(r * down) % up])
+        return out.astype(np.float32)
     step = max(1, (1 << 22) // taps.size)
     for s in range(0, n_out, step):
         n = np.arange(s, min(n_out, s + step))
-        t = n * (orig_rate / target_rate)                 # output time in input samples
-        base = np.floor(t).astype(np.int64)
+        base = (n * down) // up                           # input sample at or before
         j = base[:, None] + taps[None, :]
-        u = t[:, None] - j
-        w = cutoff * np.sinc(cutoff * u) * (0.5 + 0.5 * np.cos(np.pi * np.clip(u / half, -1, 1)))
+        w = kernel((n * down - base * up)[:, None] / up - taps[None, :])
         out[s:s + n.size] = np.sum(xp[j + half] * w, axis=1)
     return out.astype(np.float32)
 

@@ -138,3 +138,25 @@ def test_load_wav_empty(tmp_path):
     write_wav(tmp_path / "e.wav", np.zeros(0), 16000)
     with pytest.raises(InvalidArgument, match="no audio"):
         audio.load_wav(tmp_path / "e.wav")
+
+
+@pytest.mark.parametrize("rate", [44100, 22050, 8000, 192001])   # 192001: no phase table
+def test_resample_is_the_windowed_sinc_formula(rate):
+    """Every output is the Hann-windowed sinc sum at its exact input time n * rate / 16000,
+    evaluated here one output at a time in float64."""
+    import math
+    from fractions import Fraction
+    x = np.random.default_rng(rate).standard_normal(rate // 50)   # 20 ms
+    got = audio.resample(x, rate, 16000)
+    cutoff = 0.97 * min(1.0, 16000 / rate)
+    half = math.ceil(32 / cutoff)
+    for n in range(0, got.size, max(1, got.size // 40)):
+        t = Fraction(n * rate, 16000)
+        base = math.floor(t)
+        want = 0.0
+        for j in range(base - half + 1, base + half + 1):
+            if 0 <= j < x.size:
+                u = float(t - j)
+                hann = 0.5 + 0.5 * math.cos(math.pi * min(max(u / half, -1), 1))
+                want += x[j] * cutoff * np.sinc(cutoff * u) * hann
+        assert abs(got[n] - want) <= 1e-6 * max(1.0, abs(want)), (n, got[n], want)
