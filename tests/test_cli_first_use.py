@@ -363,3 +363,39 @@ def test_llava_without_images_and_mismatches(llava, capsys):
     assert "--image needs a LLaVA" in err_line(capsys)
     assert main(["generate", str(d), "Hi", "--image", str(d / "nope.png")]) == 2
     assert "no such file" in err_line(capsys)
+
+
+def test_chat_with_images(llava, capsys):
+    """--chat puts the images in the user message: as <image> lines in a string content, or
+    as image parts where the template takes a list of parts (LLaVA's templates, whose
+    chat_template.json renders a string content as nothing)."""
+    from tokenizers import Tokenizer
+    d, a, _ = llava
+    tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+    common = ["--chat", "What is it?", "--image", str(a), "--max-new-tokens", "3",
+              "--ignore-eos", "--device", "cpu"]
+    from metrale.engine import apply_chat_template
+    text = apply_chat_template(d, [{"role": "user", "content": "<image>\nWhat is it?"}],
+                               tokenize=False)
+    before, after = text.split("<image>")
+    ids = tok.encode(before, add_special_tokens=False).ids + [255] * 16 + \
+        tok.encode(after, add_special_tokens=False).ids
+    assert main(["generate", str(d)] + common) == 0
+    out = capsys.readouterr()
+    assert f"{len(ids)} prompt tokens; 1 image" in out.err
+    assert out.out == tok.decode(greedy_with_images(d, ids, [a], 3)) + "\n"
+    # a template of content parts, in the processor's chat_template.json
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    del cfg["chat_template"]
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    parts = ("{% for m in messages %}{{ m['role'].upper() + ': ' }}{% for p in m['content'] | "
+             "selectattr('type', 'equalto', 'image') %}<image>\n{% endfor %}{% for p in "
+             "m['content'] | selectattr('type', 'equalto', 'text') %}{{ p['text'] }} "
+             "{% endfor %}{% endfor %}{% if add_generation_prompt %}ASSISTANT:{% endif %}")
+    (d / "chat_template.json").write_text(json.dumps({"chat_template": parts}))
+    ids = tok.encode("USER: ", add_special_tokens=False).ids + [255] * 16 + \
+        tok.encode("\nWhat is it? ASSISTANT:", add_special_tokens=False).ids
+    assert main(["generate", str(d)] + common) == 0
+    out = capsys.readouterr()
+    assert f"{len(ids)} prompt tokens; 1 image" in out.err
+    assert out.out == tok.decode(greedy_with_images(d, ids, [a], 3)) + "\n"

@@ -98,7 +98,7 @@ def prompt_ids(args, source, images: int):
     """(prompt token ids, tokenizer or None) for the prompt / --chat / --ids, with `images`
     <image> placeholders expanded to image-token spans (LLaVA)."""
     from ..errors import InvalidArgument
-    from .images import encode_with_images, with_placeholders
+    from .images import chat_text, encode_with_images, with_placeholders
     if (args.chat or args.system) and args.prompt is None:
         raise InvalidArgument("--chat and --system need a prompt (the user message)")
     if args.system and not args.chat:
@@ -106,15 +106,12 @@ def prompt_ids(args, source, images: int):
     if args.ids is not None:
         return list(args.ids), load_tokenizer(source)   # still decodes the output
     tok = text_tokenizer(source, "the prompt")
-    user = with_placeholders(args.prompt, images) if images else args.prompt
-    if args.chat:
-        from ..engine.chat import apply_chat_template
-        messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
-            [{"role": "user", "content": user}]
-        text = apply_chat_template(source.tokenizer_path().parent, messages, tokenize=False)
-        special = False   # the template wrote every special token itself
+    if args.chat:   # the template writes every special token itself
+        text = chat_text(source.tokenizer_path().parent, args.system, args.prompt, images)
+        special = False
     else:
-        text, special = user, True
+        text = with_placeholders(args.prompt, images) if images else args.prompt
+        special = True
     if images:
         return encode_with_images(tok, text, source.metadata().vision, special), tok
     return tok.encode(text, add_special_tokens=special).ids, tok

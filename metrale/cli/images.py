@@ -45,6 +45,39 @@ def with_placeholders(prompt: str, n_images: int) -> str:
     return prompt
 
 
+def chat_text(directory, system: str | None, prompt: str, n_images: int) -> str:
+    """The chat template's text for a user `prompt` (and `system`) with `n_images` images.
+
+    Templates take a message's content one of two ways (vLLM's "string" and "openai"
+    content formats): as a string, or as a list of parts (`{"type": "image"}`, `{"type":
+    "text", "text": ...}`), which LLaVA's templates need (a string renders as nothing
+    there). The template is probed once with a string to see which; images go in as
+    `<image>` placeholders (string) or image parts first (parts), unless the prompt places
+    them itself."""
+    from ..engine.chat import apply_chat_template
+    from ..errors import InvalidArgument
+
+    def render(system_content, user_content):
+        messages = ([{"role": "system", "content": system_content}] if system else []) + \
+            [{"role": "user", "content": user_content}]
+        return apply_chat_template(directory, messages, tokenize=False)
+    probe = "metrale-probe-3f9a"
+    if probe in render(system, probe):
+        user = with_placeholders(prompt, n_images) if n_images else prompt
+        return render(system, user)
+    placed = prompt.count(IMAGE_PLACEHOLDER) if n_images else 0
+    if placed:
+        with_placeholders(prompt, n_images)   # the counts must agree
+    parts = [{"type": "image"}] * (n_images if not placed else 0) + \
+        [{"type": "text", "text": prompt}]
+    text = render([{"type": "text", "text": system}], parts)
+    if n_images and text.count(IMAGE_PLACEHOLDER) != n_images:
+        raise InvalidArgument(f"the chat template wrote {text.count(IMAGE_PLACEHOLDER)} "
+                              f"{IMAGE_PLACEHOLDER} placeholder(s) for {n_images} image(s); "
+                              "give a plain prompt with the placeholders instead of --chat")
+    return text
+
+
 def encode_with_images(tok, text: str, vision, add_special_tokens: bool) -> list[int]:
     """Token ids of `text` with every `<image>` expanded to `vision.num_image_tokens`
     copies of `vision.image_token_index`.

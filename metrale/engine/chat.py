@@ -86,10 +86,18 @@ def chat_template_source(directory) -> tuple[str, str]:
             raise Unsupported(f"{where}: chat_template holds named templates "
                               f"{sorted(map(str, named))} but no 'default'")
         t = named["default"]
+    processor = d / "chat_template.json"   # a multimodal processor's (LLaVA checkpoints)
+    if (not isinstance(t, str) or not t) and processor.is_file():
+        try:
+            t, where = json.loads(processor.read_text(encoding="utf-8")).get(
+                "chat_template"), str(processor)
+        except (OSError, ValueError, AttributeError) as e:
+            raise FormatError(f"{processor}: not a JSON object with a chat_template ({e})") \
+                from None
     if not isinstance(t, str) or not t:
-        raise InvalidArgument(f"{d} has no chat template (no chat_template.jinja and no "
-                              "chat_template in tokenizer_config.json); give a plain prompt "
-                              "instead")
+        raise InvalidArgument(f"{d} has no chat template (no chat_template.jinja, no "
+                              "chat_template in tokenizer_config.json and no "
+                              "chat_template.json); give a plain prompt instead")
     return t, where
 
 
