@@ -5,7 +5,8 @@ run with this interpreter, ```bash / ```sh blocks with `bash -e`, ```json blocks
 other languages (text, toml, ...) are shown, not run. All run in a scratch copy of the
 repository, where the inputs a reader brings are laid out first: the checkpoints the README
 downloads from the Hub are stand-ins with the same directory names (a fixture model plus
-the fixture tokenizer), and `speech.wav` / `book.txt` are made here.
+the fixture tokenizer), and `speech.wav` / `meeting.wav` / `book.txt` / `photo.png` are
+made here.
 
 An HTML comment right before a fence marks a block that cannot run here:
   <!-- readme-test: skip REASON -->  never run (e.g. it downloads from the Hub)
@@ -24,6 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.test_cli_end_to_end import stereo_float_wav
@@ -37,7 +39,8 @@ MARK = re.compile(r"<!--\s*readme-test:\s*(?P<kind>skip|gpu|install)\b(?P<why>[^
 RUN = {"python": "python", "py": "python", "bash": "bash", "sh": "bash", "shell": "bash",
        "json": "json"}
 # the checkpoints the README downloads, and the fixture standing in for each
-STAND_INS = {"Qwen2.5-0.5B-Instruct": "qwen2", "whisper-tiny": "whisper_tiny"}
+STAND_INS = {"Qwen2.5-0.5B-Instruct": "qwen2", "whisper-tiny": "whisper_tiny",
+             "llava-1.5-7b-hf": "llava_tiny"}
 
 
 def blocks() -> list[dict]:
@@ -77,6 +80,10 @@ def scratch(tmp_path_factory) -> Path:
         for f in (FIXTURES / "tokenizer").iterdir():
             shutil.copy(f, d / name / f.name)
     stereo_float_wav(d / "speech.wav", seconds=2.0)
+    stereo_float_wav(d / "meeting.wav", seconds=1.0)
+    from PIL import Image   # the test extra brings Pillow
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (48, 64, 3), np.uint8)) \
+        .save(d / "photo.png")
     (d / "book.txt").write_text("It was a bright cold day in April, and the clocks were "
                                 "striking thirteen. " * 20, encoding="utf-8")
     return d
