@@ -156,9 +156,10 @@ class Scheduler:
         while self.waiting and len(self.running) < self.max_batch and not self._hold:
             r = self.waiting[0]
             want = committed + blocks_for(r) + len(self.running)
-            short = want - m.num_free_blocks()
-            if short > 0:
-                m.reclaim_prefix_blocks(short)   # cached prefixes yield to live requests
+            if want > m.num_free_blocks():
+                # cached prefixes yield to live requests, except the one this prompt reuses
+                # (its blocks need not be free: reuse_prefix takes them from the cache)
+                want = m.reclaim_prefix_blocks_for(r.prompt, 0, want).target
             if self.running and m.num_free_blocks() < want:
                 break
             self.waiting.pop(0)

@@ -116,6 +116,10 @@ class BlockPool:
             self._prefix.move_to_end(key)
         return b
 
+    def peek_prefix(self, key: bytes) -> int | None:
+        """The block cached under `key`, without touching the LRU order."""
+        return self._prefix.get(key)
+
     def _evictable(self) -> int:
         return sum(1 for b in self._prefix.values() if self._ref[b] == 1)
 

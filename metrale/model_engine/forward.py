@@ -73,7 +73,9 @@ class ModelForward(ABC):
 
     @abstractmethod
     def decode(self, token: int, seq: SequenceState, stream: int) -> DevicePtr:
-        """One new token at the end of `seq`; returns its logits row."""
+        """One new token at the end of `seq`; returns its logits row. An empty sequence
+        takes it at position 0, as the original's decode (the same logits as a one-token
+        prefill, without the prefix-cache lookup)."""
 
     @abstractmethod
     def decode_batch(self, tokens: Sequence[int], seqs: Sequence[SequenceState],

@@ -75,11 +75,11 @@ class DecoderPasses:
         if len(arenas) > 1:
             raise InvalidArgument(f"{what}: sequences of different caches in one batch")
         for seq, toks in rows:
+            # an empty sequence is fine: its first token goes to position 0, as in the
+            # original's decode paths (trait_impl/decode_a.rs, upload_batch_metadata_*)
             self._check_seq(seq)
             if not tokens_checked:
                 toks = self._check_tokens(toks, what)
-            if seq.seq_len == 0:
-                raise InvalidArgument(f"{what}: sequence {seq.seq_id} is empty; prefill it first")
             self._check_capacity(seq, len(toks))
             items.append((seq, toks))
         n = sum(len(t) for _, t in items)

@@ -5,8 +5,12 @@ that holds it (`backend.find_allocation`).
 
 Row format: FP32 only inside the model's own logits arena with FP32 logits on; every other
 pointer holds BF16 rows (the original's `logits_ptr_is_fp32`, trait_impl/meta.rs, is true
-only for its FP32 buffer). Device reads run on the caller's stream (0: the default stream)
-and synchronize it before the ids come back.
+only for its FP32 buffer). Device argmax runs on the model's default stream whatever stream
+handle it is given, as the original's (`trait_impl/meta_argmax.rs` ignores `_stream` and
+launches on `default_stream()`): a port from Rust relies on it seeing every forward pass and
+copy queued there. Here the default stream first waits (an event, on the device) for the
+caller's stream when that is another stream, so work the caller queued there is seen too;
+the ids are on the host when the call returns.
 """
 from __future__ import annotations
 
@@ -82,7 +86,7 @@ class LogitsReadout:
         pointer, FP32 rows, a row with more than 8 distinct in-vocab ids, or any row the
         kernel cannot decide (a kept value not finite, every id suppressed)."""
         what = "argmax_batch_masked"
-        stream = self._stream_of(stream)
+        self._stream_of(stream)   # a bad handle raises before anything is queued
         n = int_arg(what, "n", n, 0)
         rows = _mask_rows(masks, what)
         if isinstance(logits_ptr, (int, np.integer)) and int(logits_ptr) == 0:
@@ -95,6 +99,7 @@ class LogitsReadout:
         if packed is None:
             return None
         self._device_range(ptr, n * V * 2, what, align=2)
+        stream = self._default_after(stream)
         ids: list[int] = []
         for r0 in range(0, n, ws.logits_rows):
             k = min(ws.logits_rows, n - r0)
@@ -105,12 +110,13 @@ class LogitsReadout:
         return None if any(i >= V for i in ids) else ids
 
     def _argmax(self, logits_ptr, n: int, stream: int, what: str) -> list[int]:
-        stream = self._stream_of(stream)
+        self._stream_of(stream)   # a bad handle raises before anything is queued
         ptr = ptr_arg(what, "logits_ptr", logits_ptr)
         V, ws, b = self._meta.vocab_size, self._ws, self.backend
         fp32 = self.logits_ptr_is_fp32(ptr)
         eb = 4 if fp32 else 2
         self._device_range(ptr, n * V * eb, what, align=eb)
+        stream = self._default_after(stream)
         ids: list[int] = []
         for r0 in range(0, n, ws.logits_rows):   # argmax_out holds logits_rows ids
             k = min(ws.logits_rows, n - r0)

@@ -26,12 +26,14 @@ from ..gpu_runtime.types import NULL, DevicePtr
 from ..kv.block_pool import BlockPool
 from ..ops import rope
 from .args import list_arg
+from .draft import TransformerDraft
 from .forward import ModelForward
 from .guard import CallGuard, exclusive
 from .lifecycle import ModelLifecycle
 from .logits import ModelLogits
 from .passes import DecoderPasses
 from .prefill import PromptPrefill
+from .prefix_reclaim import PrefixReclaimFor
 from .probes import (ModelAdapters, ModelCircuit, ModelDeviceFeed, ModelDraft, ModelEp,
                      ModelSsmState)
 from .readout import LogitsReadout
@@ -45,7 +47,8 @@ DECODER_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 MAX_VERIFY_ROWS = 16
 
 
-class TransformerModel(LogitsReadout, PromptPrefill, ModelLogits, ModelForward, ModelLifecycle,
+class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixReclaimFor,
+                       ModelLogits, ModelForward, ModelLifecycle,
                        ModelVerify, ModelStreams, ModelDraft, ModelAdapters, ModelSsmState,
                        ModelEp, ModelDeviceFeed, ModelCircuit, DecoderPasses):
     """A decoder-only model on a `GpuBackend`, driven through raw pointers."""
@@ -118,12 +121,28 @@ class TransformerModel(LogitsReadout, PromptPrefill, ModelLogits, ModelForward, 
     # ------------------------------------------------------------------ ModelVerify
     @exclusive
     def decode_verify(self, tokens: Sequence[int], seq: SequenceState, stream: int) -> list[int]:
-        if not 1 <= len(tokens) <= MAX_VERIFY_ROWS:
-            raise InvalidArgument(f"decode_verify: {len(tokens)} tokens outside [1, "
-                                  f"{MAX_VERIFY_ROWS}]")
+        """As the original's `decode_verify_dispatch` (trait_impl/verify_a.rs): no tokens
+        give `[]` (nothing runs); otherwise every token is appended and one argmax id per
+        token comes back. The original has no fixed width: k rows must fit its logits
+        buffer. Here they must fit the workspace's rows (`max_verify_tokens()`, at least
+        16), else InvalidArgument before anything runs."""
+        tokens = list_arg("decode_verify", tokens)
+        if not tokens:
+            self._check_seq(seq)
+            self._stream_of(stream)
+            return []
+        if len(tokens) > self._ws.max_rows:
+            raise InvalidArgument(f"decode_verify: {len(tokens)} tokens exceed the "
+                                  f"{self._ws.max_rows} verify rows of the workspace "
+                                  f"(max(max_batch, {MAX_VERIFY_ROWS}))")
         stream = self._stream_of(stream)
         ptr = self._decode_rows([(seq, list(tokens))], stream, "decode_verify")
         return self._argmax(ptr, len(tokens), stream, "decode_verify")
+
+    def max_verify_tokens(self) -> int:
+        """Most tokens one `decode_verify` takes: the workspace's rows, max(max_batch, 16).
+        Additive (the original's bound is its logits buffer, not exposed)."""
+        return self._ws.max_rows
 
     # ------------------------------------------------------------------ ModelLifecycle
     def teardown(self) -> None:
@@ -140,6 +159,9 @@ class TransformerModel(LogitsReadout, PromptPrefill, ModelLogits, ModelForward, 
             self._weights = None
         if self._ws is not None:
             self._ws.free()
+        if self._order_event is not None:
+            self.backend.destroy_event(self._order_event)
+            self._order_event = None
         if not self._rope_table.is_null():
             self.backend.free(self._rope_table)
             self._rope_table = NULL

@@ -35,6 +35,8 @@ class Workspace:
             self.act = a(T * inter * 2)             # [T, intermediate]
             # [rows, hidden]: row r is the final-norm hidden state behind logits row r
             self.final_hidden = a(max(T, 2 * R) * hid * 2)
+            # [hidden]: the pre-final-norm row `save_hidden_for_mtp` keeps for a draft head
+            self.mtp_hidden = a(hid * 2)
             # per-step metadata, int32 ---------------------------------------------------
             # One region, packed per step by `upload_step` so a step's metadata goes up in
             # a single copy; the section pointers below are set for each step.
@@ -115,6 +117,7 @@ class Workspace:
         hid, inter, V = meta.hidden_size, meta.intermediate_size, meta.vocab_size
         T, R = max_tokens, max_rows
         act = T * (3 * hid + (H + 2 * KV) * D + H * D + 3 * inter) * 2 + max(T, 2 * R) * hid * 2
+        act += hid * 2   # mtp_hidden
         md = (3 * T + R * max_blocks_per_seq + 2 * R + 1) * 4 + 2 * R * 4 + 2 * R * 8 * 4
         splits = attention.decode_max_splits(max_blocks_per_seq * block_size)
         dec = attention.decode_workspace_bytes(R, H, D, splits)

@@ -167,9 +167,9 @@ def _count_launches(m, monkeypatch):
     lambda m, seq, s, ids: m.prefill_chunk(ids, seq, 3, 4, False, s),
     lambda m, seq, s, ids: m.prefill_chunk(ids, seq, 0, 30, True, s),
     lambda m, seq, s, ids: m.prefill_chunk(ids, seq, 0, 4, True, s),
-    lambda m, seq, s, ids: m.decode(5, seq, s),                        # empty sequence
+    lambda m, seq, s, ids: m.decode(m.vocab_size(), seq, s),
     lambda m, seq, s, ids: m.decode_batch([1, 2], [seq], s),
-    lambda m, seq, s, ids: m.decode_verify([], seq, s),
+    lambda m, seq, s, ids: m.decode_verify([1] * (m.max_verify_tokens() + 1), seq, s),
     lambda m, seq, s, ids: m.copy_logits_to_host(m.logits_buffer_ptr(),
                                                  np.empty(m.vocab_size(), np.float32)),
     lambda m, seq, s, ids: m.copy_logits_to_host(

@@ -62,12 +62,39 @@ def test_an_explicit_stream_is_used_as_given():
     seq = m.alloc_sequence()
     m.prefill(IDS[:5], seq, m.default_stream())
     be.log.clear()
-    m.argmax_on_device(m.decode(IDS[5], seq, s2), s2)
-    assert be.streams_used() == {s2}
+    ptr = m.decode(IDS[5], seq, s2)
+    assert be.streams_used() == {s2}          # a forward pass runs on the stream given
+    be.log.clear()
+    m.argmax_on_device(ptr, s2)
+    # the argmax runs on the default stream, as the original's (meta_argmax.rs ignores the
+    # handle), after the default stream has waited on the device for s2's work
+    assert be.log[:2] == [("record_event", s2), ("stream_wait_event", be.DEFAULT)]
+    launches = {s for op, s in be.log if op.startswith("launch")}
+    assert launches == {be.DEFAULT} and be.unsynced_reads() == []
     with pytest.raises(InvalidArgument, match="stream"):
         m.decode(IDS[6], seq, -1)
     with pytest.raises(InvalidArgument, match="stream"):
         m.decode(IDS[6], seq, "0")
+
+
+def test_argmax_sees_the_default_streams_work_whatever_handle_it_gets():
+    """A Rust port may pass any handle to argmax_* (the original ignores it): the argmax
+    is ordered after everything queued on the default stream, and nothing is waited for
+    when the handle is 0 or the default stream itself."""
+    be = StreamRecordingBackend()
+    m = load(NAME, be, kv_blocks=64, block_size=4)
+    other = m.create_stream()
+    seq = m.alloc_sequence()
+    p = m.prefill(IDS[:5], seq, 0)            # the forward on the default stream
+    be.log.clear()
+    a = m.argmax_on_device(p, other)
+    first_launch = next(i for i, (op, _) in enumerate(be.log) if op.startswith("launch"))
+    assert ("stream_wait_event", be.DEFAULT) in be.log[:first_launch]
+    assert all(s == be.DEFAULT for op, s in be.log if op.startswith("launch"))
+    for h in (0, be.DEFAULT):
+        be.log.clear()
+        assert m.argmax_batch(p, 1, h) == [a]
+        assert not any(op.endswith("event") for op, _ in be.log)
 
 
 def fake_cuda_backend():
