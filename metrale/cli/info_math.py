@@ -67,8 +67,8 @@ def math_fields(meta, source, head_stored: bool) -> dict[str, str]:
         out["attention"] = (f"full; encoder {w.max_source_positions} positions "
                             f"({w.num_mel_frames} mel frames), decoder "
                             f"{w.max_target_positions}")
-        out["activation"] = (f"{w.activation_function} (MLP); embedding scale "
-                             f"{'sqrt(d_model)' if w.scale_embedding else 'none'}")
+        out["activation"] = (f"{w.activation_function} (MLP); embedding scale none "
+                             "(transformers never applies scale_embedding)")
     out["biases"] = biases_text(meta)
     out["embeddings"] = ("lm_head separate (untied)" if not meta.tie_word_embeddings else
                          "tied, but the checkpoint stores its own head, which is used (as "

@@ -2,7 +2,14 @@
 `multimodal.py`): each error names the file and the key."""
 from __future__ import annotations
 
+import math
+
 from ..errors import FormatError
+
+# The widest head the attention, rope and KV-cache kernels take (ops/attention.py,
+# ops/rope.py, ops/kv_cache.py, ops/dense_attention.py MAX_HEAD_DIM); they also need it even.
+KERNEL_MAX_HEAD_DIM = 256
+FLOAT32_MAX = 3.4028234663852886e38   # values the kernels take as float32 must fit
 
 
 class _Cfg:
@@ -29,19 +36,56 @@ class _Cfg:
                               f"{'positive ' if positive else ''}integer, got {v!r}")
         return v
 
-    def float(self, key: str, default=None, *, required=False) -> float:
+    def float(self, key: str, default=None, *, required=False, gt=None, ge=None,
+              f32=False) -> float:
+        """A finite number (every float field: NaN and infinities are refused), `> gt` /
+        `>= ge` when given: the range the field's formula needs; `f32`: finite as a
+        float32 too (a kernel argument)."""
         v = self._get(key, default, required)
         if v is None:
             return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise FormatError(f"{self.source}: {key} must be a number, got {v!r}")
-        return float(v)
+        return number(v, key, self.source, gt=gt, ge=ge, f32=f32)
 
     def bool(self, key: str, default: bool) -> bool:
         v = self._get(key, default, False)
         if not isinstance(v, bool):
             raise FormatError(f"{self.source}: {key} must be true or false, got {v!r}")
         return v
+
+
+def number(v, what: str, source: str, *, gt=None, ge=None, f32=False) -> float:
+    """`v` as a finite float (`> gt`, `>= ge` when given; `f32`: at most FLOAT32_MAX in
+    magnitude), else FormatError naming the file, the field and the value."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise FormatError(f"{source}: {what} must be a number, got {v!r}")
+    f = float(v)
+    if not math.isfinite(f):
+        raise FormatError(f"{source}: {what} must be a finite number, got {v!r}")
+    if gt is not None and not f > gt:
+        raise FormatError(f"{source}: {what} must be > {gt}, got {v!r}")
+    if ge is not None and not f >= ge:
+        raise FormatError(f"{source}: {what} must be >= {ge}, got {v!r}")
+    if f32 and abs(f) > FLOAT32_MAX:
+        raise FormatError(f"{source}: {what} {v!r} does not fit a float32 (the kernels "
+                          "take it as one)")
+    return f
+
+
+def one_token_id(v, what: str, source: str) -> int:
+    """A single token id (a one-element list is accepted, as HF does)."""
+    ids = _token_ids(v, what, source)
+    if len(ids) != 1:
+        raise FormatError(f"{source}: {what} must be one token id, got {v!r}")
+    return ids[0]
+
+
+def token_ids_below(ids, what: str, source: str, vocab: int) -> tuple[int, ...]:
+    """Token ids (already >= 0) that must index a vocabulary of `vocab` rows."""
+    bad = [t for t in ids if t >= vocab]
+    if bad:
+        raise FormatError(f"{source}: {what} holds token id {bad[0]}, not below vocab_size "
+                          f"{vocab}")
+    return tuple(ids)
 
 
 def _token_ids(v, what: str, source: str) -> tuple[int, ...]:

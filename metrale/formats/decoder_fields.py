@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..errors import FormatError, Unsupported
-from .config_fields import _Cfg
+from .config_fields import KERNEL_MAX_HEAD_DIM, _Cfg
 from .field_table import HF_ACTIVATIONS
 
 # HF class defaults of keys a config.json may leave out
@@ -43,14 +43,22 @@ def head_dim(c: _Cfg, arch: str, hidden: int, heads: int) -> int:
         raise FormatError(f"{c.source}: head_dim is null (transformers' qwen3 cannot run "
                           "it either)")
     d = c.int("head_dim")
-    if d is not None:
-        return d
-    if arch == "qwen3":
-        return QWEN3_HEAD_DIM_DEFAULT
-    if hidden % heads:
-        raise FormatError(f"{c.source}: hidden_size {hidden} is not a multiple of "
-                          f"num_attention_heads {heads} and no head_dim is given")
-    return hidden // heads
+    if d is None and arch == "qwen3":
+        d = QWEN3_HEAD_DIM_DEFAULT
+    elif d is None:
+        if hidden % heads:
+            raise FormatError(f"{c.source}: hidden_size {hidden} is not a multiple of "
+                              f"num_attention_heads {heads} and no head_dim is given")
+        d = hidden // heads
+    if d % 2:   # rotate-half pairs dimension j with j + head_dim/2 (HF fails on odd too)
+        given = "" if c.d.get("head_dim") is not None else \
+            f" (hidden_size {hidden} / num_attention_heads {heads})"
+        raise FormatError(f"{c.source}: head_dim must be even for the rotary embedding, "
+                          f"got {d}{given}")
+    if d > KERNEL_MAX_HEAD_DIM:
+        raise Unsupported(f"{c.source}: head_dim {d} is not supported (the attention "
+                          f"kernels take at most {KERNEL_MAX_HEAD_DIM})")
+    return d
 
 
 def biases(c: _Cfg, arch: str) -> Biases:

@@ -177,7 +177,9 @@ WHISPER = {
     "num_mel_bins": _h("conv1 input channels"),
     "max_source_positions": _h("encoder positions (2x mel frames)"),
     "max_target_positions": _h("decoder positions: the decoder's context limit"),
-    "scale_embedding": _h("sqrt(d_model) on the input embedding"),
+    "scale_embedding": _i("transformers' WhisperEncoder/WhisperDecoder set embed_scale = "
+                          "sqrt(d_model) from it but never multiply by it, so it changes "
+                          "nothing (as here)"),
     "activation_function": _h("gelu, gelu_new, gelu_pytorch_tanh, gelu_fast, quick_gelu; "
                               "others refused"),
     "decoder_start_token_id": _h("the decoder prompt's first token"),

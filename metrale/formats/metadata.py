@@ -115,7 +115,7 @@ def _decoder(config: dict, gen: dict | None, source: str, arch: str) -> ModelMet
         num_layers=layers,
         num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
         rope_theta=theta, rope_scaling=scaling,
-        rms_norm_eps=c.float("rms_norm_eps", 1e-6),
+        rms_norm_eps=c.float("rms_norm_eps", 1e-6, ge=0, f32=True),   # rsqrt(mean(x^2) + eps)
         attention_bias=bias.qkv, o_proj_bias=bias.o, mlp_bias=bias.mlp,
         hidden_act=df.activation(c),
         qk_norm=arch == "qwen3",

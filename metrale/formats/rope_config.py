@@ -9,6 +9,15 @@
   when it is there, else from the dict, else `max_position_embeddings`;
 - `partial_rotary_factor` (top level or in the dict) is ignored by the default rope of these
   families; a scaled rope whose rotary dimension it would shorten is refused.
+
+Every number is checked here, at load, for the range its formula needs (a FormatError
+naming the file, the field and the value; never a NaN table or a bare Python exception):
+rope_theta finite > 0 (yarn also != 1: its correction range divides by ln(theta)); every
+`factor` finite > 0 (the frequencies are divided by it); llama3 low/high_freq_factor finite
+> 0 and different (the smoothing divides by their difference and the wavelengths by each);
+yarn beta_fast / beta_slow finite > 0 (ln of them; 0 or null means HF's default 32 / 1),
+attention_factor finite > 0, mscale / mscale_all_dim finite and a finite, positive ratio,
+truncate a bool; partial_rotary_factor finite in (0, 1].
 """
 from __future__ import annotations
 
@@ -16,7 +25,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import FormatError, Unsupported
-from .config_fields import _Cfg
+from .config_fields import _Cfg, number
 
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 
@@ -42,10 +51,8 @@ class RopeScaling:
         return 0.1 * math.log(self.factor) + 1.0 if self.factor > 1 else 1.0
 
 
-def _number(v, what: str, source: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise FormatError(f"{source}: {what} must be a number, got {v!r}")
-    return float(v)
+def _number(v, what: str, source: str, **bounds) -> float:
+    return number(v, what, source, **bounds)
 
 
 def parse_rope(config: dict, source: str, max_pos: int,
@@ -62,9 +69,10 @@ def parse_rope(config: dict, source: str, max_pos: int,
         raise FormatError(f"{source}: {key} must be an object or null, got {params!r}")
     if params and all(isinstance(v, dict) for v in params.values()):
         raise Unsupported(f"{source}: per-layer-type {key} are not supported")
-    theta = params["rope_theta"] if "rope_theta" in params else config.get("rope_theta", 10000.0)
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
-        raise FormatError(f"{source}: rope_theta must be a positive number, got {theta!r}")
+    if "rope_theta" in params:
+        theta = _number(params["rope_theta"], "rope_theta", f"{source} ({key})", gt=0)
+    else:
+        theta = _number(config.get("rope_theta", 10000.0), "rope_theta", source, gt=0)
     rtype = params.get("rope_type", params.get("type", "default"))
     prf = params.get("partial_rotary_factor", config.get("partial_rotary_factor"))
     if rtype == "default":
@@ -72,18 +80,23 @@ def parse_rope(config: dict, source: str, max_pos: int,
     if rtype not in ROPE_TYPES:
         raise Unsupported(f"{source}: rope type {rtype!r} in {key} is not supported "
                           f"(supported: {', '.join(ROPE_TYPES)})")
-    if prf is not None and head_dim is not None and \
-            int(head_dim * _number(prf, "partial_rotary_factor", source)) != head_dim:
+    if prf is not None:
+        prf_v = _number(prf, "partial_rotary_factor", source, gt=0)
+        if prf_v > 1:
+            raise FormatError(f"{source}: partial_rotary_factor must be in (0, 1], got {prf!r}")
+    if prf is not None and head_dim is not None and int(head_dim * prf_v) != head_dim:
         raise Unsupported(f"{source}: partial_rotary_factor={prf} with rope type {rtype!r} "
                           f"is not supported (it shortens the rotary dimension of head_dim "
                           f"{head_dim}; transformers cannot run it either)")
     c = _Cfg(params, f"{source} ({key})")
     if rtype == "linear":
-        return float(theta), RopeScaling("linear", factor=c.float("factor", required=True))
+        return float(theta), RopeScaling("linear", factor=c.float("factor", required=True,
+                                                                  gt=0))
     if rtype == "dynamic":
         # transformers' threshold is max_position_embeddings (its dynamic rope ignores the
         # dict's original_max_position_embeddings); below it the rope is the default one.
-        return float(theta), RopeScaling("dynamic", factor=c.float("factor", required=True),
+        return float(theta), RopeScaling("dynamic",
+                                         factor=c.float("factor", required=True, gt=0),
                                          original_max_position_embeddings=max_pos)
     orig = config["original_max_position_embeddings"] \
         if "original_max_position_embeddings" in config else \
@@ -92,27 +105,46 @@ def parse_rope(config: dict, source: str, max_pos: int,
         raise FormatError(f"{source}: original_max_position_embeddings must be a positive "
                           f"integer, got {orig!r}")
     if rtype == "llama3":
+        low = c.float("low_freq_factor", required=True, gt=0)
+        high = c.float("high_freq_factor", required=True, gt=0)
+        if low == high:
+            raise FormatError(f"{c.source}: llama3 low_freq_factor and high_freq_factor are "
+                              f"both {low!r}; the smoothing divides by their difference")
         return float(theta), RopeScaling(
-            "llama3", factor=c.float("factor", required=True),
-            low_freq_factor=c.float("low_freq_factor", required=True),
-            high_freq_factor=c.float("high_freq_factor", required=True),
+            "llama3", factor=c.float("factor", required=True, gt=0),
+            low_freq_factor=low, high_freq_factor=high,
             original_max_position_embeddings=orig)
-    # yarn
+    return float(theta), _yarn(params, c, theta, max_pos, orig)
+
+
+def _yarn(params: dict, c: _Cfg, theta: float, max_pos: int, orig: int) -> RopeScaling:
+    """The yarn scaling of a rope dict, every number in the range HF's formula needs."""
     if "factor" not in params:
-        raise FormatError(f"{source} ({key}): missing key 'factor' (rope type 'yarn')")
-    factor = max_pos / orig if params["factor"] is None else \
-        _number(params["factor"], "factor", source)
-    att = params.get("attention_factor")
-    if att is None and params.get("mscale") and params.get("mscale_all_dim"):
+        raise FormatError(f"{c.source}: missing key 'factor' (rope type 'yarn')")
+    if theta == 1:
+        raise FormatError(f"{c.source}: rope_theta 1 with rope type 'yarn': the correction "
+                          "range divides by ln(rope_theta)")
+    factor = max_pos / orig if params["factor"] is None else c.float("factor", gt=0)
+    # HF: `beta_fast or 32`, `beta_slow or 1` (0 and null mean the default)
+    beta_fast = c.float("beta_fast", gt=0) if params.get("beta_fast") else 32.0
+    beta_slow = c.float("beta_slow", gt=0) if params.get("beta_slow") else 1.0
+    att = c.float("attention_factor", gt=0, f32=True)
+    mscale, mscale_all = c.float("mscale"), c.float("mscale_all_dim")
+    if att is None and mscale and mscale_all:
         def ms(scale, m):  # HF's get_mscale (DeepSeek-style yarn configs)
             return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-        att = ms(factor, params["mscale"]) / ms(factor, params["mscale_all_dim"])
-    return float(theta), RopeScaling(
-        "yarn", factor=factor, original_max_position_embeddings=orig,
-        beta_fast=_number(params.get("beta_fast") or 32, "beta_fast", source),
-        beta_slow=_number(params.get("beta_slow") or 1, "beta_slow", source),
-        attention_factor=None if att is None else _number(att, "attention_factor", source),
-        truncate=bool(params.get("truncate", True)))
+        num, den = ms(factor, mscale), ms(factor, mscale_all)
+        if den == 0 or not math.isfinite(num / den) or num / den <= 0:
+            raise FormatError(f"{c.source}: mscale={mscale!r} / mscale_all_dim="
+                              f"{mscale_all!r} give the attention factor {num} / {den}, "
+                              "not a finite number > 0")
+        att = num / den
+    # HF: `rope_parameters.get("truncate", True)`, then `if truncate:` (null: no truncation)
+    truncate = False if "truncate" in params and params["truncate"] is None else \
+        c.bool("truncate", True)
+    return RopeScaling("yarn", factor=factor, original_max_position_embeddings=orig,
+                       beta_fast=beta_fast, beta_slow=beta_slow, attention_factor=att,
+                       truncate=truncate)
 
 
 def context_length(max_pos: int, scaling: RopeScaling | None) -> int:

@@ -18,7 +18,6 @@ import numpy as np
 from ..formats import check_tensors, expected_tensors
 from ..formats.upload import WeightUploader
 from ..gpu_runtime.types import DevicePtr
-from ..ops.bf16 import bf16_to_f32, f32_to_bf16
 from ..ops.conv1d import hf_weight_to_tap_major
 
 
@@ -93,11 +92,9 @@ class WhisperWeights:
                 self.enc_ln_w = self._tensor("model.encoder.layer_norm.weight")
                 self.enc_ln_b = self._tensor("model.encoder.layer_norm.bias")
                 self.embed_tokens = self._tensor("model.decoder.embed_tokens.weight")
-                if w.scale_embedding:  # the input embedding is scaled, the tied head is not
-                    table = bf16_to_f32(source.read_bf16("model.decoder.embed_tokens.weight"))
-                    self.embed_in = self._array(f32_to_bf16(table * np.float32(math.sqrt(d))))
-                else:
-                    self.embed_in = self.embed_tokens
+                # scale_embedding is not applied, as in transformers: WhisperDecoder sets
+                # embed_scale = sqrt(d_model) but its forward never multiplies by it
+                self.embed_in = self.embed_tokens
                 self.dec_positions = self._tensor("model.decoder.embed_positions.weight")
                 self.dec_layers = [self._dec_layer(f"model.decoder.layers.{i}.", d)
                                    for i in range(w.decoder_layers)]
