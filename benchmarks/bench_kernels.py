@@ -337,6 +337,10 @@ def bench_argmax(B, S):
           lambda s: argmax.argmax_bf16_batch(B.be, s, logits, out, n, V), nbytes=n * V * 2)
     B.run("argmax", "argmax_fp32", dict(n_rows=n, vocab=V),
           lambda s: argmax.argmax_fp32(B.be, s, logits, out, n, V), nbytes=n * V * 4)
+    for rows in (1, n):    # the engine's NaN/Inf check: one row (generate), a decode batch
+        B.run("argmax", "count_nonfinite_bf16", dict(n_rows=rows, vocab=V),
+              lambda s, r=rows: argmax.count_nonfinite(B.be, s, logits, out, r, V),
+              nbytes=rows * V * 2)
 
 
 def bench_sampling(B, S):

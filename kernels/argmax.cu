@@ -11,7 +11,8 @@
 // lower slot at each step, not to the lowest index. NaN never wins (comparisons with NaN
 // are false); a row with no value > -1e30 gives 0.
 // The masked host-greedy pick (argmax_bf16_batch_masked, 256 threads per row) is a second,
-// different rule: see its own header further down.
+// different rule, and count_nonfinite_* (the engine's NaN/Inf check of logits rows) a third
+// scan: see their own headers further down.
 #include "common.cuh"
 
 #define ARGMAX_THREADS 1024
@@ -144,4 +145,89 @@ argmax_bf16_batch_masked(const bf16 *logits, const unsigned int *masks, unsigned
         for (int w = 1; w < MASKED_THREADS / 32; ++w) acc = masked_pick(acc, s_warp[w]);
         out[r] = (acc.bad || acc.i == NO_ID) ? NO_ID : acc.i;
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// count_nonfinite_bf16 / count_nonfinite_fp32: how many values of each logits row are NaN
+// or +-inf. The engine's check that a forward pass gave usable logits before it picks a
+// token from them (not in the original engine, whose argmax quietly gives 0 for a NaN row).
+//
+//   out[r] = #{ i < vocab : logits[r, i] is NaN or +-inf }      (exact integer count)
+//
+// Shapes: logits [n_rows, vocab] (BF16 or FP32, rows contiguous), out [n_rows] uint32.
+// Launch: grid (n_rows), block (NONFINITE_THREADS = 256), no dynamic shared memory.
+// A thread counts the values it visits: 8 BF16 / 4 FP32 per 128-bit load when vocab is a
+// multiple of 8 / 4 and the row is 16-byte aligned, one per load otherwise; a warp-shuffle
+// sum per warp, then the 8 warp totals through shared memory. The test is on the exponent
+// bits (all ones means NaN or inf), an integer compare that fast math cannot fold away.
+#define NONFINITE_THREADS 256
+
+__device__ __forceinline__ unsigned int nonfinite_bf16x2(unsigned int w) {
+    return ((w & 0x7f80u) == 0x7f80u) + (((w >> 16) & 0x7f80u) == 0x7f80u);
+}
+
+__device__ __forceinline__ unsigned int nonfinite_f32(unsigned int b) {
+    return (b & 0x7f800000u) == 0x7f800000u;
+}
+
+// Sum of `v` over the block; thread 0 gets the total. `s_warp_count`: NONFINITE_THREADS / 32
+// words of shared memory (declared by the kernel).
+__device__ __forceinline__ unsigned int block_count(unsigned int v, unsigned int *s_warp_count) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) s_warp_count[warp] = v;
+    __syncthreads();
+    v = lane < NONFINITE_THREADS / 32 ? s_warp_count[lane] : 0u;
+    if (warp == 0) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    }
+    return v;
+}
+
+extern "C" __global__ void __launch_bounds__(NONFINITE_THREADS)
+count_nonfinite_bf16(const bf16 *logits, unsigned int *out, int n_rows, int vocab) {
+    __shared__ unsigned int s_count_bf16[NONFINITE_THREADS / 32];
+    const int r = blockIdx.x;
+    if (r >= n_rows) return;
+    const unsigned short *row =
+        reinterpret_cast<const unsigned short *>(logits) + (long long)r * vocab;
+    unsigned int count = 0;
+    if ((vocab & 7) == 0 && aligned16(row)) {
+        const uint4 *v = reinterpret_cast<const uint4 *>(row);
+        for (int c = threadIdx.x; c < (vocab >> 3); c += NONFINITE_THREADS) {
+            const uint4 w = __ldg(v + c);
+            count += nonfinite_bf16x2(w.x) + nonfinite_bf16x2(w.y) + nonfinite_bf16x2(w.z) +
+                     nonfinite_bf16x2(w.w);
+        }
+    } else {
+        for (int i = threadIdx.x; i < vocab; i += NONFINITE_THREADS)
+            count += (row[i] & 0x7f80u) == 0x7f80u;
+    }
+    count = block_count(count, s_count_bf16);
+    if (threadIdx.x == 0) out[r] = count;
+}
+
+extern "C" __global__ void __launch_bounds__(NONFINITE_THREADS)
+count_nonfinite_fp32(const float *logits, unsigned int *out, int n_rows, int vocab) {
+    __shared__ unsigned int s_count_fp32[NONFINITE_THREADS / 32];
+    const int r = blockIdx.x;
+    if (r >= n_rows) return;
+    const unsigned int *row =
+        reinterpret_cast<const unsigned int *>(logits) + (long long)r * vocab;
+    unsigned int count = 0;
+    if ((vocab & 3) == 0 && aligned16(row)) {
+        const uint4 *v = reinterpret_cast<const uint4 *>(row);
+        for (int c = threadIdx.x; c < (vocab >> 2); c += NONFINITE_THREADS) {
+            const uint4 w = __ldg(v + c);
+            count += nonfinite_f32(w.x) + nonfinite_f32(w.y) + nonfinite_f32(w.z) +
+                     nonfinite_f32(w.w);
+        }
+    } else {
+        for (int i = threadIdx.x; i < vocab; i += NONFINITE_THREADS)
+            count += nonfinite_f32(row[i]);
+    }
+    count = block_count(count, s_count_fp32);
+    if (threadIdx.x == 0) out[r] = count;
 }

@@ -39,3 +39,9 @@ class KernelError(MetraleError):
 
 class ConcurrentUse(MetraleError):
     """A second thread called into a model while another call was in flight."""
+
+
+class NonFiniteLogits(MetraleError):
+    """A forward pass gave NaN or infinite logits (weights that hold NaN/Inf, an overflow),
+    or a result computed from them is not finite: generation stops instead of picking a
+    token from them, perplexity instead of reporting NaN."""

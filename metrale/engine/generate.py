@@ -1,6 +1,8 @@
 """`generate`: prompt in, new tokens out, streaming through `on_token`, stopping at stop ids,
 after `max_new_tokens` or at the model's context limit (both `finish_reason="length"`, the
-OpenAI/vLLM convention; the tokens made so far are returned).
+OpenAI/vLLM convention; the tokens made so far are returned). The context limit counts
+prompt + output, as vLLM's `max_model_len`: a 40-token prompt under `max_seq_len=48` gets
+at most 8 new tokens, and a prompt that leaves no room for one is refused.
 
 Runs on the pointer API (prefill, then one `decode` per token, the next token chosen on the
 device); a `GenerativeModel` that is not a decoder adapter runs through the tensor
@@ -58,14 +60,21 @@ def check_max_new(max_new_tokens) -> int:
     return int(max_new_tokens)
 
 
-def check_prompt_fits(prompt_len: int, model, what: str = "prompt") -> int | None:
+def check_prompt_fits(prompt_len: int, model, what: str = "prompt",
+                      room_for_output: bool = False) -> int | None:
     """The model's context limit (None when it has none); InvalidArgument naming the
     prompt length, the limit and the load option that raises it when the prompt alone does
-    not fit."""
+    not fit, or, with `room_for_output` (generation: prompt + output <= limit), when it
+    leaves no room for one new token."""
     limit = context_limit(model)
     if limit is not None and prompt_len > limit:
         raise InvalidArgument(f"{what} of {prompt_len} tokens exceeds the model's context "
                               f"limit of {limit} tokens; {limit_advice(model)}")
+    if limit is not None and room_for_output and prompt_len >= limit:
+        raise InvalidArgument(f"{what} of {prompt_len} tokens leaves no room for a new token "
+                              f"in the model's context limit of {limit} tokens (prompt + "
+                              f"output <= {limit}, vLLM's max_model_len rule); "
+                              f"{limit_advice(model)}")
     return limit
 
 
@@ -97,11 +106,13 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int,
 
     sampling: None is greedy (the device argmax rule). stop_token_ids: None stops at the
     checkpoint's eos ids; an empty list never stops early. on_token(id) is called for
-    each new token as soon as it is chosen. Generation also stops ("length") when the
-    sequence fills the model's context (`max_seq_len`); a prompt longer than that raises
-    InvalidArgument naming both and the load option that raises the limit. images (LLaVA):
-    one preprocessed `[1, 3, H, W]` float32 image per image-token span of the prompt, in
-    order (engine/multimodal.py).
+    each new token as soon as it is chosen. Generation also stops ("length") when prompt +
+    output reach the model's context (`max_seq_len`, counted as vLLM counts
+    `max_model_len`); a prompt that leaves no room for a new token raises InvalidArgument
+    naming both and the load option that raises the limit. Logits holding NaN / Inf raise
+    NonFiniteLogits naming the position (the tokens made before it went to `on_token`).
+    images (LLaVA): one preprocessed `[1, 3, H, W]` float32 image per image-token span of
+    the prompt, in order (engine/multimodal.py).
     """
     sampling = sampling or SamplingParams()
     if not isinstance(sampling, SamplingParams):
@@ -117,7 +128,7 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int,
         return _generate_tensor(generative_model(model), prompt, max_new, sampling, stops,
                                 on_token)
     prefill = image_prefill(pm, prompt, images)
-    limit = check_prompt_fits(len(prompt), pm)
+    limit = check_prompt_fits(len(prompt), pm, room_for_output=True)
     return _generate_pointer(pm, prompt, max_new, sampling, stops, on_token, limit, prefill)
 
 
@@ -125,8 +136,7 @@ def _decode_loop(first, advance, max_new: int, stops, on_token,
                  max_out: int | None = None) -> GenerationResult:
     """The loop both paths share. first() -> the first new token (after the prompt);
     advance(tok, out) -> the next token after feeding `tok` (out: tokens so far).
-    max_out: most tokens the context can take (prompt + all but the last new token must
-    fit), or None."""
+    max_out: most new tokens the context allows (prompt + output <= limit), or None."""
     out: list[int] = []
     extra: dict = {}
     t0 = time.perf_counter()
@@ -153,9 +163,10 @@ def _decode_loop(first, advance, max_new: int, stops, on_token,
 
 
 def _max_out(prompt_len: int, limit: int | None) -> int | None:
-    """New tokens a context of `limit` positions allows after the prompt: the last one is
-    chosen from the logits of the final position and never needs a position itself."""
-    return None if limit is None else limit - prompt_len + 1
+    """New tokens a context of `limit` tokens allows after the prompt: prompt + output <=
+    limit (vLLM's max_model_len; the last token would need no position of its own, but it
+    counts, as in vLLM)."""
+    return None if limit is None else limit - prompt_len
 
 
 def _generate_pointer(m, prompt, max_new, sampling, stops, on_token, limit,
@@ -166,7 +177,10 @@ def _generate_pointer(m, prompt, max_new, sampling, stops, on_token, limit,
     seq = m.alloc_sequence()
 
     def pick(ptr, step, history):
-        return sampler.pick(ptr, [sampling], [seed], [step], [history], stream)[0]
+        def where(_):
+            return (f"generate: new token {step} (the logits of sequence position "
+                    f"{len(history) - 1})")
+        return sampler.pick(ptr, [sampling], [seed], [step], [history], stream, where)[0]
     try:
         return _decode_loop(lambda: pick(prefill(prompt, seq, stream), 0, prompt),
                             lambda tok, out: pick(m.decode(tok, seq, stream), len(out),
@@ -182,12 +196,16 @@ def _generate_tensor(gm, prompt, max_new, sampling, stops, on_token) -> Generati
     kernel's numpy twin to the logits the model returns."""
     from ..generative import to_numpy
     from ..ops import sampling as sampling_ops
-    from ..ops.argmax import argmax_rule
+    from ..ops.argmax import argmax_rule, nonfinite_counts
+    from .sampler import check_finite
     seed = resolve_seed(sampling)
     params = sampling_ops.pack_params([sampling])
 
     def pick(logits, step, history):
         row = to_numpy(logits)[0][None]
+        check_finite(nonfinite_counts(row).tolist(), row.shape[1],
+                     lambda _: f"generate: new token {step} (the logits of sequence position "
+                               f"{len(history) - 1})")
         if sampling.is_greedy and sampling.repetition_penalty == 1.0:
             return int(argmax_rule(row)[0])
         return int(sampling_ops.sample_host(row, params, [seed], [step],

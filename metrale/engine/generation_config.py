@@ -8,6 +8,7 @@ Settings the user gives win over all of these.
 """
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass, fields
 from typing import Mapping
@@ -51,6 +52,8 @@ def _number(gen: Mapping, key: str, default, where: str, integer: bool = False):
     if isinstance(v, bool) or not isinstance(v, kind):
         raise FormatError(f"{where}: {key} must be {'an integer' if integer else 'a number'}, "
                           f"got {v!r}")
+    if not math.isfinite(v) or v < 0:   # every one of these is a count, a scale or a mass
+        raise FormatError(f"{where}: {key} must be a finite number >= 0, got {v!r}")
     return int(v) if integer else float(v)
 
 

@@ -21,8 +21,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, NonFiniteLogits
 from ..kv.config import CacheConfig
+from ..ops.argmax import nonfinite_counts
 from .generate import check_prompt
 from .models import context_limit, generative_model
 
@@ -46,6 +47,22 @@ def _log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     mx = x.max(axis=1, keepdims=True)
     lse = np.log(np.exp(x - mx).sum(axis=1)) + mx[:, 0]
     return x[np.arange(len(targets)), targets] - lse
+
+
+_MAX_LOG = math.log(np.finfo(np.float64).max)
+
+
+def _check_finite(rows: np.ndarray, first_pos: int) -> None:
+    """NonFiniteLogits naming the first of `rows` (the logits of positions first_pos, ...)
+    that holds NaN / Inf."""
+    from .sampler import nonfinite_message
+    counts = nonfinite_counts(rows)
+    bad = np.flatnonzero(counts)
+    if bad.size:
+        r = int(bad[0])
+        raise NonFiniteLogits(nonfinite_message(
+            f"perplexity: the logits of sequence position {first_pos + r} (scoring token "
+            f"{first_pos + r + 1})", int(counts[r]), rows.shape[1]))
 
 
 def window_plan(n_tokens: int, window: int, stride: int) -> list[tuple[int, int, int]]:
@@ -100,11 +117,15 @@ def perplexity_details(model, token_ids: Sequence[int], window: int | None = Non
                                                         range(c0 - begin, c1 - begin)))[0]
                 if hi > lo:
                     rows = np.arange(lo - 1 - c0, hi - 1 - c0)
+                    _check_finite(logits[rows], lo - 1)
                     nll -= float(_log_softmax_at(logits[rows], arr[lo:hi]).sum())
                     count += hi - lo
         finally:
             cache.free()
     assert count == len(ids) - 1, (count, len(ids))
+    if not nll / count < _MAX_LOG:   # exp would overflow (finite logits, but enormous)
+        raise NonFiniteLogits(f"perplexity: exp(mean NLL {nll / count:.6g}) over {count} "
+                              "tokens is not a finite float64")
     return PerplexityResult(perplexity=math.exp(nll / count), nll=nll, tokens_scored=count,
                             windows=len(plan), window=window, step=min(stride, window - 1))
 

@@ -14,9 +14,12 @@ verify-width decode rows, which compute exactly what its decode steps computed, 
 output is unchanged by preemption.
 
 Greedy (device argmax) decoding. A request finishes with "stop" (a stop id), "length"
-(`max_new_tokens`, or its sequence filled the context: the model's `max_seq_len` or the
-whole pool, whichever is smaller) or "cancelled". A prompt that alone exceeds that context
-is refused by `add_request`.
+(`max_new_tokens`, or prompt + output reached the context: the model's `max_seq_len` or
+the whole pool, whichever is smaller; vLLM's `max_model_len` rule, prompt + output <=
+context), "cancelled" or "error" (its logits held NaN / Inf: the step that met them raises
+`NonFiniteLogits` naming the request and position, after every other request's tokens of
+that step are kept, so stepping on serves the rest). A prompt that leaves no room for one
+new token in that context is refused by `add_request`.
 """
 from __future__ import annotations
 
@@ -24,11 +27,12 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..errors import CacheFull, InvalidArgument
+from ..errors import CacheFull, InvalidArgument, NonFiniteLogits
 from ..model_engine.forward import PrefillSlice
 from ..model_engine.transformer import MAX_VERIFY_ROWS
 from .generate import check_max_new, check_prompt, check_prompt_fits, limit_advice
 from .models import eos_ids, pointer_model
+from .sampler import DeviceSampler, nonfinite_message
 
 
 @dataclass
@@ -43,6 +47,7 @@ class Request:
     prefilled: int = 0           # prompt tokens in the cache
     fed: int = 0                 # output tokens in the cache (len(output) - 1 when decoding)
     preemptions: int = 0
+    error: str | None = None     # finish_reason "error": why
 
     @property
     def done(self) -> bool:
@@ -64,6 +69,7 @@ class Scheduler:
         self.context = min(self.model._max_seq_len,
                            self.model.num_total_blocks() * self.model.kv_block_size())
         self.stream = self.model.default_stream()
+        self._picker = DeviceSampler(self.model)   # argmax + the NaN/Inf check, one copy
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.finished: dict[int, Request] = {}
@@ -80,11 +86,12 @@ class Scheduler:
         m = self.model
         prompt = check_prompt(prompt_ids, m.vocab_size())
         max_new = check_max_new(max_new_tokens)
-        check_prompt_fits(len(prompt), m)
-        if len(prompt) > self.context:
-            raise InvalidArgument(f"prompt of {len(prompt)} tokens exceeds the KV pool of "
-                                  f"{m.num_total_blocks()} blocks x {m.kv_block_size()} "
-                                  f"tokens; {limit_advice(m)}")
+        check_prompt_fits(len(prompt), m, room_for_output=True)
+        if len(prompt) >= self.context:
+            raise InvalidArgument(f"prompt of {len(prompt)} tokens leaves no room for a new "
+                                  f"token in the KV pool of {m.num_total_blocks()} blocks x "
+                                  f"{m.kv_block_size()} tokens (prompt + output <= "
+                                  f"{self.context}); {limit_advice(m)}")
         stops = set(eos_ids(m)) if stop_token_ids is None else {int(t) for t in stop_token_ids}
         r = Request(next(self._ids), prompt, max_new, stops)
         self.waiting.append(r)
@@ -136,11 +143,15 @@ class Scheduler:
                 raise CacheFull(f"KV cache exhausted: the pool ({m.num_total_blocks()} blocks) "
                                 "cannot hold even one running request's next step")
         try:
-            self._execute((decode, chunks, replays))
+            errors = self._execute((decode, chunks, replays))
         except BaseException:
             self._recover()
             raise
         self.steps += 1
+        if not self.has_work():
+            self._picker.free()   # its buffers come back at the next pick
+        if errors:
+            raise NonFiniteLogits("; ".join(errors))
 
     def _admit(self) -> None:
         """Admit waiting requests, oldest first, while the pool can hold every admitted
@@ -208,27 +219,49 @@ class Scheduler:
         return sum(max(0, -(-(s.seq_len + n) // bs) - len(s.block_table) - s.reserved_blocks)
                    for s, n in grow)
 
-    def _execute(self, plan) -> None:
+    def _execute(self, plan) -> list[str]:
+        """Run one planned step; returns the NaN/Inf errors of the requests it failed."""
         m, s = self.model, self.stream
         decode, chunks, replays = plan
         for r, k in replays:  # re-feed tokens generated before a preemption, as decode rows
             m.decode_verify(r.output[r.fed:r.fed + k], r.seq, s)
             r.fed += k
         if not decode and not chunks:
-            return
+            return []
         res = m.mixed_forward_batch([r.output[-1] for r in decode], [r.seq for r in decode],
                                     [c for _, c in chunks], s)
         for r in decode:
             r.fed += 1
         for r, _ in chunks:
             r.prefilled = r.seq.seq_len   # prompt positions (a cached prefix may be skipped)
-        ids = m.argmax_batch(res.decode_logits, len(decode), s) if decode else []
-        for r, tok in zip(decode, ids):
-            self._emit(r, tok)
+        picks = []   # (request, logits pointer, rows) whose argmax this step emits
+        if decode:
+            picks.append((decode, res.decode_logits))
         for (r, c), ptr in zip(chunks, res.prefill_logits):
             # a request recomputed after preemption already knows its next tokens
             if c.is_last_chunk and not r.output:
-                self._emit(r, m.argmax_on_device(ptr, s))
+                picks.append(([r], ptr))
+        errors = []
+        for reqs, ptr in picks:
+            ids, counts = self._picker.greedy_counts(ptr, len(reqs), s)
+            for r, tok, bad in zip(reqs, ids, counts):
+                if bad:
+                    errors.append(self._fail(r, bad))
+                else:
+                    self._emit(r, tok)
+        return errors
+
+    def _fail(self, r: Request, bad: int) -> str:
+        """Finish `r` with "error": its logits held `bad` NaN/Inf values."""
+        r.error = nonfinite_message(f"Scheduler: request {r.request_id}, new token "
+                                    f"{len(r.output)} (the logits of sequence position "
+                                    f"{r.seq.seq_len - 1})", bad, self.model.vocab_size())
+        r.finish_reason = "error"
+        self._hold = False
+        self.running.remove(r)
+        self._release(r)
+        self.finished[r.request_id] = r
+        return r.error
 
     def _emit(self, r: Request, tok: int) -> None:
         r.output.append(tok)
@@ -236,8 +269,8 @@ class Scheduler:
             r.finish_reason = "stop"
         elif len(r.output) >= r.max_new_tokens:
             r.finish_reason = "length"
-        elif len(r.prompt) + len(r.output) > self.context:
-            # feeding this token would need one position more than the context holds
+        elif len(r.prompt) + len(r.output) >= self.context:
+            # vLLM's max_model_len rule: prompt + output <= the context
             r.finish_reason = "length"
         if r.done:
             self._hold = False
@@ -268,6 +301,7 @@ class Scheduler:
             r.finish_reason = "cancelled"
             self.finished[r.request_id] = r
         self.waiting.clear()
+        self._picker.free()
 
     def _preempt_one(self) -> bool:
         if len(self.running) <= 1:

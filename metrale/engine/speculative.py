@@ -3,9 +3,11 @@
 
 Greedy only: the target's verify rows are computed exactly like its decode steps (same
 kernels, per-row reduction order), so the output equals `generate`'s greedy output token
-for token, whatever the draft proposes — up to the target's context limit, where both stop
-with `finish_reason="length"`. Near a limit the draft proposes fewer tokens; once the draft's
-own context is full the target goes on alone, one verify row per token.
+for token, whatever the draft proposes — up to the target's context limit (prompt + output
+<= its max_seq_len, vLLM's max_model_len rule), where both stop with
+`finish_reason="length"`. Near a limit the draft proposes fewer tokens; once the draft's
+own context is full the target goes on alone, one verify row per token. Target logits
+holding NaN / Inf raise NonFiniteLogits naming the position.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from ..model_engine.transformer import MAX_VERIFY_ROWS
 from .generate import (GenerationResult, check_max_new, check_prompt, check_prompt_fits,
                        resolve_stops)
 from .models import pointer_model
+from .sampler import DeviceSampler
 from .sampling import SamplingParams
 
 
@@ -43,9 +46,10 @@ def speculative_generate(target, draft, prompt_ids: Sequence[int], max_new_token
     max_new = check_max_new(max_new_tokens)
     prompt = check_prompt(prompt_ids, tm.vocab_size())
     stops = resolve_stops(target, stop_token_ids)
-    t_limit = check_prompt_fits(len(prompt), tm)
+    t_limit = check_prompt_fits(len(prompt), tm, room_for_output=True)
     d_limit = check_prompt_fits(len(prompt), dm, "prompt (for the draft model)")
     ts, ds = tm.default_stream(), dm.default_stream()
+    checker = DeviceSampler(tm)   # the target's logits are checked for NaN / Inf
     tseq, dseq = tm.alloc_sequence(), None
     out: list[int] = []
     accepted = proposed = 0
@@ -54,7 +58,9 @@ def speculative_generate(target, draft, prompt_ids: Sequence[int], max_new_token
     try:
         dseq = dm.alloc_sequence()
         t0 = time.perf_counter()
-        last = tm.argmax_on_device(tm.prefill(prompt, tseq, ts), ts)
+        last = checker.greedy(tm.prefill(prompt, tseq, ts), 1, ts, lambda _: (
+            f"speculative_generate: new token 0 (the logits of sequence position "
+            f"{len(prompt) - 1})"))[0]
         ttft = time.perf_counter() - t0
         dm.prefill(prompt, dseq, ds)
         t1 = time.perf_counter()
@@ -71,17 +77,19 @@ def speculative_generate(target, draft, prompt_ids: Sequence[int], max_new_token
                 if len(out) >= max_new:
                     done = True
                     break
+                if len(prompt) + len(out) >= t_limit:   # prompt + output <= max_seq_len
+                    extra["context_limit"] = True
+                    done = True
+                    break
             if done:
                 break
             # the target holds prompt + out[:-1] (so does the draft while it proposes)
             fed = len(prompt) + len(out) - 1
-            if fed + 1 > t_limit:
-                extra["context_limit"] = True
-                break
             last = out[-1]
             # the draft proposes up to k tokens: never more than are still wanted, than the
-            # target can verify (last + kk rows) or the draft can hold (kk + 1 positions)
-            kk = max(0, min(k, max_new - len(out), t_limit - fed - 1, d_limit - fed - 1))
+            # context lets the output grow (the verify adds up to kk + 1 tokens, and prompt +
+            # output <= t_limit) or the draft can hold (kk + 1 positions)
+            kk = max(0, min(k, max_new - len(out), t_limit - fed - 2, d_limit - fed - 1))
             proposals, feed = [], last
             for _ in range(kk):
                 feed = dm.argmax_on_device(dm.decode(feed, dseq, ds), ds)
@@ -90,6 +98,10 @@ def speculative_generate(target, draft, prompt_ids: Sequence[int], max_new_token
             j = 0
             while j < kk and proposals[j] == verdict[j]:
                 j += 1
+            # the rows whose ids are emitted (accepted drafts' checks and the bonus token)
+            checker.check(tm.logits_buffer_ptr(), j + 1, ts, lambda r: (
+                f"speculative_generate: new token {len(out) + r} (the logits of sequence "
+                f"position {fed + r})"))
             accepted += j
             proposed += kk
             tm.rollback(tseq, kk - j)              # keep last + accepted proposals
@@ -101,6 +113,7 @@ def speculative_generate(target, draft, prompt_ids: Sequence[int], max_new_token
         dt = time.perf_counter() - t1
     finally:
         tm.free_sequence(tseq)
+        checker.free()
         if dseq is not None:
             dm.free_sequence(dseq)
     rate = (len(out) - 1) / dt if len(out) > 1 and dt > 0 else 0.0

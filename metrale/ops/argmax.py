@@ -164,3 +164,39 @@ def argmax_bf16_batch_masked_twin(ctx, logits_ptr, masks_ptr, out_ptr, n_rows, v
     rows = np.stack([bf16_to_f32(bits[r * stride:r * stride + v]) for r in range(n)])
     masks = ctx.read(masks_ptr, n * MASK_IDS, np.uint32).reshape(n, MASK_IDS)
     ctx.view(out_ptr, n, np.uint32)[:] = masked_greedy_rule(rows, masks)
+
+
+# -- NaN / Inf count of logits rows (kernels/argmax.cu::count_nonfinite_*) ------------------
+# The engine's check before it picks a token: not in the original engine.
+NONFINITE_THREADS = 256
+
+
+def count_nonfinite(backend, stream: int, logits_ptr, out_ptr, n_rows: int, vocab: int,
+                    fp32: bool = False) -> None:
+    """How many values of each row are NaN or +-inf. logits: [n_rows, vocab] bf16 (or
+    float32 with `fp32`); out: [n_rows] uint32."""
+    _check(n_rows, vocab)
+    name = "count_nonfinite_fp32" if fp32 else "count_nonfinite_bf16"
+    backend.launch(backend.kernel(MODULE, name), (n_rows,), (NONFINITE_THREADS,), 0, stream,
+                   (DevicePtr(logits_ptr), DevicePtr(out_ptr), np.int32(n_rows),
+                    np.int32(vocab)))
+
+
+def nonfinite_counts(rows: np.ndarray) -> np.ndarray:
+    """The kernel's count on host values (any float dtype). rows: [n, vocab] -> [n] uint32."""
+    return np.count_nonzero(~np.isfinite(np.asarray(rows)), axis=1).astype(np.uint32)
+
+
+@twin(MODULE, "count_nonfinite_bf16")
+def count_nonfinite_bf16_twin(ctx, logits_ptr, out_ptr, n_rows, vocab) -> None:
+    n, v = int(n_rows), int(vocab)
+    bits = ctx.read(logits_ptr, n * v, np.uint16).reshape(n, v)
+    # exponent all ones: NaN or inf (the kernel's test, on the bits)
+    ctx.view(out_ptr, n, np.uint32)[:] = np.count_nonzero((bits & 0x7F80) == 0x7F80, axis=1)
+
+
+@twin(MODULE, "count_nonfinite_fp32")
+def count_nonfinite_fp32_twin(ctx, logits_ptr, out_ptr, n_rows, vocab) -> None:
+    n, v = int(n_rows), int(vocab)
+    rows = ctx.read(logits_ptr, n * v, np.float32).reshape(n, v)
+    ctx.view(out_ptr, n, np.uint32)[:] = nonfinite_counts(rows)

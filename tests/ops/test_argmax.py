@@ -4,6 +4,7 @@ import pytest
 
 from metrale.ops import argmax
 from metrale.ops.bf16 import bf16_to_f32, f32_to_bf16
+from tests.conftest import real
 from tests.helpers import Buffers
 
 
@@ -221,3 +222,50 @@ def test_gpu_masked_matches_twin(device, host, rng, width):
     gm = [rng.choice(width, size=min(width, k), replace=False).tolist() for k in (0, 1, 5, 8)]
     assert np.array_equal(run_masked(device, grid, gm, stride=width + 3),
                           run_masked(host, grid, gm, stride=width + 3))
+
+
+# -- NaN / Inf count of logits rows ------------------------------------------------------------
+def run_nonfinite(backend, rows, fp32, offset=0):
+    """count_nonfinite over rows (float32 values; BF16 bits unless fp32), the rows placed
+    `offset` elements into the buffer (a misaligned row takes the scalar path)."""
+    rows = np.asarray(rows, np.float32)
+    n, v = rows.shape
+    data = rows if fp32 else f32_to_bf16(rows)
+    flat = np.concatenate([np.zeros(offset, data.dtype), data.reshape(-1)])
+    with Buffers(backend) as b:
+        lp, op = b.put(flat), b.empty((n,), np.uint32)
+        argmax.count_nonfinite(backend, backend.default_stream(),
+                               lp.offset(offset * flat.itemsize), op, n, v, fp32=fp32)
+        return b.get(op, (n,), np.uint32)
+
+
+def nonfinite_rows(rng, vocab):
+    """Rows with no, some, scattered and all non-finite values (NaN, +inf, -inf), and the
+    largest finite BF16 / FP32 values, which must not count."""
+    rows = rng.standard_normal((5, vocab)).astype(np.float32)
+    rows[1, rng.integers(0, vocab, 3)] = np.nan
+    rows[2, ::7] = np.inf
+    rows[2, 3::11] = -np.inf
+    rows[3] = np.nan
+    rows[4, :] = 3.3e38          # finite in BF16 (max 3.39e38) and FP32
+    rows[4, -1] = -np.inf
+    return rows
+
+
+@pytest.mark.parametrize("fp32", [False, True])
+@pytest.mark.parametrize("vocab", [1, 7, 19, 111, 4097])
+def test_count_nonfinite_twin_counts_exactly(host, rng, vocab, fp32):
+    rows = nonfinite_rows(rng, vocab)
+    want = [int(np.count_nonzero(~np.isfinite(r.astype(np.float64)))) for r in rows]
+    assert list(run_nonfinite(host, rows, fp32)) == want
+    assert list(argmax.nonfinite_counts(rows)) == want
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vocab", [1, 7, 19, 111, 1024, 4097, real(151936)])
+def test_gpu_count_nonfinite_matches_twin(device, host, rng, vocab):
+    rows = nonfinite_rows(rng, vocab)
+    for fp32 in (False, True):
+        for offset in (0, 1):          # the 128-bit path and the scalar one
+            assert np.array_equal(run_nonfinite(device, rows, fp32, offset),
+                                  run_nonfinite(host, rows, fp32, offset))
