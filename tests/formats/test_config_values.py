@@ -202,3 +202,14 @@ def test_whisper_scale_embedding_changes_nothing_as_in_transformers(tmp_path):
     assert m.metadata().whisper.scale_embedding is True
     assert np.array_equal(m.decode_step(ids, enc), want)
     m.close()
+
+
+@pytest.mark.parametrize("gen", [{"do_sample": True, "temperature": NAN},
+                                 {"repetition_penalty": INF}, {"max_new_tokens": -3},
+                                 {"do_sample": True, "top_p": -0.5}])
+def test_generation_config_numbers_are_finite_and_not_negative(gen):
+    from metrale.engine import generation_defaults
+    key = next(k for k in gen if k != "do_sample")
+    with pytest.raises(FormatError, match=f"x/generation_config.json: {key} must be a finite "
+                                          "number >= 0"):
+        generation_defaults(gen, "x/generation_config.json")
