@@ -162,72 +162,65 @@ argmax_bf16_batch_masked(const bf16 *logits, const unsigned int *masks, unsigned
 // bits (all ones means NaN or inf), an integer compare that fast math cannot fold away.
 #define NONFINITE_THREADS 256
 
-__device__ __forceinline__ unsigned int nonfinite_bf16x2(unsigned int w) {
+// Non-finite values among the elements of one 32-bit word (2 BF16 or 1 FP32).
+template <typename E>
+__device__ __forceinline__ unsigned int nonfinite_word(unsigned int w);
+template <>
+__device__ __forceinline__ unsigned int nonfinite_word<unsigned short>(unsigned int w) {
     return ((w & 0x7f80u) == 0x7f80u) + (((w >> 16) & 0x7f80u) == 0x7f80u);
 }
-
-__device__ __forceinline__ unsigned int nonfinite_f32(unsigned int b) {
-    return (b & 0x7f800000u) == 0x7f800000u;
+template <>
+__device__ __forceinline__ unsigned int nonfinite_word<unsigned int>(unsigned int w) {
+    return (w & 0x7f800000u) == 0x7f800000u;
 }
 
-// Sum of `v` over the block; thread 0 gets the total. `s_warp_count`: NONFINITE_THREADS / 32
-// words of shared memory (declared by the kernel).
-__device__ __forceinline__ unsigned int block_count(unsigned int v, unsigned int *s_warp_count) {
+// Row r's count into out[r]; E is the element's bits (unsigned short: BF16, unsigned int:
+// FP32). `s_warp_count`: NONFINITE_THREADS / 32 words of shared memory (the kernel's).
+template <typename E>
+__device__ __forceinline__ void count_nonfinite_rows(const E *logits, unsigned int *out,
+                                                     int n_rows, int vocab,
+                                                     unsigned int *s_warp_count) {
+    constexpr int PER_VEC = 16 / sizeof(E);
+    const int r = blockIdx.x;
+    if (r >= n_rows) return;
+    const E *row = logits + (long long)r * vocab;
+    unsigned int count = 0;
+    if (vocab % PER_VEC == 0 && aligned16(row)) {
+        const uint4 *v = reinterpret_cast<const uint4 *>(row);
+        for (int c = threadIdx.x; c < vocab / PER_VEC; c += NONFINITE_THREADS) {
+            const uint4 w = __ldg(v + c);
+            count += nonfinite_word<E>(w.x) + nonfinite_word<E>(w.y) + nonfinite_word<E>(w.z) +
+                     nonfinite_word<E>(w.w);
+        }
+    } else {
+        // one element widened to a word (a BF16's high half is 0: finite, not counted)
+        for (int i = threadIdx.x; i < vocab; i += NONFINITE_THREADS)
+            count += nonfinite_word<E>((unsigned int)row[i]);
+    }
+    // warp-shuffle sum, then the warp totals through shared memory; thread 0 writes
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0) s_warp_count[warp] = v;
+    for (int o = 16; o > 0; o >>= 1) count += __shfl_xor_sync(0xffffffffu, count, o);
+    if (lane == 0) s_warp_count[warp] = count;
     __syncthreads();
-    v = lane < NONFINITE_THREADS / 32 ? s_warp_count[lane] : 0u;
+    count = lane < NONFINITE_THREADS / 32 ? s_warp_count[lane] : 0u;
     if (warp == 0) {
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        for (int o = 16; o > 0; o >>= 1) count += __shfl_xor_sync(0xffffffffu, count, o);
+        if (lane == 0) out[r] = count;
     }
-    return v;
 }
 
 extern "C" __global__ void __launch_bounds__(NONFINITE_THREADS)
 count_nonfinite_bf16(const bf16 *logits, unsigned int *out, int n_rows, int vocab) {
     __shared__ unsigned int s_count_bf16[NONFINITE_THREADS / 32];
-    const int r = blockIdx.x;
-    if (r >= n_rows) return;
-    const unsigned short *row =
-        reinterpret_cast<const unsigned short *>(logits) + (long long)r * vocab;
-    unsigned int count = 0;
-    if ((vocab & 7) == 0 && aligned16(row)) {
-        const uint4 *v = reinterpret_cast<const uint4 *>(row);
-        for (int c = threadIdx.x; c < (vocab >> 3); c += NONFINITE_THREADS) {
-            const uint4 w = __ldg(v + c);
-            count += nonfinite_bf16x2(w.x) + nonfinite_bf16x2(w.y) + nonfinite_bf16x2(w.z) +
-                     nonfinite_bf16x2(w.w);
-        }
-    } else {
-        for (int i = threadIdx.x; i < vocab; i += NONFINITE_THREADS)
-            count += (row[i] & 0x7f80u) == 0x7f80u;
-    }
-    count = block_count(count, s_count_bf16);
-    if (threadIdx.x == 0) out[r] = count;
+    count_nonfinite_rows<unsigned short>(reinterpret_cast<const unsigned short *>(logits), out,
+                                         n_rows, vocab, s_count_bf16);
 }
 
 extern "C" __global__ void __launch_bounds__(NONFINITE_THREADS)
 count_nonfinite_fp32(const float *logits, unsigned int *out, int n_rows, int vocab) {
     __shared__ unsigned int s_count_fp32[NONFINITE_THREADS / 32];
-    const int r = blockIdx.x;
-    if (r >= n_rows) return;
-    const unsigned int *row =
-        reinterpret_cast<const unsigned int *>(logits) + (long long)r * vocab;
-    unsigned int count = 0;
-    if ((vocab & 3) == 0 && aligned16(row)) {
-        const uint4 *v = reinterpret_cast<const uint4 *>(row);
-        for (int c = threadIdx.x; c < (vocab >> 2); c += NONFINITE_THREADS) {
-            const uint4 w = __ldg(v + c);
-            count += nonfinite_f32(w.x) + nonfinite_f32(w.y) + nonfinite_f32(w.z) +
-                     nonfinite_f32(w.w);
-        }
-    } else {
-        for (int i = threadIdx.x; i < vocab; i += NONFINITE_THREADS)
-            count += nonfinite_f32(row[i]);
-    }
-    count = block_count(count, s_count_fp32);
-    if (threadIdx.x == 0) out[r] = count;
+    count_nonfinite_rows<unsigned int>(reinterpret_cast<const unsigned int *>(logits), out,
+                                       n_rows, vocab, s_count_fp32);
 }
