@@ -104,16 +104,16 @@ def preset_name(text: str) -> str:
 
 
 def model_spec(text: str) -> str:
-    """A checkpoint directory, a .safetensors file or preset:NAME."""
+    """A checkpoint directory, a .safetensors or .gguf file, or preset:NAME."""
     if text.startswith("preset:"):
         return "preset:" + preset_name(text[len("preset:"):])
     p = Path(text)
     if not p.exists():
         from ..formats.hub import hub_hint
         raise argparse.ArgumentTypeError(f"{text}: no such file or directory{hub_hint(text)}")
-    if p.is_file() and p.suffix != ".safetensors":
+    if p.is_file() and p.suffix not in (".safetensors", ".gguf"):
         raise argparse.ArgumentTypeError(f"{text}: expected a checkpoint directory, a "
-                                         ".safetensors file or preset:NAME")
+                                         ".safetensors or .gguf file, or preset:NAME")
     return text
 
 
@@ -142,8 +142,8 @@ def add_device(p) -> None:
                         "slow; a check without a GPU) (default auto; env METRALE_DEVICE)")
 
 
-MODEL_HELP = "checkpoint directory (config.json + *.safetensors), .safetensors file or " \
-    "preset:NAME"
+MODEL_HELP = "checkpoint directory (config.json + *.safetensors), .safetensors file, " \
+    "llama.cpp .gguf file or preset:NAME"
 
 
 def add_model(p) -> None:

@@ -46,8 +46,11 @@ def limit_reason(model, got: int) -> str:
 
 
 def load_tokenizer(source):
-    """The checkpoint's tokenizer.json through the `tokenizers` package, or None when the
-    checkpoint has none."""
+    """The checkpoint's tokenizer.json through the `tokenizers` package (a GGUF file's own
+    tokenizer, built from its metadata), or None when the checkpoint has none."""
+    own = getattr(source, "tokenizer", None)
+    if callable(own):
+        return own()
     path = source.tokenizer_path()
     if path is None:
         return None

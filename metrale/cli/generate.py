@@ -107,7 +107,10 @@ def prompt_ids(args, source, images: int):
         return list(args.ids), load_tokenizer(source)   # still decodes the output
     tok = text_tokenizer(source, "the prompt")
     if args.chat:   # the template writes every special token itself
-        text = chat_text(source.tokenizer_path().parent, args.system, args.prompt, images)
+        # a GGUF source carries its template and tokenizer; others: the tokenizer's dir
+        owner = source if callable(getattr(source, "chat_template", None)) else \
+            source.tokenizer_path().parent
+        text = chat_text(owner, args.system, args.prompt, images)
         special = False
     else:
         text = with_placeholders(args.prompt, images) if images else args.prompt

@@ -102,7 +102,9 @@ def run(args) -> int:
         "weight_bytes": w, "kv_bytes_per_token": kv_tok,
         "context": context, "batch": args.batch,
         "memory_needed_bytes": w + kv_and_ws,
-        "tokenizer": str(source.tokenizer_path()) if source.tokenizer_path() else None,
+        "tokenizer": str(source.tokenizer_path()) if source.tokenizer_path() else
+        ("the GGUF metadata (tokenizer.ggml.*)" if callable(getattr(source, "tokenizer", None))
+         and source.tokenizer() is not None else None),
     }
     if args.json:
         print(json.dumps(info, indent=1))

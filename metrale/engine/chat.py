@@ -187,21 +187,35 @@ def apply_chat_template(model_or_path, messages, add_generation_prompt: bool = T
     """Render `messages` with a checkpoint's chat template, as transformers'
     `tokenizer.apply_chat_template`.
 
-    model_or_path: a checkpoint directory (or a `ModelSource` read from one). Returns the
+    model_or_path: a checkpoint directory, a `ModelSource` read from one, or a GGUF source
+    (formats/gguf.py: template and tokenizer from its metadata). Returns the
     prompt token ids (list of int) or, with `tokenize=False`, the text. `tokenizer`: a
     `tokenizers.Tokenizer` to use instead of the directory's tokenizer.json. Extra keyword
     arguments become template variables (e.g. `enable_thinking=False`).
     """
-    d = checkpoint_dir(model_or_path)
-    template, where = chat_template_source(d)
+    own = getattr(model_or_path, "chat_template", None)
+    if callable(own):   # a GGUF source: template, special tokens and tokenizer in the file
+        template = own()
+        where = f"{model_or_path.description} (tokenizer.chat_template)"
+        if template is None:
+            raise InvalidArgument(f"{model_or_path.description} has no chat template (no "
+                                  "tokenizer.chat_template); give a plain prompt instead")
+        specials, read_tokenizer = model_or_path.special_tokens(), model_or_path.tokenizer
+        lacking = f"{model_or_path.description} has no tokenizer (no tokenizer.ggml.tokens)"
+    else:
+        d = checkpoint_dir(model_or_path)
+        template, where = chat_template_source(d)
+        specials = special_tokens(tokenizer_config(d))
+        read_tokenizer = lambda: load_tokenizer(d)   # noqa: E731
+        lacking = f"{d} has no tokenizer.json"
     text = render_chat_template(template, messages,
                                 add_generation_prompt=add_generation_prompt, where=where,
-                                **{**special_tokens(tokenizer_config(d)), **variables})
+                                **{**specials, **variables})
     if not tokenize:
         return text
-    tok = tokenizer if tokenizer is not None else load_tokenizer(d)
+    tok = tokenizer if tokenizer is not None else read_tokenizer()
     if tok is None:
-        raise InvalidArgument(f"{d} has no tokenizer.json to tokenize the chat prompt "
-                              "(tokenize=False returns the text)")
+        raise InvalidArgument(f"{lacking} to tokenize the chat prompt (tokenize=False returns "
+                              "the text)")
     # the template wrote every special token itself (BOS included): add none
     return list(tok.encode(text, add_special_tokens=False).ids)

@@ -13,7 +13,7 @@ the kernels lack); `why` says which.
 
 Scopes: the four decoder `model_type`s, "rope" (keys inside `rope_parameters` /
 `rope_scaling`), "whisper", "llava", "clip_vision_model" (llava's `vision_config`) and
-"generation_config" (generation_config.json).
+"generation_config" (generation_config.json) and "gguf" (GGUF metadata keys, see GGUF).
 """
 from __future__ import annotations
 
@@ -231,10 +231,104 @@ GENERATION_CONFIG = {
     "begin_suppress_tokens": _h("whisper"), "forced_decoder_ids": _h("whisper"),
 }
 
+# GGUF metadata keys (formats/gguf_config.py), `{arch}` standing for general.architecture
+# (llama, qwen2, qwen3) and a trailing `*` for every key under that prefix. A key of a
+# GGUF file that is not listed here is refused by name. HONOURED entries that accept only
+# a neutral value say which; any other value is refused.
+_DESCRIBES = "describes the file (provenance, naming, licence), not the model's math"
+_LLAMACPP_GEN = "llama.cpp's recommended sampling; not part of the forward pass (HF's GGUF " \
+                "loader ignores it too)"
+GGUF = {
+    "general.architecture": _h("llama, qwen2, qwen3 (the HF model_type); others refused"),
+    "general.alignment": _h("alignment of the tensor data (default 32)"),
+    "general.type": _h("'model' only; adapters (LoRA) and projectors refused"),
+    "general.quantization_version": _h("2 only (every GGUF block layout read here)"),
+    "general.file_type": _i("a label of the dominant tensor type; each tensor's own type "
+                            "is what is read"),
+    **{f"general.{k}": _i(_DESCRIBES) for k in (
+        "name", "basename", "finetune", "size_label", "license", "license.name",
+        "license.link", "organization", "author", "version", "description", "url", "doi",
+        "uuid", "repo_url", "tags", "languages", "quantized_by", "source.*",
+        "base_model.*", "dataset.*")},
+    "general.sampling.*": _i(_LLAMACPP_GEN),
+    "{arch}.vocab_size": _h("embedding / lm_head rows (absent: the token count)"),
+    "{arch}.context_length": _h("max_position_embeddings"),
+    "{arch}.embedding_length": _h("hidden_size"),
+    "{arch}.block_count": _h("num_hidden_layers"),
+    "{arch}.feed_forward_length": _h("intermediate_size (per-layer lists refused)"),
+    "{arch}.attention.head_count": _h("num_attention_heads (per-layer lists refused)"),
+    "{arch}.attention.head_count_kv": _h("num_key_value_heads (absent: head_count; "
+                                         "per-layer lists refused)"),
+    "{arch}.attention.key_length": _h("head_dim (absent: embedding_length / head_count)"),
+    "{arch}.attention.value_length": _h("must equal key_length"),
+    "{arch}.attention.layer_norm_rms_epsilon": _h(
+        "rms_norm_eps; stored as float32, read back as the shortest decimal that rounds to "
+        "it (1e-05, not 9.9999997e-06): the same float32 that HF's float32 RMSNorm and "
+        "metrale's kernels add"),
+    "{arch}.attention.causal": _h("true only"),
+    "{arch}.attention.max_alibi_bias": _h("0 only (ALiBi refused)"),
+    "{arch}.attention.clamp_kqv": _h("0 only (clamped q/k/v refused)"),
+    "{arch}.attention.sliding_window": _h("0 only (these families attend to the whole "
+                                          "context in llama.cpp)"),
+    "{arch}.attention.layer_norm_epsilon": _r("LayerNorm: not an RMSNorm model"),
+    "{arch}.rope.dimension_count": _h("must equal head_dim (partial rotary refused)"),
+    "{arch}.rope.freq_base": _h("rope_theta (absent: 10000); float32, read back as its "
+                                "shortest decimal"),
+    "{arch}.rope.scaling.type": _h("none or linear; yarn, longrope and others refused"),
+    "{arch}.rope.scaling.factor": _h("linear factor"),
+    "{arch}.rope.scale_linear": _h("the older key of the linear factor"),
+    "{arch}.rope.scaling.original_context_length": _i("read by yarn only (refused)"),
+    "{arch}.rope.scaling.finetuned": _i("records whether the model was tuned for the "
+                                        "scaled context; not the math"),
+    "{arch}.expert_count": _h("0 only (mixture-of-experts GGUFs refused)"),
+    "{arch}.expert_used_count": _h("0 only"),
+    "{arch}.use_parallel_residual": _h("false only"),
+    "{arch}.tensor_data_layout": _h("'Meta AI original pth' and the default store the "
+                                    "same interleaved rotary rows, undone the same way"),
+    "tokenizer.ggml.model": _h("gpt2 (byte-level BPE) or llama (SentencePiece BPE); "
+                               "others refused"),
+    "tokenizer.ggml.pre": _h("gpt2: the pre-tokenizer split (gguf_tokenizer.PRE_SPLITS); "
+                             "unknown names refused; llama: unused"),
+    "tokenizer.ggml.tokens": _h("the vocabulary"),
+    "tokenizer.ggml.token_type": _h("control tokens become special tokens, user-defined "
+                                    "ones added tokens"),
+    "tokenizer.ggml.merges": _h("BPE merges (llama: absent means derived from scores)"),
+    "tokenizer.ggml.scores": _h("llama: merge order when the file has no merges"),
+    "tokenizer.ggml.bos_token_id": _h("bos_token_id"),
+    "tokenizer.ggml.eos_token_id": _h("eos_token_id, a stop token"),
+    "tokenizer.ggml.eot_token_id": _h("a stop token too (llama.cpp's end-of-turn)"),
+    "tokenizer.ggml.eom_token_id": _h("a stop token too (llama.cpp's end-of-message)"),
+    "tokenizer.ggml.unknown_token_id": _h("llama: the BPE unk token"),
+    "tokenizer.ggml.padding_token_id": _i(_PAD),
+    "tokenizer.ggml.add_bos_token": _h("a BOS before plain prompts (llama absent: true)"),
+    "tokenizer.ggml.add_eos_token": _h("an EOS after plain prompts"),
+    "tokenizer.ggml.add_space_prefix": _h("llama: a '▁' before the text (absent: true); "
+                                          "gpt2: unused, as in llama.cpp and HF"),
+    "tokenizer.ggml.remove_extra_whitespaces": _h("false only"),
+    "tokenizer.ggml.add_sep_token": _h("false only"),
+    "tokenizer.ggml.precompiled_charsmap": _r("a SentencePiece normalizer (T5-style)"),
+    **{f"tokenizer.ggml.{k}_token_id": _i("fill-in-the-middle / encoder ids; used only "
+                                          "when a caller builds such prompts")
+       for k in ("seperator", "mask", "prefix", "suffix", "middle", "fim_pre", "fim_suf",
+                 "fim_mid", "fim_pad", "fim_rep", "fim_sep")},
+    "tokenizer.ggml.token_type_count": _i("BERT segment types; decoders have one"),
+    "tokenizer.chat_template": _h("the chat template (--chat)"),
+    "tokenizer.chat_template.*": _i("named templates (tool use, RAG); the default one is "
+                                    "rendered, as HF does without chat_template=NAME"),
+    "tokenizer.chat_templates": _i("the names of the named templates"),
+    "tokenizer.huggingface.json": _i("an embedded tokenizer.json; the tokenizer is built "
+                                     "from tokenizer.ggml.*, as llama.cpp builds it"),
+    "quantize.imatrix.*": _i("how the quantization was calibrated; the stored values are "
+                             "what is read"),
+    "split.count": _h("1 only (split GGUF files refused)"),
+    "split.no": _i("0 in an unsplit file"),
+    "split.tensors.count": _i("the tensor count of an unsplit file"),
+}
+
 FIELD_TABLE: dict[str, dict[str, Field]] = {
     "llama": LLAMA, "mistral": MISTRAL, "qwen2": QWEN2, "qwen3": QWEN3, "rope": ROPE,
     "whisper": WHISPER, "llava": LLAVA, "clip_vision_model": CLIP_VISION,
-    "generation_config": GENERATION_CONFIG,
+    "generation_config": GENERATION_CONFIG, "gguf": GGUF,
 }
 
 

@@ -1,7 +1,8 @@
 """Where a model's config and weights come from: a local directory, or random weights in memory.
 
 `open_source` accepts a checkpoint directory, a `.safetensors` file next to a config.json,
-"preset:<name>", or any object implementing `ModelSource` (passed through).
+"preset:<name>", a llama.cpp `.gguf` file (formats/gguf.py), or any object implementing
+`ModelSource` (passed through).
 """
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ class ModelSource(Protocol):
 
 
 def open_source(path_or_source) -> ModelSource:
-    """A `ModelSource` for a directory, a .safetensors file, "preset:<name>", or a source."""
+    """A `ModelSource` for a directory, a .safetensors or .gguf file, "preset:<name>", or a
+    source."""
     if not isinstance(path_or_source, (str, os.PathLike)):
         if isinstance(path_or_source, ModelSource):
             return path_or_source
@@ -58,10 +60,13 @@ def open_source(path_or_source) -> ModelSource:
     if p.is_file():
         if p.suffix == ".safetensors":
             return DirectorySource(p.parent, files=[p.name])
+        if p.suffix == ".gguf":
+            from .gguf import GGUFSource   # imported here: only GGUF users pay for it
+            return GGUFSource(p)
         if p.suffix in PICKLE_SUFFIXES:
             raise FormatError(f"{p}: pickle checkpoints are never loaded; convert it to "
                               "safetensors (e.g. save_pretrained(..., safe_serialization=True))")
-        raise FormatError(f"{p}: not a checkpoint directory or a .safetensors file")
+        raise FormatError(f"{p}: not a checkpoint directory, a .safetensors or a .gguf file")
     raise FormatError(f"{p}: no such file or directory{hub_hint(os.fspath(path_or_source))}")
 
 
@@ -95,7 +100,9 @@ def check_tensors(source: ModelSource, expected: dict[str, tuple],
             raise FormatError(f"{file_of(name)}: tensor {name!r} has shape {list(got)} "
                               f"but config.json implies {list(shape)}")
         dt = source.tensor_dtype(name)
-        if dt not in ("BF16", "F16", "F32", "F64"):
+        # a GGUF source names its stored block types, which read_bf16 dequantizes
+        if dt not in ("BF16", "F16", "F32", "F64") and \
+                dt not in getattr(source, "CONVERTED_DTYPES", ()):
             raise FormatError(f"{file_of(name)}: tensor {name!r} has dtype {dt}; "
                               "expected a floating type (BF16, F16, F32)")
     if complete:

@@ -7,7 +7,8 @@ and it passes a check at load against the formula (`uses_dp`), else through floa
 the same bits as the numpy path either way (tests compare every pair), about a hundred
 times faster;
 and the BF16 <-> float32 conversions of the twins (`native/convert_bf16.cpp`, one pass
-instead of numpy's seven for the rounding, exact either way).
+instead of numpy's seven for the rounding, exact either way); and the GGUF block formats
+dequantized to BF16 at load (`native/dequant_gguf.cpp`, formats/gguf_quants.py's bits).
 The library is built with the C++ compiler of `cxx.py` for the machine it runs on
 (`-march=native`) into `<cache_root()>/host/`, keyed by the source, the flags, the compiler
 and the CPU, and reused by every later process. Without a compiler HostBackend runs the
@@ -32,7 +33,7 @@ from .cxx import cache_root, compiler, compiler_version
 log = logging.getLogger("metrale")
 
 SOURCES = tuple(Path(__file__).resolve().parent / "native" / name
-                for name in ("gemm_f32.cpp", "convert_bf16.cpp"))
+                for name in ("gemm_f32.cpp", "convert_bf16.cpp", "dequant_gguf.cpp"))
 HEADERS = (Path(__file__).resolve().parent / "native" / "pool.h",)
 # Adversarial blocks the load-time check runs through VDPBF16PS and the formula (~40 ms).
 SELFCHECK_BLOCKS = 1 << 16
@@ -97,6 +98,9 @@ class NativeKernels:
         for f in (self._to_bf16, self._to_f32):
             f.restype = None
             f.argtypes = [_P, _P, _I64]
+        self._gguf = lib.md_gguf_dequant_bf16
+        self._gguf.restype = ctypes.c_int
+        self._gguf.argtypes = [ctypes.c_int, _P, _P, _I64]
         lib.md_set_threads.argtypes = [ctypes.c_int]
         lib.md_set_threads(usable_cpus())
         lib.md_dp_selfcheck.restype = _I64
@@ -152,6 +156,16 @@ class NativeKernels:
         _check_pair("bf16_to_f32", bits, np.uint16, out, np.float32)
         self._to_f32(bits.ctypes.data, out.ctypes.data, bits.size)
         return out
+
+
+    def gguf_dequant_bf16(self, ggml_type: int, raw: np.ndarray, out: np.ndarray) -> bool:
+        """raw: a tensor's stored GGUF bytes (uint8, C-contiguous), out: C-contiguous uint16
+        of its element count; False (out untouched) for a type the library lacks."""
+        if not (raw.dtype == np.uint8 and raw.flags.c_contiguous and out.dtype == np.uint16
+                and out.flags.c_contiguous and out.flags.writeable):
+            raise ValueError("gguf_dequant_bf16: C-contiguous uint8 in, writable "
+                             "C-contiguous uint16 out")
+        return self._gguf(int(ggml_type), raw.ctypes.data, out.ctypes.data, out.size) == 0
 
 
 def _check_pair(what: str, x, x_dtype, out, out_dtype) -> None:

@@ -1,0 +1,154 @@
+"""`GGUFSource`: a llama.cpp GGUF file as a `ModelSource` (so every command takes a .gguf).
+
+The metadata becomes the config.json it stands for (gguf_config.py; every key honoured or
+refused by name, field_table.GGUF), the tensors take their Hugging Face names (TENSOR_NAMES)
+and are dequantized to BF16 when read (gguf_quants.py), the tokenizer is built from
+tokenizer.ggml.* (gguf_tokenizer.py) and the chat template is tokenizer.chat_template.
+
+Rotary layout: llama.cpp's converter permutes the rows of a llama q_proj / k_proj (and
+their biases) per head from HF's half-split rotary layout into interleaved pairs (its NORM
+rope: convert_hf_to_gguf.py `LlamaModel.permute`, row h*d + 2i + j <- h*d + j*d/2 + i for
+head h, pair i, half j); `read_bf16` undoes it (`unpermute_rows`, as transformers' GGUF
+loader does). qwen2 / qwen3 use llama.cpp's NEOX rope, which is HF's layout: no permutation.
+"""
+from __future__ import annotations
+
+import re
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import FormatError, Unsupported
+from .gguf_config import hf_config
+from .gguf_file import GGUFFile
+from .gguf_quants import SUPPORTED_NAMES, check_supported, dequantize_bf16
+from .metadata import ModelMetadata
+
+# llama.cpp tensor name -> HF name ({n}: the layer)
+TENSOR_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+LAYER_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_LAYER = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The HF name of a llama.cpp tensor name, or None for one these families lack."""
+    if gguf_name in TENSOR_NAMES:
+        return TENSOR_NAMES[gguf_name]
+    m = _LAYER.fullmatch(gguf_name)
+    if m and m.group(2) in LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    return None
+
+
+def unpermute_rows(x: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's rotary row permutation of a q/k weight [n_heads*d, ...] or bias."""
+    d = x.shape[0] // n_heads
+    return x.reshape(n_heads, d // 2, 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
+
+
+class GGUFSource:
+    """A .gguf file (llama / qwen2 / qwen3 architectures); see the module docstring."""
+
+    CONVERTED_DTYPES = SUPPORTED_NAMES   # stored types read_bf16 converts (check_tensors)
+
+    def __init__(self, path) -> None:
+        self.path = Path(path)
+        self.description = str(self.path)
+        self.weights_description = str(self.path)
+        self.file = GGUFFile(self.path)
+        self.fields = self.file.fields
+        if "rope_freqs.weight" in self.file.tensors:
+            raise Unsupported(f"{self.description}: tensor 'rope_freqs.weight' (llama.cpp's "
+                              "per-frequency rope factors, e.g. Llama 3.1's rope scaling) is "
+                              "not supported")
+        self._config = hf_config(self.fields, self.file.tensors, self.description)
+        self._names: dict[str, str] = {}      # HF name -> GGUF name
+        for g in self.file.tensors:
+            name = hf_name(g)
+            # an unknown tensor keeps its GGUF name: check_tensors refuses it as unused
+            self._names[name or g] = g
+        self._permuted = self._config["model_type"] == "llama"
+
+    # ModelSource ------------------------------------------------------------------
+    def config(self) -> dict:
+        return dict(self._config)
+
+    def generation_config(self) -> dict | None:
+        return None
+
+    @cached_property
+    def _meta(self) -> ModelMetadata:
+        return ModelMetadata.from_config(self._config, None, source=self.description)
+
+    def metadata(self) -> ModelMetadata:
+        return self._meta
+
+    def tensor_names(self) -> list[str]:
+        return list(self._names)
+
+    def _info(self, name: str):
+        try:
+            return self.file.tensors[self._names[name]]
+        except KeyError:
+            raise FormatError(f"{self.description}: missing tensor {name!r}") from None
+
+    def tensor_shape(self, name: str) -> tuple[int, ...]:
+        return self._info(name).shape
+
+    def tensor_dtype(self, name: str) -> str:
+        """The stored ggml type ("Q4_1", "F32", ...); read_bf16 converts every one of
+        CONVERTED_DTYPES."""
+        return self._info(name).type_name
+
+    def read_bf16(self, name: str) -> np.ndarray:
+        """uint16 BF16 bits [*shape] of tensor `name`, dequantized, in HF's row order."""
+        info = self._info(name)
+        check_supported(info.ggml_type, f"{self.description}: {info.name}")
+        bits = dequantize_bf16(self.file.raw(info.name), info.ggml_type, info.shape)
+        if self._permuted and (".q_proj." in name or ".k_proj." in name):
+            meta = self.metadata()
+            heads = meta.num_heads if ".q_proj." in name else meta.num_kv_heads
+            bits = np.ascontiguousarray(unpermute_rows(bits, heads))
+        return bits
+
+    def tokenizer_path(self) -> Path | None:
+        return None     # no tokenizer.json: `tokenizer()` builds one from the metadata
+
+    # what a GGUF carries besides the weights -----------------------------------------
+    @cached_property
+    def _tokenizer(self):
+        from .gguf_tokenizer import build_tokenizer
+        return build_tokenizer(self.fields, self.description)
+
+    def tokenizer(self):
+        """A `tokenizers.Tokenizer` from tokenizer.ggml.*, or None when the file has none."""
+        return self._tokenizer
+
+    def chat_template(self) -> str | None:
+        t = self.fields.get("tokenizer.chat_template")
+        return t if isinstance(t, str) and t else None
+
+    def special_tokens(self) -> dict:
+        """The special-token strings a chat template sees (bos_token, eos_token, ...)."""
+        tokens = self.fields.get("tokenizer.ggml.tokens") or []
+        out = {}
+        for name, key in (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"),
+                          ("pad_token", "padding")):
+            tid = self.fields.get(f"tokenizer.ggml.{key}_token_id")
+            if tid is not None and 0 <= int(tid) < len(tokens):
+                out[name] = tokens[int(tid)]
+        return out
+
+    def close(self) -> None:
+        self.file.close()

@@ -1,0 +1,205 @@
+"""The GGUF container: metadata key/values and tensor directory, read straight from an mmap.
+
+Layout (ggml's docs/gguf.md, versions 2 and 3; little-endian only):
+
+    magic "GGUF" | version u32 | tensor_count u64 | kv_count u64
+    kv_count x   key: string | value_type u32 | value
+    tensor_count x   name: string | n_dims u32 | ne[n_dims] u64 | ggml_type u32 | offset u64
+    padding to `general.alignment` (default 32) | tensor data (each tensor at data + offset)
+
+A string is `len u64 | utf-8 bytes`; an array `item_type u32 | count u64 | items`. Value
+types: 0 u8, 1 i8, 2 u16, 3 i16, 4 u32, 5 i32, 6 f32, 7 bool, 8 string, 9 array, 10 u64,
+11 i64, 12 f64. `ne[0]` is the innermost (contiguous) dimension, so a tensor's numpy / HF
+shape is `ne` reversed.
+
+The `gguf` package's GGUFReader reads the same layout but builds numpy views for every
+array item (2.8-5 s for a 49152-token vocabulary here); this parser reads string arrays
+into Python lists and numeric arrays with one `np.frombuffer`, and is checked against
+GGUFReader field by field in tests/formats/test_gguf_file.py.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from ..errors import FormatError
+
+MAGIC = b"GGUF"
+VERSIONS = (2, 3)
+DEFAULT_ALIGNMENT = 32
+
+# value type -> (struct format, numpy dtype) of the fixed-size scalars
+_SCALARS = {0: ("<B", "<u1"), 1: ("<b", "<i1"), 2: ("<H", "<u2"), 3: ("<h", "<i2"),
+            4: ("<I", "<u4"), 5: ("<i", "<i4"), 6: ("<f", "<f4"), 7: ("<?", "?"),
+            10: ("<Q", "<u8"), 11: ("<q", "<i8"), 12: ("<d", "<f8")}
+STRING, ARRAY = 8, 9
+FLOAT32 = 6
+
+# ggml type id -> (name, elements per block, bytes per block): every type of ggml.h, so a
+# refusal can name it (tests compare this with gguf.constants.GGML_QUANT_SIZES).
+GGML_TYPES = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 40),
+    10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292),
+    16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98),
+    19: ("IQ1_S", 256, 50), 20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2),
+    26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56),
+    30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66),
+    39: ("MXFP4", 32, 17),
+}
+
+
+class TensorInfo(NamedTuple):
+    """One entry of the tensor directory."""
+
+    name: str
+    shape: tuple[int, ...]   # numpy order: ne reversed
+    ggml_type: int
+    offset: int              # absolute, in the file
+    nbytes: int
+
+    @property
+    def type_name(self) -> str:
+        return GGML_TYPES.get(self.ggml_type, (f"type {self.ggml_type}",))[0]
+
+
+class GGUFFile:
+    """A parsed GGUF file: `fields` {key: value}, `field_types` {key: value type, for arrays
+    (9, item type)}, `tensors` {name: TensorInfo}, and `raw(name)` (a uint8 view of the
+    tensor's bytes in the mmap). Values: int / float / bool / str, lists of str, numpy
+    arrays of numbers."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        try:
+            with open(self.path, "rb") as f:
+                self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as e:
+            raise FormatError(f"{self.path}: cannot be read ({e})") from None
+        self.stat = os.stat(self.path)
+        self._buf = memoryview(self._mm)
+        try:
+            self._parse()
+        except (struct.error, IndexError, UnicodeDecodeError, ValueError) as e:
+            raise FormatError(f"{self.path}: truncated or corrupt GGUF header ({e})") from None
+
+    def _parse(self) -> None:
+        b, p = self._buf, 0
+        if bytes(b[:4]) != MAGIC:
+            raise FormatError(f"{self.path}: not a GGUF file (magic {bytes(b[:4])!r})")
+        version, = struct.unpack_from("<I", b, 4)
+        if version not in VERSIONS:
+            swapped = struct.unpack_from(">I", b, 4)[0]
+            what = ("a big-endian GGUF (not supported)" if swapped in VERSIONS
+                    else f"GGUF version {version} (supported: 2, 3)")
+            raise FormatError(f"{self.path}: {what}")
+        self.version = version
+        n_tensors, n_kv = struct.unpack_from("<QQ", b, 8)
+        p = 24
+        self.fields: dict = {}
+        self.field_types: dict = {}
+        for _ in range(n_kv):
+            key, p = self._string(p)
+            vtype, = struct.unpack_from("<I", b, p)
+            value, p, tname = self._value(vtype, p + 4)
+            if key in self.fields:
+                raise FormatError(f"{self.path}: metadata key {key!r} appears twice")
+            self.fields[key], self.field_types[key] = value, tname
+        align = self.fields.get("general.alignment", DEFAULT_ALIGNMENT)
+        if not isinstance(align, int) or align <= 0 or align & (align - 1):
+            raise FormatError(f"{self.path}: general.alignment {align!r} is not a power of 2")
+        infos = []
+        for _ in range(n_tensors):
+            name, p = self._string(p)
+            n_dims, = struct.unpack_from("<I", b, p)
+            ne = struct.unpack_from(f"<{n_dims}Q", b, p + 4)
+            ggml_type, offset = struct.unpack_from("<IQ", b, p + 4 + 8 * n_dims)
+            p += 4 + 8 * n_dims + 12
+            infos.append((name, tuple(int(x) for x in reversed(ne)), ggml_type, offset))
+        data = -(-p // align) * align
+        self.data_offset = data
+        self.tensors: dict[str, TensorInfo] = {}
+        for name, shape, ggml_type, offset in infos:
+            if name in self.tensors:
+                raise FormatError(f"{self.path}: tensor {name!r} appears twice")
+            nbytes = _nbytes(self.path, name, shape, ggml_type)
+            start = data + offset
+            if offset % align or start + nbytes > len(b):
+                raise FormatError(f"{self.path}: tensor {name!r} ({nbytes} bytes at data "
+                                  f"offset {offset}) is misaligned or runs past the end "
+                                  f"of the file ({len(b)} bytes)")
+            self.tensors[name] = TensorInfo(name, shape, ggml_type, start, nbytes)
+
+    def _string(self, p: int) -> tuple[str, int]:
+        n, = struct.unpack_from("<Q", self._buf, p)
+        if p + 8 + n > len(self._buf):
+            raise FormatError(f"{self.path}: a string runs past the end of the file")
+        return str(self._buf[p + 8:p + 8 + n], "utf-8"), p + 8 + n
+
+    def _value(self, vtype: int, p: int):
+        """(value, next position, type tag) of a value of type `vtype` at `p`."""
+        if vtype in _SCALARS:
+            fmt = _SCALARS[vtype][0]
+            return struct.unpack_from(fmt, self._buf, p)[0], p + struct.calcsize(fmt), vtype
+        if vtype == STRING:
+            s, p = self._string(p)
+            return s, p, vtype
+        if vtype != ARRAY:
+            raise FormatError(f"{self.path}: unknown metadata value type {vtype}")
+        itype, count = struct.unpack_from("<IQ", self._buf, p)
+        p += 12
+        if itype in _SCALARS:
+            dt = np.dtype(_SCALARS[itype][1])
+            end = p + count * dt.itemsize
+            if end > len(self._buf):
+                raise FormatError(f"{self.path}: an array runs past the end of the file")
+            return np.frombuffer(self._buf[p:end], dt).copy(), end, (ARRAY, itype)
+        if itype == STRING:
+            out, buf, unpack = [], self._buf, struct.Struct("<Q").unpack_from
+            for _ in range(count):
+                n, = unpack(buf, p)
+                out.append(str(buf[p + 8:p + 8 + n], "utf-8"))
+                p += 8 + n
+            if p > len(buf):
+                raise FormatError(f"{self.path}: a string array runs past the end of the file")
+            return out, p, (ARRAY, itype)
+        items = []
+        for _ in range(count):   # arrays of arrays: rare, read item by item
+            v, p, _t = self._value(itype, p)
+            items.append(v)
+        return items, p, (ARRAY, itype)
+
+    def raw(self, name: str) -> np.ndarray:
+        """The stored bytes of tensor `name` (a read-only uint8 view of the mmap)."""
+        t = self.tensors[name]
+        return np.frombuffer(self._buf, np.uint8, t.nbytes, t.offset)
+
+    def close(self) -> None:
+        """Release the mmap (views from `raw` must be gone)."""
+        self._buf.release()
+        self._mm.close()
+
+    def identity(self) -> tuple:
+        """What names this file's contents for caches: path, size, mtime, inode."""
+        s = self.stat
+        return (str(self.path.resolve()), s.st_size, s.st_mtime_ns, s.st_ino)
+
+
+def _nbytes(path, name: str, shape: tuple[int, ...], ggml_type: int) -> int:
+    if ggml_type not in GGML_TYPES:
+        raise FormatError(f"{path}: tensor {name!r} has unknown ggml type {ggml_type}")
+    tname, block, size = GGML_TYPES[ggml_type]
+    n = 1
+    for s in shape:
+        n *= s
+    if shape and shape[-1] % block:
+        raise FormatError(f"{path}: tensor {name!r} ({tname}) has rows of {shape[-1]} "
+                          f"elements, not a multiple of its block of {block}")
+    return n // block * size
