@@ -72,6 +72,8 @@ class GGUFSource:
             raise Unsupported(f"{self.description}: tensor 'rope_freqs.weight' (llama.cpp's "
                               "per-frequency rope factors, e.g. Llama 3.1's rope scaling) is "
                               "not supported")
+        for info in self.file.tensors.values():     # refused by name before anything else
+            check_supported(info.ggml_type, f"{self.description}: {info.name}")
         self._config = hf_config(self.fields, self.file.tensors, self.description)
         self._names: dict[str, str] = {}      # HF name -> GGUF name
         for g in self.file.tensors:
@@ -114,7 +116,6 @@ class GGUFSource:
     def read_bf16(self, name: str) -> np.ndarray:
         """uint16 BF16 bits [*shape] of tensor `name`, dequantized, in HF's row order."""
         info = self._info(name)
-        check_supported(info.ggml_type, f"{self.description}: {info.name}")
         bits = dequantize_bf16(self.file.raw(info.name), info.ggml_type, info.shape)
         if self._permuted and (".q_proj." in name or ".k_proj." in name):
             meta = self.metadata()

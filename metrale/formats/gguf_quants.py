@@ -149,7 +149,8 @@ def dequantize_f32(raw: np.ndarray, ggml_type: int, n: int) -> np.ndarray:
     if ggml_type == BF16:
         return (raw.view("<u2")[:n].astype(np.uint32) << 16).view(np.float32)
     _, qk, size = GGML_TYPES[ggml_type]
-    return BLOCK_DEQUANT[ggml_type](raw.reshape(-1, size)).reshape(-1)[:n]
+    with np.errstate(invalid="ignore", over="ignore"):   # inf / NaN scales stay so
+        return BLOCK_DEQUANT[ggml_type](raw.reshape(-1, size)).reshape(-1)[:n]
 
 
 def dequantize_bf16(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...],

@@ -10,7 +10,8 @@ text the way llama.cpp's tokenizer does (llama-vocab.cpp).
 - `llama` (SentencePiece BPE): the vocabulary, the merges of the file or, without them,
   merges ranked by the tokens' scores (transformers' `generate_merges`), byte fallback
   through the <0xXX> tokens, and '\u2581' for spaces; with add_space_prefix (absent: true)
-  a '\u2581' starts the text and the text after every special token, as llama.cpp does.
+  a '\u2581' starts the text and the text after every special token, as llama.cpp (and
+  SentencePiece's add_dummy_prefix) does, even where the text starts with a space.
 - Control tokens (token_type 3) are special tokens and user-defined ones (4) added tokens,
   so both are matched whole in text; add_bos_token / add_eos_token become the
   post-processor of plain prompts (llama: BOS unless the file says otherwise).
@@ -19,7 +20,8 @@ Differences from transformers' GGUF tokenizer (tests/formats/test_gguf_tokenizer
 has no split for `smollm` (and the other digit-splitting pres), so before digits that
 follow two or more spaces it merges differently ("x  1": HF ['x', 'Ġ', 'Ġ', '1'], llama.cpp
 and SmolLM2's own tokenizer.json ['x', 'ĠĠ', '1']); HF's SentencePiece conversion puts
-'\u2581' only at the very start (not after special tokens) and ignores add_space_prefix.
+'\u2581' only at the very start (not after special tokens, and not before a leading space)
+and ignores add_space_prefix.
 """
 from __future__ import annotations
 
@@ -132,7 +134,7 @@ def _byte_level_bpe(fields: dict, tokens: list[str], where: str):
 
 
 def _sentencepiece_bpe(fields: dict, tokens: list[str], types: list[int], where: str):
-    from tokenizers import Tokenizer, decoders, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, normalizers
     from tokenizers.models import BPE
     vocab = {t: i for i, t in reversed(list(enumerate(tokens)))}   # first id of a duplicate
     merges = _merges(fields, where)
@@ -147,8 +149,12 @@ def _sentencepiece_bpe(fields: dict, tokens: list[str], types: list[int], where:
                         byte_fallback=True,
                         unk_token=tokens[int(unk)] if unk is not None else None))
     prefix = bool(fields.get("tokenizer.ggml.add_space_prefix", True))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(
-        replacement="\u2581", prepend_scheme="always" if prefix else "never", split=False)
+    # llama.cpp (and SentencePiece's add_dummy_prefix): ' ' + text, spaces -> '\u2581'; a
+    # normalizer runs on each stretch of text between special tokens, so the prefix comes
+    # after every special token too, and before text that starts with a space
+    steps = [normalizers.Prepend("\u2581")] if prefix else []
+    tok.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", "\u2581")])
+    tok.pre_tokenizer = None
     steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
     if prefix:
         steps.append(decoders.Strip(content=" ", left=1, right=0))
