@@ -12,6 +12,11 @@ import pytest
 
 from metrale.gpu_runtime import HostBackend, backend, cuda_available
 
+# Every HostBackend / EmuBackend the tests make fills fresh memory with 0xFF (NaN), so a
+# kernel or twin that reads memory nobody wrote gives NaN and fails its test; users' loads
+# get lazily zeroed pages instead (gpu_runtime/host_memory.py).
+os.environ.setdefault("METRALE_POISON_MEMORY", "1")
+
 # name -> (rtol, atol). Twins compute in FP32 and round every stored activation to BF16,
 # like the kernels, so "twin vs float64 formula" is bounded by a few BF16 ulps (2^-8 rel).
 TOL = {

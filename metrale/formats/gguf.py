@@ -123,6 +123,18 @@ class GGUFSource:
             bits = np.ascontiguousarray(unpermute_rows(bits, heads))
         return bits
 
+    def read_bf16_into(self, name: str, out: np.ndarray) -> None:
+        """`read_bf16(name)` written into `out` (C-contiguous uint16 of the tensor's size):
+        dequantized in place, without a staging buffer (formats/upload.py)."""
+        info = self._info(name)
+        if out.dtype != np.uint16 or out.size != int(np.prod(info.shape, dtype=np.int64)):
+            raise FormatError(f"{self.description}: read_bf16_into({name!r}) needs a uint16 "
+                              f"buffer of {int(np.prod(info.shape))} elements")
+        if self._permuted and (".q_proj." in name or ".k_proj." in name):
+            out.reshape(info.shape)[...] = self.read_bf16(name)
+        else:
+            dequantize_bf16(self.file.raw(info.name), info.ggml_type, info.shape, out=out)
+
     def tokenizer_path(self) -> Path | None:
         return None     # no tokenizer.json: `tokenizer()` builds one from the metadata
 

@@ -15,13 +15,16 @@ shape is `ne` reversed.
 The `gguf` package's GGUFReader reads the same layout but builds numpy views for every
 array item (2.8-5 s for a 49152-token vocabulary here); this parser reads string arrays
 into Python lists and numeric arrays with one `np.frombuffer`, and is checked against
-GGUFReader field by field in tests/formats/test_gguf_file.py.
+GGUFReader field by field in tests/formats/test_gguf.py. Parsed headers are remembered per
+file identity (path, size, mtime, inode; the last HEADER_CACHE files), so loading the same
+file again in a process skips the parse; their values are shared: read them, never write.
 """
 from __future__ import annotations
 
 import mmap
 import os
 import struct
+from collections import OrderedDict
 from pathlib import Path
 from typing import NamedTuple
 
@@ -32,6 +35,8 @@ from ..errors import FormatError
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
+HEADER_CACHE = 4
+_headers: OrderedDict = OrderedDict()   # identity -> (version, fields, types, tensors, data)
 
 # value type -> (struct format, numpy dtype) of the fixed-size scalars
 _SCALARS = {0: ("<B", "<u1"), 1: ("<b", "<i1"), 2: ("<H", "<u2"), 3: ("<h", "<i2"),
@@ -81,14 +86,28 @@ class GGUFFile:
         try:
             with open(self.path, "rb") as f:
                 self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                self.stat = os.fstat(f.fileno())   # of the very file mapped
         except (OSError, ValueError) as e:
             raise FormatError(f"{self.path}: cannot be read ({e})") from None
-        self.stat = os.stat(self.path)
         self._buf = memoryview(self._mm)
-        try:
-            self._parse()
-        except (struct.error, IndexError, UnicodeDecodeError, ValueError) as e:
-            raise FormatError(f"{self.path}: truncated or corrupt GGUF header ({e})") from None
+        key = self.identity()
+        hit = _headers.get(key)
+        if hit is None:
+            try:
+                self._parse()
+            except (struct.error, IndexError, UnicodeDecodeError, ValueError) as e:
+                raise FormatError(f"{self.path}: truncated or corrupt GGUF header ({e})") \
+                    from None
+            for v in self.fields.values():
+                if isinstance(v, np.ndarray):
+                    v.flags.writeable = False
+            hit = (self.version, self.fields, self.field_types, self.tensors,
+                   self.data_offset)
+            _headers[key] = hit
+            while len(_headers) > HEADER_CACHE:
+                _headers.popitem(last=False)
+        _headers.move_to_end(key)
+        self.version, self.fields, self.field_types, self.tensors, self.data_offset = hit
 
     def _parse(self) -> None:
         b, p = self._buf, 0

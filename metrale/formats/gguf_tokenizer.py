@@ -99,12 +99,13 @@ def build_tokenizer(fields: dict, where: str):
 
 
 def _merges(fields: dict, where: str) -> list[tuple[str, str]]:
-    out = []
-    for m in fields.get("tokenizer.ggml.merges") or []:
-        i = m.find(" ", 1)          # llama.cpp: the first space after the first character
-        if i < 0:
-            raise FormatError(f"{where}: tokenizer.ggml.merges entry {m!r} has no space")
-        out.append((m[:i], m[i + 1:]))
+    """(left, right) pairs split at the first space after the first character (llama.cpp:
+    a left part may itself be a space)."""
+    merges = fields.get("tokenizer.ggml.merges") or []
+    out = [(m[:i], m[i + 1:]) for m, i in zip(merges, (m.find(" ", 1) for m in merges))]
+    bad = next((m for m, (a, b) in zip(merges, out) if len(a) + len(b) + 1 != len(m)), None)
+    if bad is not None:
+        raise FormatError(f"{where}: tokenizer.ggml.merges entry {bad!r} has no space")
     return out
 
 
@@ -118,11 +119,13 @@ def _byte_level_bpe(fields: dict, tokens: list[str], where: str):
     regexes, ignore_merges = PRE_SPLITS[pre]
     spell = bytes_to_unicode()
     alphabet = set(spell.values())
-    vocab = {}
-    for i, t in enumerate(tokens):
-        # a token outside the byte alphabet is spelled in it (what HF's conversion does)
-        vocab.setdefault(t if set(t) <= alphabet else
-                         "".join(spell[b] for b in t.encode("utf-8")), i)
+    if set("".join(tokens)) <= alphabet:      # the usual case, checked in one pass
+        spelled = tokens
+    else:   # a token outside the byte alphabet is spelled in it (HF's conversion does so)
+        spelled = [t if set(t) <= alphabet else "".join(spell[b] for b in t.encode("utf-8"))
+                   for t in tokens]
+    # the first id of a duplicate wins: assigned last
+    vocab = dict(zip(reversed(spelled), range(len(spelled) - 1, -1, -1)))
     tok = Tokenizer(BPE(vocab=vocab, merges=_merges(fields, where), dropout=None,
                         continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False,
                         ignore_merges=ignore_merges))

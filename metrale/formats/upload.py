@@ -67,6 +67,15 @@ class WeightUploader:
 
     def upload(self, name: str) -> DevicePtr:
         """Allocate and fill a device buffer with tensor `name` as BF16 ([*shape] uint16)."""
+        if self._direct():
+            nbytes = 2 * int(np.prod(self.source.tensor_shape(name), dtype=np.int64))
+            ptr = self.backend.alloc(nbytes)
+            try:
+                self._write_direct(name, ptr, nbytes)
+            except BaseException:
+                self.backend.free(ptr)
+                raise
+            return ptr
         arr = self._read(name)
         ptr = self.backend.alloc(arr.nbytes)
         try:
@@ -76,6 +85,16 @@ class WeightUploader:
             raise
         self._advance(arr.nbytes)
         return ptr
+
+    def _direct(self) -> bool:
+        """A source that converts into a given buffer (GGUF: `read_bf16_into`) on a backend
+        whose device memory is host memory (`write_host`): no staging copy."""
+        return hasattr(self.source, "read_bf16_into") and hasattr(self.backend, "write_host")
+
+    def _write_direct(self, name: str, ptr, nbytes: int) -> None:
+        self.backend.write_host(ptr, nbytes,
+                                lambda dst: self.source.read_bf16_into(name, dst.view(np.uint16)))
+        self._advance(nbytes)
 
     def upload_into(self, names: list[str], dst_ptr) -> int:
         """Write tensors `names`, concatenated along dim 0, as BF16 at `dst_ptr`; bytes written.
@@ -91,7 +110,12 @@ class WeightUploader:
                                   f"{list(shape)}; cannot concatenate along dim 0 with "
                                   f"trailing dims {list(shapes[0][1:])} of {names[0]!r}")
         off = 0
-        for name in names:
+        for name, shape in zip(names, shapes):
+            if self._direct():
+                nbytes = 2 * int(np.prod(shape, dtype=np.int64))
+                self._write_direct(name, DevicePtr(dst_ptr).offset(off), nbytes)
+                off += nbytes
+                continue
             arr = self._read(name)
             self.backend.copy_h2d(arr, DevicePtr(dst_ptr).offset(off))
             off += arr.nbytes

@@ -63,13 +63,18 @@ class HostBackend(HostMemory):
     name = "cpu"
 
     def __init__(self, memory_limit_bytes: int | None = None, *,
-                 convert_cache_bytes: int | None = None, native: bool | None = None) -> None:
+                 convert_cache_bytes: int | None = None, native: bool | None = None,
+                 poison: bool | None = None) -> None:
         """memory_limit_bytes: the simulated device's size (None: the host's RAM).
         convert_cache_bytes: budget for cached conversions of allocations (float64 weights
         for the GEMM twin's numpy path; default half the RAM available now, 0 caches none).
         native: the compiled GEMM twin (None: when this machine can build it, True:
-        required, False: numpy only, much slower; the results are the same bits)."""
-        super().__init__(memory_limit_bytes, convert_cache_bytes)
+        required, False: numpy only, much slower; the results are the same bits).
+        poison: fill fresh allocations with 0xFF (NaN) instead of lazily zeroed pages, so a
+        read of unwritten memory shows (host_memory.py); None: METRALE_POISON_MEMORY=1."""
+        if poison is None:
+            poison = os.environ.get("METRALE_POISON_MEMORY", "0") not in ("", "0")
+        super().__init__(memory_limit_bytes, convert_cache_bytes, poison)
         self._kernels: dict[tuple, KernelHandle] = {}
         self._events: dict[int, float] = {}
         self._next_event = 1
@@ -123,6 +128,17 @@ class HostBackend(HostMemory):
 
     def copy_d2d_async(self, src_ptr, dst_ptr, nbytes: int, stream: int) -> None:
         self._run(lambda: self._d2d(src_ptr, dst_ptr, nbytes))
+
+    def write_host(self, ptr: DevicePtr, nbytes: int, fill: Callable[[np.ndarray], None]) -> None:
+        """`fill(dst)` writes the `nbytes` at `ptr` through a writable uint8 view: a host
+        producer (a GGUF dequantizer) writes straight into device memory, which is host
+        memory here, instead of into a buffer that copy_h2d then copies."""
+        self._no_sync_in_capture("write_host")
+        dst, base = self._write_view(ptr, nbytes)
+        try:
+            fill(dst)
+        finally:
+            self._wrote(base)
 
     def memset(self, ptr: DevicePtr, value: int, nbytes: int) -> None:
         self._no_sync_in_capture("memset")

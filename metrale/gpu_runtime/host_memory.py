@@ -4,8 +4,12 @@ cached per allocation (`convert_cache.py`).
 Every allocation is remembered, and a twin can only see memory through `view` (writable)
 or `read` (read-only), which check that the range lies inside one live allocation: an
 out-of-bounds pointer in orchestration code fails loudly in CI instead of reading a
-neighbour. Fresh allocations are filled with 0xFF bytes (a BF16/FP32 NaN), so a read of
-memory nobody wrote shows up as NaN in the result. Writes are reported to the conversion
+neighbour. Fresh allocations are zeroed lazily (calloc: the OS maps zero pages on first
+touch, so a large KV pool costs nothing until used); with `poison` they are filled with
+0xFF bytes (a BF16/FP32 NaN), so a read of memory nobody wrote shows up as NaN in the
+result. Poisoning writes every byte up front (seconds for a multi-GiB pool), so it is on
+where it finds bugs: the test suite (METRALE_POISON_MEMORY=1, tests/conftest.py) and the
+EmuBackend's sanitize mode, not on a user's load. Writes are reported to the conversion
 cache: a launch's writable views (collected in `_launch_writes` and dropped when the launch
 returns, see HostBackend._tracked), copies and memsets (`_write_view` + `_wrote`), and
 writable views handed out anywhere else, which pin their allocation while they live.
@@ -32,7 +36,8 @@ class HostMemory:
     _capture: list | None = None   # set by HostBackend: no allocation during capture
 
     def __init__(self, memory_limit_bytes: int | None,
-                 convert_cache_bytes: int | None) -> None:
+                 convert_cache_bytes: int | None, poison: bool = False) -> None:
+        self.poison = bool(poison)
         self._allocs: dict[int, np.ndarray] = {}  # address -> owning uint8 array
         self._sizes: dict[int, int] = {}
         self._starts: list[int] = []  # sorted addresses, for bounds checks
@@ -53,7 +58,8 @@ class HostMemory:
             raise DeviceError(
                 f"out of memory: alloc of {nbytes} bytes with {self._limit - self._live} "
                 f"bytes free (memory_limit_bytes={self._limit})")
-        raw = np.full(max(nbytes, 1) + _ALIGN, 0xFF, dtype=np.uint8)
+        raw = (np.full(max(nbytes, 1) + _ALIGN, 0xFF, dtype=np.uint8) if self.poison
+               else np.zeros(max(nbytes, 1) + _ALIGN, dtype=np.uint8))
         base = raw.ctypes.data
         off = (-base) % _ALIGN
         buf = raw[off:off + max(nbytes, 1)]

@@ -100,7 +100,7 @@ class NativeKernels:
             f.argtypes = [_P, _P, _I64]
         self._gguf = lib.md_gguf_dequant_bf16
         self._gguf.restype = ctypes.c_int
-        self._gguf.argtypes = [ctypes.c_int, _P, _P, _I64]
+        self._gguf.argtypes = [ctypes.c_int, _P, _P, _I64, ctypes.c_int]
         lib.md_set_threads.argtypes = [ctypes.c_int]
         lib.md_set_threads(usable_cpus())
         lib.md_dp_selfcheck.restype = _I64
@@ -165,7 +165,8 @@ class NativeKernels:
                 and out.flags.c_contiguous and out.flags.writeable):
             raise ValueError("gguf_dequant_bf16: C-contiguous uint8 in, writable "
                              "C-contiguous uint16 out")
-        return self._gguf(int(ggml_type), raw.ctypes.data, out.ctypes.data, out.size) == 0
+        return self._gguf(int(ggml_type), raw.ctypes.data, out.ctypes.data, out.size,
+                          usable_cpus()) == 0
 
 
 def _check_pair(what: str, x, x_dtype, out, out_dtype) -> None:

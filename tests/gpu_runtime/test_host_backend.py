@@ -56,11 +56,23 @@ def test_copies_roundtrip_and_offsets():
 
 
 def test_fresh_memory_is_nan_filled():
-    h = HostBackend()
+    h = HostBackend()       # the test suite poisons (tests/conftest.py)
+    assert h.poison
     p = h.alloc(8)
     out = np.zeros(2, np.float32)
     h.copy_d2h(p, out)
     assert np.all(np.isnan(out))
+
+
+def test_users_get_lazily_zeroed_memory(monkeypatch):
+    monkeypatch.delenv("METRALE_POISON_MEMORY")
+    h = HostBackend()
+    assert not h.poison and HostBackend(poison=True).poison
+    p = h.alloc(1 << 30)    # 1 GiB: zero pages, no fill (a 0xFF fill takes ~0.5 s)
+    out = np.ones(4, np.float32)
+    h.copy_d2h(p.offset((1 << 30) - 16), out)
+    assert np.all(out == 0)
+    h.free(p)
 
 
 def test_out_of_bounds_is_caught():

@@ -11,7 +11,8 @@ Modes (constructor arguments; `backend("emu")` reads them from the environment):
       have the ASan runtime preloaded (`LD_PRELOAD=$(g++ -print-file-name=libasan.so)
       ASAN_OPTIONS=detect_leaks=0`). Allocation slack and alignment padding are poisoned,
       and dynamic shared memory is exactly the requested size, so a read past either is
-      reported with the kernel's file and line.
+      reported with the kernel's file and line; fresh allocations are filled with 0xFF
+      (HostBackend's `poison`), so a read of unwritten memory gives NaN.
   order — `METRALE_EMU_ORDER=forward|reverse|shuffle:SEED`: the order in which the threads
       of a block resume at every barrier, whether a warp that completed a warp operation
       runs on ahead of the others (reverse: depth first) or queues behind them (forward),
@@ -67,8 +68,10 @@ class EmuBackend(HostBackend):
     name = "emu"
 
     def __init__(self, memory_limit_bytes: int | None = None, *, sanitize: bool = False,
-                 order: str = "forward", check_twins: bool = False) -> None:
-        super().__init__(memory_limit_bytes)
+                 order: str = "forward", check_twins: bool = False,
+                 poison: bool | None = None) -> None:
+        # sanitize mode always poisons fresh memory (NaN reads of unwritten bytes)
+        super().__init__(memory_limit_bytes, poison=True if sanitize else poison)
         self._twin_check = TwinCheck() if check_twins else None
         self.sanitize = bool(sanitize)
         self.order, self._seed = parse_order(order)

@@ -6,11 +6,14 @@
 // rounded once: every product of scale and quant is exact in float32, so FMA contraction
 // cannot change it), then BF16 round-to-nearest-even with NaN -> 0x7FFF (ops/bf16.py).
 // The same bits as gguf_quants.dequantize_bf16's numpy path (tests compare every type).
-// Entry: md_gguf_dequant_bf16(ggml_type, src, dst, n): n elements (a whole number of
-// blocks) from the stored bytes src into dst; returns 0, or -1 for a type not handled
-// here. One thread; callers spread tensors over threads (ctypes releases the GIL).
+// Entry: md_gguf_dequant_bf16(ggml_type, src, dst, n, threads): n elements (a whole
+// number of blocks) from the stored bytes src into dst, split into contiguous block ranges
+// over `threads` threads from 1M elements up (each element is written by one thread, so
+// the bits do not depend on the split); returns 0, or -1 for a type not handled here.
 #include <cstdint>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 namespace {
 
@@ -126,34 +129,68 @@ void q6_k(const uint8_t *src, uint16_t *dst, int64_t nblocks) {
     }
 }
 
+// One type's loop over `nblocks` blocks; false for a type not handled here.
+bool dequant(int ggml_type, const uint8_t *src, uint16_t *dst, int64_t nblocks) {
+    switch (ggml_type) {
+        case 0:  // F32 (a "block" is one element)
+            for (int64_t i = 0; i < nblocks; i++) {
+                float f;
+                std::memcpy(&f, src + 4 * i, 4);
+                dst[i] = bf16(f);
+            }
+            return true;
+        case 1:  // F16
+            for (int64_t i = 0; i < nblocks; i++) dst[i] = bf16(f16(src + 2 * i));
+            return true;
+        case 2: dequant32<false, false>(src, dst, nblocks, 18, 8.0f); return true;   // Q4_0
+        case 3: dequant32<true, false>(src, dst, nblocks, 20, 0.0f); return true;    // Q4_1
+        case 6: dequant32<false, true>(src, dst, nblocks, 22, 16.0f); return true;   // Q5_0
+        case 7: dequant32<true, true>(src, dst, nblocks, 24, 0.0f); return true;     // Q5_1
+        case 8: q8_0(src, dst, nblocks); return true;
+        case 12: qk_45<false>(src, dst, nblocks); return true;                       // Q4_K
+        case 13: qk_45<true>(src, dst, nblocks); return true;                        // Q5_K
+        case 14: q6_k(src, dst, nblocks); return true;
+        default: return false;
+    }
+}
+
+// (elements, bytes) per block
+bool block_of(int ggml_type, int64_t &qk, int64_t &size) {
+    switch (ggml_type) {
+        case 0: qk = 1; size = 4; return true;
+        case 1: qk = 1; size = 2; return true;
+        case 2: qk = 32; size = 18; return true;
+        case 3: qk = 32; size = 20; return true;
+        case 6: qk = 32; size = 22; return true;
+        case 7: qk = 32; size = 24; return true;
+        case 8: qk = 32; size = 34; return true;
+        case 12: qk = 256; size = 144; return true;
+        case 13: qk = 256; size = 176; return true;
+        case 14: qk = 256; size = 210; return true;
+        default: return false;
+    }
+}
+
 }  // namespace
 
 extern "C" {
 
 __attribute__((visibility("default"))) int md_gguf_dequant_bf16(int ggml_type,
                                                                 const uint8_t *src,
-                                                                uint16_t *dst, int64_t n) {
-    switch (ggml_type) {
-        case 0:  // F32
-            for (int64_t i = 0; i < n; i++) {
-                float f;
-                std::memcpy(&f, src + 4 * i, 4);
-                dst[i] = bf16(f);
-            }
-            return 0;
-        case 1:  // F16
-            for (int64_t i = 0; i < n; i++) dst[i] = bf16(f16(src + 2 * i));
-            return 0;
-        case 2: dequant32<false, false>(src, dst, n / 32, 18, 8.0f); return 0;   // Q4_0
-        case 3: dequant32<true, false>(src, dst, n / 32, 20, 0.0f); return 0;    // Q4_1
-        case 6: dequant32<false, true>(src, dst, n / 32, 22, 16.0f); return 0;   // Q5_0
-        case 7: dequant32<true, true>(src, dst, n / 32, 24, 0.0f); return 0;     // Q5_1
-        case 8: q8_0(src, dst, n / 32); return 0;
-        case 12: qk_45<false>(src, dst, n / 256); return 0;                      // Q4_K
-        case 13: qk_45<true>(src, dst, n / 256); return 0;                       // Q5_K
-        case 14: q6_k(src, dst, n / 256); return 0;
-        default: return -1;
+                                                                uint16_t *dst, int64_t n,
+                                                                int threads) {
+    int64_t qk, size;
+    if (!block_of(ggml_type, qk, size)) return -1;
+    const int64_t nblocks = n / qk;
+    const int64_t nt = n < (int64_t(1) << 20) || threads < 2 ? 1 : threads;
+    std::vector<std::thread> pool;
+    for (int64_t t = 1; t < nt; t++) {
+        const int64_t lo = nblocks * t / nt, hi = nblocks * (t + 1) / nt;
+        pool.emplace_back([=] { dequant(ggml_type, src + lo * size, dst + lo * qk, hi - lo); });
     }
+    dequant(ggml_type, src, dst, nblocks / nt);
+    for (auto &th : pool) th.join();
+    return 0;
 }
 
 }  // extern "C"
