@@ -4,8 +4,12 @@ cached per allocation (`convert_cache.py`).
 Every allocation is remembered, and a twin can only see memory through `view` (writable)
 or `read` (read-only), which check that the range lies inside one live allocation: an
 out-of-bounds pointer in orchestration code fails loudly in CI instead of reading a
-neighbour. Fresh allocations are zeroed lazily (calloc: the OS maps zero pages on first
-touch, so a large KV pool costs nothing until used); with `poison` they are filled with
+neighbour. Fresh allocations are zeroed lazily: the OS maps zero pages on first touch, so
+a large KV pool costs nothing until used. From LAZY_MAP_MIN bytes they are anonymous
+mmaps in 4 KiB pages: numpy asks for transparent huge pages on large arrays, and there the
+first touch of each 2 MiB page zeroes all of it (with compaction on a busy machine, 7-45 ms
+a touch measured here: a 5-token prefill spent 0.7 s writing its first KV rows into a
+3 GiB pool). With `poison` they are filled with
 0xFF bytes (a BF16/FP32 NaN), so a read of memory nobody wrote shows up as NaN in the
 result. Poisoning writes every byte up front (seconds for a multi-GiB pool), so it is on
 where it finds bugs: the test suite (METRALE_POISON_MEMORY=1, tests/conftest.py) and the
@@ -17,6 +21,7 @@ writable views handed out anywhere else, which pin their allocation while they l
 from __future__ import annotations
 
 import bisect
+import mmap
 import os
 import weakref
 from typing import Callable
@@ -28,6 +33,7 @@ from .convert_cache import ConvertCache, default_budget
 from .types import DevicePtr
 
 _ALIGN = 256  # same alignment cudaMalloc gives
+LAZY_MAP_MIN = 16 << 20
 
 
 class HostMemory:
@@ -58,8 +64,13 @@ class HostMemory:
             raise DeviceError(
                 f"out of memory: alloc of {nbytes} bytes with {self._limit - self._live} "
                 f"bytes free (memory_limit_bytes={self._limit})")
-        raw = (np.full(max(nbytes, 1) + _ALIGN, 0xFF, dtype=np.uint8) if self.poison
-               else np.zeros(max(nbytes, 1) + _ALIGN, dtype=np.uint8))
+        size = max(nbytes, 1) + _ALIGN
+        if self.poison:
+            raw = np.full(size, 0xFF, dtype=np.uint8)
+        elif size >= LAZY_MAP_MIN:   # page-aligned, zero pages mapped on first touch
+            raw = np.frombuffer(mmap.mmap(-1, size), np.uint8)
+        else:
+            raw = np.zeros(size, dtype=np.uint8)
         base = raw.ctypes.data
         off = (-base) % _ALIGN
         buf = raw[off:off + max(nbytes, 1)]

@@ -72,7 +72,14 @@ def test_users_get_lazily_zeroed_memory(monkeypatch):
     out = np.ones(4, np.float32)
     h.copy_d2h(p.offset((1 << 30) - 16), out)
     assert np.all(out == 0)
+    h.copy_h2d(np.arange(4, dtype=np.float32), p.offset(1 << 29))
+    h.copy_d2h(p.offset(1 << 29), out)
+    assert list(out) == [0, 1, 2, 3]
+    small = h.alloc(100)    # below LAZY_MAP_MIN: calloc'd
+    h.copy_d2h(small, out)
+    assert np.all(out == 0)
     h.free(p)
+    h.free(small)
 
 
 def test_out_of_bounds_is_caught():
