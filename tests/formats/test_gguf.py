@@ -195,3 +195,41 @@ def test_chat_template_and_special_tokens():
     from metrale.engine.chat import apply_chat_template
     want = json.loads((GGUF_FIXTURES / "tokenizers.json").read_text())["llama"]["chat_ids"]
     assert apply_chat_template(src, [{"role": "user", "content": "Hello there"}]) == want
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_read_bf16_into_equals_read_bf16(name):
+    src = open_source(GGUF_FIXTURES / f"{name}.gguf")
+    for t in src.tensor_names():
+        want = src.read_bf16(t)
+        out = np.full(want.size, 0xABCD, np.uint16)
+        src.read_bf16_into(t, out)
+        assert np.array_equal(out.reshape(want.shape), want), t
+    with pytest.raises(FormatError, match="uint16 buffer"):
+        src.read_bf16_into("model.norm.weight", np.zeros(3, np.uint16))
+
+
+def test_direct_upload_writes_the_same_device_bytes():
+    """HostBackend.write_host (the dequantizer writes into device memory) and the staged
+    copy_h2d path upload the same bits."""
+    import metrale
+    from metrale.gpu_runtime import HostBackend
+    path = GGUF_FIXTURES / "llama.gguf"
+    direct = metrale.load(path, HostBackend(), progress=False)
+
+    class Staged:                 # the same source without read_bf16_into
+        def __init__(self, s):
+            self._s = s
+
+        def __getattr__(self, k):
+            if k == "read_bf16_into":
+                raise AttributeError(k)
+            return getattr(self._s, k)
+
+    staged = metrale.load(Staged(open_source(path)), HostBackend(), progress=False)
+    for a, b in ((direct._weights.embed_tokens, staged._weights.embed_tokens),
+                 (direct._weights.layers[1].qkv, staged._weights.layers[1].qkv),
+                 (direct._weights.layers[1].gate_up, staged._weights.layers[1].gate_up)):
+        n = direct.backend.find_allocation(a)[1]
+        assert np.array_equal(direct.backend.read(a, n, np.uint8),
+                              staged.backend.read(b, n, np.uint8))

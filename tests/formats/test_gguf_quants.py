@@ -168,3 +168,16 @@ def test_type_table_matches_the_gguf_package():
               for t in constants.GGMLQuantizationType if t in constants.GGML_QUANT_SIZES}
     for t, entry in GGML_TYPES.items():
         assert theirs[t] == entry, t
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "Q6_K"])
+def test_native_threads_split_large_tensors_exactly(name):
+    """From 1M elements the native loop splits blocks over threads: same bits as numpy."""
+    if native.try_load() is None:
+        pytest.skip("no native library on this machine")
+    t = BLOCK_TYPES[name]
+    qk = GGML_TYPES[t][1]
+    nb = (1 << 20) // qk + 3                      # ragged: not a multiple of the threads
+    raw = random_blocks(t, nb, seed=11)
+    assert np.array_equal(dequantize_bf16(raw, t, (nb * qk,), native=True),
+                          dequantize_bf16(raw, t, (nb * qk,), native=False))
