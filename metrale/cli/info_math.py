@@ -52,6 +52,10 @@ def dtype_text(meta, source) -> str:
     kinds = ", ".join(f"{n} {dt}" for dt, n in sorted(stored.items()))
     lossy = sorted(dt for dt in stored if dt != "BF16")
     how = "exact" if not lossy else (f"{'/'.join(lossy)} rounded to nearest even BF16")
+    if hasattr(source, "CONVERTED_DTYPES"):   # a GGUF file: no config.json
+        return (f"GGUF; tensors: {kinds} -> bfloat16 on the device (ggml's float32 values "
+                f"of {'/'.join(lossy)} rounded to nearest even BF16)" if lossy else
+                f"GGUF; tensors: {kinds} -> bfloat16 on the device (exact)")
     return f"{meta.dtype} in config.json; tensors: {kinds} -> bfloat16 on the device ({how})"
 
 

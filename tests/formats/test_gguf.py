@@ -233,3 +233,16 @@ def test_direct_upload_writes_the_same_device_bytes():
         n = direct.backend.find_allocation(a)[1]
         assert np.array_equal(direct.backend.read(a, n, np.uint8),
                               staged.backend.read(b, n, np.uint8))
+
+
+def test_cli_takes_gguf_paths(capsys):
+    from metrale.cli import main
+    path = str(GGUF_FIXTURES / "qwen2.gguf")
+    assert main(["info", path]) == 0
+    out = capsys.readouterr().out
+    assert "GGUF; tensors:" in out and "Q6_K" in out and "tokenizer.ggml" in out
+    assert main(["generate", path, "--chat", "--prompt", "Hello there", "--max-new-tokens",
+                 "3", "--ignore-eos", "--device", "cpu"]) == 0
+    err = capsys.readouterr().err
+    want = json.loads((GGUF_FIXTURES / "tokenizers.json").read_text())["qwen2"]["chat_ids"]
+    assert f"3 tokens (length); {len(want)} prompt tokens" in err

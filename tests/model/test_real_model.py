@@ -38,7 +38,8 @@ def gguf_path():
 
 @pytest.fixture(scope="module")
 def model(gguf_path):
-    m = metrale.load(gguf_path, HostBackend(), progress=False)
+    # a KV pool for one 512-token sequence: the tests poison fresh memory (conftest)
+    m = metrale.load(gguf_path, HostBackend(), progress=False, max_batch=1, kv_blocks=32)
     yield m
     m.teardown()
 
@@ -119,7 +120,7 @@ def test_generate_chat_sends_hfs_template_ids(gguf_path, monkeypatch, capsys):
     monkeypatch.setattr(engine, "generate", spy)
     prompt = GOLDEN["chat"][0]["content"]
     assert main(["generate", str(gguf_path), "--chat", "--prompt", prompt,
-                 "--max-new-tokens", "12", "--device", "cpu"]) == 0
+                 "--max-new-tokens", "12", "--max-seq-len", "64", "--device", "cpu"]) == 0
     assert seen["ids"] == GOLDEN["chat_ids"]
     out = capsys.readouterr()
     # HF's greedy answer, stopped at <|im_end|> (token 2)
@@ -131,10 +132,11 @@ def test_generate_chat_sends_hfs_template_ids(gguf_path, monkeypatch, capsys):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not emu_available(), reason="no C++ compiler")
-def test_short_prefill_on_the_emulated_kernels(gguf_path, model):
+@pytest.mark.parametrize("device_name", ["emu"])
+def test_short_prefill_on_the_emulated_kernels(gguf_path, model, device_name):
     ids = GOLDEN["prompt_ids"][0][:3]
-    emu = metrale.load(gguf_path, backend("emu"), progress=False, kv_blocks=4, max_batch=1,
-                       max_prefill_tokens=16)
+    emu = metrale.load(gguf_path, backend(device_name), progress=False, kv_blocks=4,
+                       max_batch=1, max_prefill_tokens=16)
     got = logits_rows(emu, emu.prefill(ids, emu.alloc_sequence(), 0))[0]
     want = logits_rows(model, model.prefill(ids, model.alloc_sequence(), 0))[0]
     emu.teardown()
