@@ -259,3 +259,10 @@ def test_cuda_graph_replay_equals_eager(cuda, host):
     out = np.zeros(4, np.uint32)
     cuda.copy_d2h(op, out)
     assert np.array_equal(out, argmax.argmax_rule(rows2))
+
+
+def test_emulator_poisons_in_tests_and_under_the_sanitizer(monkeypatch):
+    from metrale.gpu_runtime.emu import EmuBackend
+    assert EmuBackend().poison                    # the test suite's METRALE_POISON_MEMORY
+    monkeypatch.delenv("METRALE_POISON_MEMORY")
+    assert not EmuBackend().poison and EmuBackend(poison=True).poison
