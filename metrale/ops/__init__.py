@@ -8,8 +8,9 @@ Importing this package imports every family, so every twin is in the device laye
 (`metrale.gpu_runtime.twins`) before a `HostBackend` can be asked for one.
 """
 from . import (activation, argmax, attention, attention_tc, cast, conv1d, dense_attention,
-               elementwise, embedding, gemm, gemm_tc, kv_cache, rmsnorm, rope, sampling, vision)
+               elementwise, embedding, gemm, gemm_q, gemm_tc, kv_cache, rmsnorm, rope, sampling,
+               vision)
 
 __all__ = ["activation", "argmax", "attention", "attention_tc", "cast", "conv1d",
-           "dense_attention", "elementwise", "embedding", "gemm", "gemm_tc", "kv_cache",
+           "dense_attention", "elementwise", "embedding", "gemm", "gemm_q", "gemm_tc", "kv_cache",
            "rmsnorm", "rope", "sampling", "vision"]

@@ -1,3 +1,4 @@
-// Stub for the EmuBackend build: everything a kernel uses from <cuda_fp16.h> is provided by the
-// force-included shim (metrale/gpu_runtime/emu/shim.h), so this header is empty on purpose.
+// Stub for the EmuBackend build: BF16 and the rest come from the force-included shim
+// (metrale/gpu_runtime/emu/shim.h); the FP16 types and conversions from fp16_fp8.h.
 #pragma once
+#include "../fp16_fp8.h"

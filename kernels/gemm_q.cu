@@ -1,0 +1,235 @@
+// Batch-invariant tensor-core GEMM over quantized weights, dequantized in the tile load:
+//
+//   y[i, j] = sum_k x[i, k] * w[j, k],   w[j, k] = dequant(W)[j, k] as BF16
+//
+// the GEMM of kernels/gemm_tc.cu on the dequantized weights, bit for bit: the packed bytes
+// of a stage are copied global -> shared with 16-byte cp.async (.cg) in a ring of STAGES
+// stages (STAGES - 1 in flight, as gemm_tc.cu's W), then each thread dequantizes its
+// 16-byte chunks of the stage into one BF16 buffer of gemm_tc.cu's swizzled layout, a
+// __syncthreads, and the same ldmatrix / mma.sync.m16n8k16 steps in the same k order
+// (kernels/gemm_tc_tile.cuh). So every argument of gemm_tc.cu's header carries over: y[i, j]
+// depends on (x[i, :], W's row j, k) alone, whatever m, row offset or tile.
+//
+// Dequantization (one rounding to BF16 of an FP32 value; the twins in metrale/ops/gemm_q.py):
+//   gemm_q4   w = bf16_rn(f32(q - z) * s): q the 4-bit code, z its group's zero point
+//             (uint8), s its group's scale (FP16 bits, widened exactly). (q - z) * s is exact
+//             in FP32 (5 x 11 significant bits), so the only rounding is the BF16 one.
+//             Device layout (metrale/model_engine/linear.py repacks GPTQ and AWQ into it):
+//               q       uint32 [n, kp / 8], kp = k rounded up to 32: word w of row j holds
+//                       k = 8w .. 8w + 7, code of k = 8w + e at bits 4e .. 4e + 3
+//               scales  uint16 (FP16 bits) [n, groups]     zeros  uint8 [n, groups]
+//               group of k: gidx[k] (act-order, int32 [k]) or, when gidx is NULL,
+//                       k / group_size (group_size % 8 == 0)
+//             Restrictions: k % 8 == 0; q 16-byte aligned.
+//   gemm_fp8  w = bf16_rn(f32(e4m3(q)) * s): the float8_e4m3fn code widened exactly (via
+//             FP16: cvt.rn.f16x2.e4m3x2 on sm_89+), times its block's FP32 scale, rounded to
+//             FP32 and then to BF16 (HF's dequantization to BF16). Device layout:
+//               q          uint8 [n, kp], kp = k rounded up to 16 (zero padding)
+//               scales     float32 [scale rows, k_blocks]; the scale of (j, k) is
+//                          scales[scale_row[j], k / block_k] (block_k % 8 == 0)
+//               scale_row  int32 [n]: a row's scale row (fused q/k/v parts each keep their
+//                          own grid of 128-row blocks; per-channel and per-tensor scales
+//                          are grids too)
+//             Restrictions: q 16-byte aligned. Scales are checked at load so that every
+//             product q * s is a normal FP32 number or zero (FTZ cannot change it).
+//   Positions past k dequantize to +0 (the BF16 GEMM's zero fill).
+//
+// Shapes: x bf16 [m, k], y bf16 [m, n] (gemm_*_bf16_*) or float32 [m, n] (gemm_*_fp32_*).
+// Tiles (one entry point per format, output type and tile; metrale/ops/gemm_tc.py's
+// pick_tile chooses, for speed only):
+//   tile      BM x BN   BK  warps  stages (q4 / fp8)  static smem (q4 / fp8)
+//   16x16     16 x 16   64  1 x 2     16 / 14           42 / 44 KiB
+//   64x32     64 x 32   64  2 x 2      4 / 4            40 / 44 KiB
+//   128x128  128 x 128  32  2 x 4      3 / 3            38 / 44 KiB
+// Launch: block = warps * 32 threads, grid (ceil(m / BM), ceil(n / BN)), no dynamic shared
+// memory; ceil(n / BN) <= 65535. The 16x16 tile is the decode GEMV: n / 16 CTAs, each
+// streaming 16 rows of packed W with 15 (13) stages of 512 B (1 KiB) in flight.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "gemm_tc_tile.cuh"
+
+__device__ __forceinline__ unsigned int bf2_bits(float lo, float hi) { return pack_bf2(lo, hi); }
+
+// 4-bit codes: 8 values of one row from one 32-bit word of the stage (k0 = its first k).
+struct Int4Format {
+    static constexpr int BITS = 4;
+    const unsigned int *q;
+    const unsigned short *scales;
+    const unsigned char *zeros;
+    const int *gidx;
+    int groups, group_size, row_bytes;
+
+    struct Row {
+        const unsigned short *s;
+        const unsigned char *z;
+    };
+    __device__ __forceinline__ const unsigned char *row_bytes_at(int j) const {
+        return reinterpret_cast<const unsigned char *>(q) + (long long)j * row_bytes;
+    }
+    __device__ __forceinline__ Row row(int j) const {
+        return {scales + (long long)j * groups, zeros + (long long)j * groups};
+    }
+    __device__ __forceinline__ uint4 dequant8(const unsigned char *raw, const Row &r, int k0) const {
+        const unsigned int w = *reinterpret_cast<const unsigned int *>(raw);
+        float v[8];
+        if (gidx == nullptr) {  // one group for the 8 values (group_size % 8 == 0)
+            const int g = k0 / group_size;
+            const float s = __half2float(__ushort_as_half(__ldg(r.s + g)));
+            const float zf = 8388608.f + (float)__ldg(r.z + g);  // 2^23 + z, exact
+#pragma unroll
+            for (int e = 0; e < 8; ++e)  // (2^23 + q) - (2^23 + z) = q - z exactly
+                v[e] = __fmul_rn(__uint_as_float(0x4B000000u | ((w >> (4 * e)) & 15u)) - zf, s);
+        } else {                // act-order: each k its own group
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const int g = __ldg(gidx + k0 + e);
+                const float s = __half2float(__ushort_as_half(__ldg(r.s + g)));
+                const float zf = 8388608.f + (float)__ldg(r.z + g);
+                v[e] = __fmul_rn(__uint_as_float(0x4B000000u | ((w >> (4 * e)) & 15u)) - zf, s);
+            }
+        }
+        return make_uint4(bf2_bits(v[0], v[1]), bf2_bits(v[2], v[3]), bf2_bits(v[4], v[5]),
+                          bf2_bits(v[6], v[7]));
+    }
+};
+
+// float8_e4m3fn codes: 8 values of one row from 8 bytes of the stage.
+struct Fp8Format {
+    static constexpr int BITS = 8;
+    const unsigned char *q;
+    const float *scales;
+    const int *scale_row;
+    int k_blocks, block_k, row_bytes;
+
+    struct Row {
+        const float *s;
+    };
+    __device__ __forceinline__ const unsigned char *row_bytes_at(int j) const {
+        return q + (long long)j * row_bytes;
+    }
+    __device__ __forceinline__ Row row(int j) const {
+        return {scales + (long long)__ldg(scale_row + j) * k_blocks};
+    }
+    __device__ __forceinline__ uint4 dequant8(const unsigned char *raw, const Row &r, int k0) const {
+        const uint2 b = *reinterpret_cast<const uint2 *>(raw);
+        const float s = __ldg(r.s + k0 / block_k);
+        unsigned int out[4];
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+            const unsigned int word = p < 2 ? b.x : b.y;
+            const __nv_fp8x2_storage_t pair = (__nv_fp8x2_storage_t)(word >> (16 * (p & 1)));
+            const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+            const float lo = __half2float(__ushort_as_half(h.x));
+            const float hi = __half2float(__ushort_as_half(h.y));
+            out[p] = bf2_bits(__fmul_rn(lo, s), __fmul_rn(hi, s));
+        }
+        return make_uint4(out[0], out[1], out[2], out[3]);
+    }
+};
+
+// The quantized W operand of gemm_tc_tile: raw ring of packed bytes, dequantized per stage.
+template <class T, class F>
+struct QuantRows {
+    static constexpr bool kDequant = true;
+    static constexpr int RB = T::BK * F::BITS / 8;       // packed bytes of a row per stage
+    static constexpr int RCH = RB / 16;                    // 16-byte chunks of them
+    static constexpr int STAGE_ELEMS = T::BN * RB;
+    static constexpr int RAW_PER_THREAD = (T::BN * RCH + T::THREADS - 1) / T::THREADS;
+    static constexpr int DQ_PER_THREAD = T::BN * T::CH / T::THREADS;
+    static constexpr int BYTES8 = 8 * F::BITS / 8;         // packed bytes of 8 values
+    static_assert(RB % 16 == 0, "a stage row is whole 16-byte chunks");
+    typedef unsigned char Ring;
+    F f;
+    const unsigned char *src[RAW_PER_THREAD];
+    int raw_off[RAW_PER_THREAD];   // -1: no chunk (past the tile's rows or the chunk count)
+    typename F::Row dq_row[DQ_PER_THREAD];
+    int dq_r[DQ_PER_THREAD], dq_ch[DQ_PER_THREAD];   // dq_r -1: row past n
+
+    __device__ __forceinline__ bool aligned() const { return true; }  // the launcher checks q
+    __device__ __forceinline__ void setup(int tid, int col0, int cols, int) {
+#pragma unroll
+        for (int i = 0; i < RAW_PER_THREAD; ++i) {
+            const int c = tid + i * T::THREADS, r = c / RCH;
+            const bool in = c < T::BN * RCH && r < cols;
+            raw_off[i] = in ? r * RB + 16 * (c % RCH) : -1;
+            src[i] = f.row_bytes_at(col0 + (in ? r : 0)) + 16 * (c % RCH);
+        }
+#pragma unroll
+        for (int i = 0; i < DQ_PER_THREAD; ++i) {
+            const int c = tid + i * T::THREADS, r = c / T::CH;
+            dq_r[i] = r < cols ? r : -1;
+            dq_ch[i] = c % T::CH;
+            dq_row[i] = f.row(col0 + (r < cols ? r : 0));
+        }
+    }
+    // Stage kt's packed bytes of this thread's chunks; past the (padded) row: zero-filled.
+    __device__ __forceinline__ void load(unsigned char *slot, int kt, int, bool) {
+#pragma unroll
+        for (int i = 0; i < RAW_PER_THREAD; ++i) {
+            if (raw_off[i] < 0) continue;
+            const int b0 = kt * RB + (raw_off[i] % RB);
+            const bool in = b0 < f.row_bytes;
+            cp_async_16(slot + raw_off[i], in ? src[i] + kt * RB : src[i], in ? 16 : 0);
+        }
+    }
+    __device__ __forceinline__ void dequant(bf16 *sd, const unsigned char *slot, int kt, int k) {
+#pragma unroll
+        for (int i = 0; i < DQ_PER_THREAD; ++i) {
+            if (dq_r[i] < 0) continue;   // rows past n are never read (clamped)
+            const int k0 = kt * T::BK + 8 * dq_ch[i];
+            const uint4 v = k0 < k ? f.dequant8(slot + dq_r[i] * RB + BYTES8 * dq_ch[i],
+                                                dq_row[i], k0)
+                                   : make_uint4(0u, 0u, 0u, 0u);
+            *reinterpret_cast<uint4 *>(sd + smem_off<T>(dq_r[i], dq_ch[i])) = v;
+        }
+    }
+};
+
+typedef TcTile<16, 16, 64, 1, 2, 16> Q4Tile16x16;
+typedef TcTile<64, 32, 64, 2, 2, 4> Q4Tile64x32;
+typedef TcTile<128, 128, 32, 2, 4, 3> Q4Tile128x128;
+typedef TcTile<16, 16, 64, 1, 2, 14> F8Tile16x16;
+typedef TcTile<64, 32, 64, 2, 2, 4> F8Tile64x32;
+typedef TcTile<128, 128, 32, 2, 4, 3> F8Tile128x128;
+
+#define GEMM_Q_SMEM(TILE, SRC)                                                                \
+    __shared__ __align__(128) bf16 sa[TILE::STAGES * TILE::BM * TILE::BK];                    \
+    __shared__ __align__(128) unsigned char sw[TILE::STAGES * SRC::STAGE_ELEMS];              \
+    __shared__ __align__(128) bf16 sd[TILE::BN * TILE::BK]
+
+#define GEMM_Q4_ENTRY(OUT, YT, YB, YF, NAME, TILE, MIN_BLOCKS)                                \
+    extern "C" __global__ void __launch_bounds__(TILE::THREADS, MIN_BLOCKS)                    \
+        gemm_q4_##OUT##_##NAME(YT *y, const bf16 *x, const unsigned int *q,                    \
+                               const unsigned short *scales, const unsigned char *zeros,       \
+                               const int *gidx, int m, int n, int k, int groups,              \
+                               int group_size) {                                              \
+        typedef QuantRows<TILE, Int4Format> Src;                                              \
+        GEMM_Q_SMEM(TILE, Src);                                                               \
+        Src src;                                                                              \
+        src.f = Int4Format{q, scales, zeros, gidx, groups, group_size,                       \
+                           ((k + 31) / 32) * 16};                                             \
+        gemm_tc_tile<TILE>(sa, sw, sd, YB, YF, x, src, m, n, k);                              \
+    }
+
+#define GEMM_F8_ENTRY(OUT, YT, YB, YF, NAME, TILE, MIN_BLOCKS)                                \
+    extern "C" __global__ void __launch_bounds__(TILE::THREADS, MIN_BLOCKS)                    \
+        gemm_fp8_##OUT##_##NAME(YT *y, const bf16 *x, const unsigned char *q,                  \
+                                const float *scales, const int *scale_row, int m, int n,      \
+                                int k, int k_blocks, int block_k) {                           \
+        typedef QuantRows<TILE, Fp8Format> Src;                                               \
+        GEMM_Q_SMEM(TILE, Src);                                                               \
+        Src src;                                                                              \
+        src.f = Fp8Format{q, scales, scale_row, k_blocks, block_k, ((k + 15) / 16) * 16};    \
+        gemm_tc_tile<TILE>(sa, sw, sd, YB, YF, x, src, m, n, k);                              \
+    }
+
+#define GEMM_Q_ENTRIES(NAME, MIN_BLOCKS)                                                      \
+    GEMM_Q4_ENTRY(bf16, bf16, y, nullptr, NAME, Q4Tile##NAME, MIN_BLOCKS)                      \
+    GEMM_Q4_ENTRY(fp32, float, nullptr, y, NAME, Q4Tile##NAME, MIN_BLOCKS)                     \
+    GEMM_F8_ENTRY(bf16, bf16, y, nullptr, NAME, F8Tile##NAME, MIN_BLOCKS)                      \
+    GEMM_F8_ENTRY(fp32, float, nullptr, y, NAME, F8Tile##NAME, MIN_BLOCKS)
+
+GEMM_Q_ENTRIES(16x16, 1)
+GEMM_Q_ENTRIES(64x32, 1)
+GEMM_Q_ENTRIES(128x128, 2)

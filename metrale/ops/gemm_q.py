@@ -1,0 +1,210 @@
+"""The dequantizing tensor-core GEMM (kernels/gemm_q.cu, module "gemm_q"): Y[m, n] =
+X[m, k] @ dequant(W)[n, k]^T for 4-bit (GPTQ / AWQ, repacked) and float8_e4m3fn weights,
+BF16 X, FP32 accumulation, BF16 or FP32 out.
+
+`dequant(W)` is a BF16 matrix (`dequant_q4`, `dequant_fp8`: the formulas in the .cu
+header), and the GEMM over it is exactly gemm_tc's, so the twin is `gemm_tc.dot_f32` on the
+dequantized bits, computed natively with the dequantization inside the native GEMM's tile
+(gpu_runtime/native/gemm_quant.cpp: the same bits, W read as packed) or, without a
+compiler, in numpy. A row's result depends on (x row, W row, k) alone: batch invariance as
+for BF16, and the same bits as gemm_tc on the dequantized weights.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import InvalidArgument
+from ..gpu_runtime.types import NULL, DevicePtr
+from .bf16 import f32_to_bf16
+from .checks import check_ptrs, check_sizes
+from .gemm_tc import TILES, _MAX_GRID_Y, dot_f32, pick_tile
+from .registry import twin
+
+MODULE = "gemm_q"
+FP8_MAX = 448.0
+
+
+def e4m3_table() -> np.ndarray:
+    """float32 [256]: the value of every float8_e4m3fn code (sign, 4 exponent bits with bias
+    7, 3 mantissa bits; exponent 0 subnormal m * 2^-9; 0x7F / 0xFF NaN; no infinities)."""
+    codes = np.arange(256)
+    sign = np.where(codes & 0x80, -1.0, 1.0)
+    e, m = (codes >> 3) & 15, codes & 7
+    mag = np.where(e == 0, m * 2.0**-9, (1.0 + m / 8.0) * 2.0 ** (e - 7.0))
+    out = (sign * mag).astype(np.float32)
+    out[(codes & 0x7F) == 0x7F] = np.nan
+    return out
+
+
+_E4M3 = e4m3_table()
+
+
+def q4_row_bytes(k: int) -> int:
+    """Bytes of one packed 4-bit row: k rounded up to 32 codes (16-byte rows)."""
+    return -(-int(k) // 32) * 16
+
+
+def fp8_row_bytes(k: int) -> int:
+    """Bytes of one FP8 row: k rounded up to 16 (16-byte rows, zero padding)."""
+    return -(-int(k) // 16) * 16
+
+
+def q4_groups_of(k: int, group_size: int, gidx) -> np.ndarray:
+    """int64 [k]: the group of each input position (act-order `gidx`, else k // group_size)."""
+    if gidx is not None:
+        return np.asarray(gidx, np.int64)[:k]
+    return np.arange(k, dtype=np.int64) // int(group_size)
+
+
+def dequant_q4(q: np.ndarray, scales: np.ndarray, zeros: np.ndarray, k: int,
+               group_size: int, gidx=None) -> np.ndarray:
+    """Packed 4-bit W -> BF16 bits [n, k]: w = bf16_rn(f32(q - z) * s), exact before the one
+    rounding. q uint32 [n, kp / 8] (code of k at bits 4 (k % 8) of word k // 8), scales
+    uint16 FP16 bits [n, groups], zeros uint8 [n, groups]; group of k: gidx[k] or
+    k // group_size."""
+    n = q.shape[0]
+    shifts = (4 * np.arange(8, dtype=np.uint32))
+    codes = ((q[:, :, None] >> shifts) & 15).reshape(n, -1)[:, :k].astype(np.float32)
+    g = q4_groups_of(k, group_size, gidx)
+    s = scales.view(np.float16).astype(np.float32)[:, g]
+    z = zeros.astype(np.float32)[:, g]
+    return f32_to_bf16((codes - z) * s)
+
+
+def dequant_fp8(q: np.ndarray, scales: np.ndarray, scale_row: np.ndarray, k: int,
+                block_k: int) -> np.ndarray:
+    """FP8 W -> BF16 bits [n, k]: w = bf16_rn(f32_rn(e4m3(q) * s)), s =
+    scales[scale_row[j], k // block_k]. q uint8 [n, kp], scales float32 [rows, k_blocks]."""
+    vals = _E4M3[q[:, :k]]
+    s = scales[np.asarray(scale_row, np.int64)][:, np.arange(k) // int(block_k)]
+    with np.errstate(over="ignore", invalid="ignore"):
+        return f32_to_bf16(vals * s.astype(np.float32))
+
+
+def _tile(m: int, n: int, tile: str | None, what: str):
+    if tile is None:
+        t = pick_tile(m, n)
+    elif tile in TILES:
+        t = TILES[tile]
+    else:
+        raise InvalidArgument(f"{what}: tile {tile!r} is not one of {sorted(TILES)}")
+    if t.grid(m, n)[1] > _MAX_GRID_Y:
+        raise InvalidArgument(f"{what}: n = {n} exceeds {_MAX_GRID_Y * t.bn} for tile "
+                              f"{t.name} (grid.y limit)")
+    return t
+
+
+def gemm_q4(backend, stream: int, y_ptr, x_ptr, q_ptr, scales_ptr, zeros_ptr, gidx_ptr,
+            m: int, n: int, k: int, groups: int, group_size: int, out_fp32: bool = False,
+            tile: str | None = None) -> None:
+    """Y[m, n] = X[m, k] @ dequant_q4(W)[n, k]^T on tensor cores, batch-invariant.
+
+    x: [m, k] bf16; q: uint32 [n, kp / 8] (16-byte aligned); scales: uint16 FP16 [n,
+    groups]; zeros: uint8 [n, groups]; gidx: int32 [k] or NULL (then group k // group_size,
+    group_size % 8 == 0); y: [m, n] bf16, or float32 when out_fp32. k % 8 == 0.
+    """
+    what = "gemm_q4"
+    check_sizes(what, m=m, n=n, k=k, groups=groups)
+    check_ptrs(what, y_ptr=y_ptr, x_ptr=x_ptr, scales_ptr=scales_ptr, zeros_ptr=zeros_ptr)
+    check_ptrs(what, 16, q_ptr=q_ptr)
+    if k % 8:
+        raise InvalidArgument(f"{what}: k = {k} must be a multiple of 8 (8 codes a word)")
+    if int(gidx_ptr) == 0:
+        if group_size < 8 or group_size % 8 or -(-k // group_size) > groups:
+            raise InvalidArgument(f"{what}: group_size {group_size} must be a positive "
+                                  f"multiple of 8 with ceil(k / group_size) <= groups "
+                                  f"({groups})")
+    t = _tile(m, n, tile, what)
+    func = f"gemm_q4_{'fp32' if out_fp32 else 'bf16'}_{t.name}"
+    backend.launch(backend.kernel(MODULE, func), t.grid(m, n), (t.threads,), 0, stream,
+                   (DevicePtr(y_ptr), DevicePtr(x_ptr), DevicePtr(q_ptr),
+                    DevicePtr(scales_ptr), DevicePtr(zeros_ptr), DevicePtr(gidx_ptr),
+                    np.int32(m), np.int32(n), np.int32(k), np.int32(groups),
+                    np.int32(group_size)))
+
+
+def gemm_fp8(backend, stream: int, y_ptr, x_ptr, q_ptr, scales_ptr, scale_row_ptr,
+             m: int, n: int, k: int, k_blocks: int, block_k: int, out_fp32: bool = False,
+             tile: str | None = None) -> None:
+    """Y[m, n] = X[m, k] @ dequant_fp8(W)[n, k]^T on tensor cores, batch-invariant.
+
+    x: [m, k] bf16; q: uint8 [n, kp] float8_e4m3fn codes (16-byte aligned, kp = k rounded
+    up to 16); scales: float32 [rows, k_blocks]; scale_row: int32 [n]; block_k % 8 == 0,
+    k_blocks = ceil(k / block_k); y: [m, n] bf16, or float32 when out_fp32.
+    """
+    what = "gemm_fp8"
+    check_sizes(what, m=m, n=n, k=k, k_blocks=k_blocks, block_k=block_k)
+    check_ptrs(what, y_ptr=y_ptr, x_ptr=x_ptr, scales_ptr=scales_ptr,
+               scale_row_ptr=scale_row_ptr)
+    check_ptrs(what, 16, q_ptr=q_ptr)
+    if block_k % 8 or k_blocks != -(-k // block_k):
+        raise InvalidArgument(f"{what}: block_k {block_k} must be a multiple of 8 and "
+                              f"k_blocks ({k_blocks}) = ceil(k / block_k)")
+    t = _tile(m, n, tile, what)
+    func = f"gemm_fp8_{'fp32' if out_fp32 else 'bf16'}_{t.name}"
+    backend.launch(backend.kernel(MODULE, func), t.grid(m, n), (t.threads,), 0, stream,
+                   (DevicePtr(y_ptr), DevicePtr(x_ptr), DevicePtr(q_ptr),
+                    DevicePtr(scales_ptr), DevicePtr(scale_row_ptr), np.int32(m),
+                    np.int32(n), np.int32(k), np.int32(k_blocks), np.int32(block_k)))
+
+
+# --------------------------------------------------------------------------- the twins
+def _finish(ctx, y_ptr, m, n, out_fp32, x_bits, w_bits) -> None:
+    y = ctx.view(y_ptr, m * n, np.float32 if out_fp32 else np.uint16).reshape(m, n)
+    native = getattr(ctx.backend, "native", None)
+    if native is not None:
+        native.gemm(x_bits, np.ascontiguousarray(w_bits), y)
+        return
+    y32 = dot_f32(x_bits, w_bits)
+    y[:] = y32 if out_fp32 else f32_to_bf16(y32)
+
+
+def _gemm_q4_twin(ctx, y_ptr, x_ptr, q_ptr, s_ptr, z_ptr, g_ptr, m, n, k, groups, gs,
+                  out_fp32: bool) -> None:
+    m, n, k, groups, gs = int(m), int(n), int(k), int(groups), int(gs)
+    words = q4_row_bytes(k) // 4
+    x = ctx.read(x_ptr, m * k, np.uint16).reshape(m, k)
+    q = ctx.read(q_ptr, n * words, np.uint32).reshape(n, words)
+    s = ctx.read(s_ptr, n * groups, np.uint16).reshape(n, groups)
+    z = ctx.read(z_ptr, n * groups, np.uint8).reshape(n, groups)
+    g = None if int(g_ptr) == 0 else ctx.read(g_ptr, k, np.int32)
+    native = getattr(ctx.backend, "native", None)
+    if native is not None and hasattr(native, "gemm_q4"):
+        y = ctx.view(y_ptr, m * n, np.float32 if out_fp32 else np.uint16).reshape(m, n)
+        native.gemm_q4(x, q, s, z, g, k, gs, y)
+        return
+    _finish(ctx, y_ptr, m, n, out_fp32, x, dequant_q4(q, s, z, k, gs, g))
+
+
+def _gemm_fp8_twin(ctx, y_ptr, x_ptr, q_ptr, s_ptr, r_ptr, m, n, k, k_blocks, block_k,
+                   out_fp32: bool) -> None:
+    m, n, k, kb, bk = int(m), int(n), int(k), int(k_blocks), int(block_k)
+    kp = fp8_row_bytes(k)
+    x = ctx.read(x_ptr, m * k, np.uint16).reshape(m, k)
+    q = ctx.read(q_ptr, n * kp, np.uint8).reshape(n, kp)
+    rows = ctx.read(r_ptr, n, np.int32)
+    n_rows = int(rows.max()) + 1
+    s = ctx.read(s_ptr, n_rows * kb, np.float32).reshape(n_rows, kb)
+    native = getattr(ctx.backend, "native", None)
+    if native is not None and hasattr(native, "gemm_fp8"):
+        y = ctx.view(y_ptr, m * n, np.float32 if out_fp32 else np.uint16).reshape(m, n)
+        native.gemm_fp8(x, q, s, rows, k, bk, y)
+        return
+    _finish(ctx, y_ptr, m, n, out_fp32, x, dequant_fp8(q, s, rows, k, bk))
+
+
+def _register_twins() -> None:
+    for name in TILES:
+        for out, fp32 in (("bf16", False), ("fp32", True)):
+            twin(MODULE, f"gemm_q4_{out}_{name}")(
+                lambda ctx, y, x, q, s, z, g, m, n, k, gr, gs, _f=fp32:
+                _gemm_q4_twin(ctx, y, x, q, s, z, g, m, n, k, gr, gs, _f))
+            twin(MODULE, f"gemm_fp8_{out}_{name}")(
+                lambda ctx, y, x, q, s, r, m, n, k, kb, bk, _f=fp32:
+                _gemm_fp8_twin(ctx, y, x, q, s, r, m, n, k, kb, bk, _f))
+
+
+_register_twins()
+
+__all__ = ["gemm_q4", "gemm_fp8", "dequant_q4", "dequant_fp8", "e4m3_table", "NULL",
+           "q4_row_bytes", "fp8_row_bytes", "FP8_MAX"]
