@@ -1,0 +1,313 @@
+"""The dequantizing tensor-core GEMM (module "gemm_q"): the dequantization against its
+formula written out element by element, the twin against float64 and against gemm_tc's
+definition on the dequantized bits (every native path, numpy), the kernel against the twin
+and bit for bit against gemm_tc on the dequantized weights, batch invariance."""
+import numpy as np
+import pytest
+
+from metrale.errors import InvalidArgument
+from metrale.gpu_runtime import NULL, kernel_source
+from metrale.ops import gemm_q as Q
+from metrale.ops import gemm_tc as T
+from metrale.ops.bf16 import bf16_to_f32, f32_to_bf16
+from tests.conftest import assert_close, real
+from tests.helpers import GEMM_PATHS, Buffers, gemm_twin_path
+from tests.ops.test_gemm_tc import as_f32, bits, run_tc
+
+KINDS = {False: "gpu_vs_twin_bf16", True: "gpu_vs_twin_fp32"}
+
+
+# ------------------------------------------------------------------------- operands
+class Q4:
+    """Random packed 4-bit W in the device layout, with garbage in the padding codes."""
+
+    def __init__(self, rng, n, k, group_size=32, act_order=False, garbage=True):
+        self.n, self.k, self.group_size = n, k, group_size
+        words = Q.q4_row_bytes(k) // 4
+        self.q = rng.integers(0, 2**32, size=(n, words), dtype=np.uint64).astype(np.uint32)
+        if not garbage:   # padding codes zero (the repacked checkpoints have these)
+            codes = ((self.q[:, :, None] >> (4 * np.arange(8, dtype=np.uint32))) & 15)
+            codes = codes.reshape(n, -1)
+            codes[:, k:] = 0
+            self.q = (codes.reshape(n, words, 8).astype(np.uint32)
+                      << (4 * np.arange(8, dtype=np.uint32))).sum(-1).astype(np.uint32)
+        self.groups = -(-k // group_size)
+        # scales of both signs, magnitudes 2^-2 .. 2^2 over 8 sqrt(k) (|y| ~ 1), FP16
+        mag = 2.0 ** rng.uniform(-2, 2, size=(n, self.groups)) / (8 * np.sqrt(k))
+        s = np.where(rng.random((n, self.groups)) < 0.2, -mag, mag).astype(np.float16)
+        self.scales = s.view(np.uint16)
+        self.zeros = rng.integers(0, 16, size=(n, self.groups)).astype(np.uint8)
+        self.gidx = None
+        if act_order:   # each group still group_size positions, in a shuffled order
+            self.gidx = rng.permutation(np.arange(k) // group_size).astype(np.int32)
+
+    def dequant(self):
+        return Q.dequant_q4(self.q, self.scales, self.zeros, self.k, self.group_size,
+                            self.gidx)
+
+    def launch(self, backend, x, out_fp32=False, rows=None, tile=None):
+        m_all = x.shape[0]
+        r0, r1 = (0, m_all) if rows is None else rows
+        dt = np.float32 if out_fp32 else np.uint16
+        with Buffers(backend) as b:
+            xp, yp = b.put(x), b.empty((m_all, self.n), dt)
+            g = NULL if self.gidx is None else b.put(self.gidx)
+            Q.gemm_q4(backend, backend.default_stream(),
+                      yp.offset(r0 * self.n * np.dtype(dt).itemsize), xp.offset(r0 * self.k * 2),
+                      b.put(self.q), b.put(self.scales), b.put(self.zeros), g, r1 - r0,
+                      self.n, self.k, self.groups, self.group_size, out_fp32=out_fp32,
+                      tile=tile)
+            return b.get(yp, (m_all, self.n), dt)[r0:r1]
+
+
+class F8:
+    """Random float8_e4m3fn W (no NaN codes) with block scales; padding bytes zero, as the
+    repacked checkpoints have them."""
+
+    def __init__(self, rng, n, k, block=(128, 128), nan=False):
+        self.n, self.k = n, k
+        self.block_k = block[1]
+        kp = Q.fp8_row_bytes(k)
+        codes = rng.integers(0, 256, size=(n, kp)).astype(np.uint8)
+        if not nan:
+            codes[(codes & 0x7F) == 0x7F] -= 1
+        codes[:, k:] = 0
+        self.q = codes
+        self.k_blocks = -(-k // self.block_k)
+        rows = -(-n // block[0])
+        # |code values| ~ 100: scales 2^-2 .. 2^2 over 100 sqrt(k) keep |y| ~ 1
+        self.scales = (2.0 ** rng.uniform(-2, 2, size=(rows, self.k_blocks))
+                       / (100 * np.sqrt(k))).astype(np.float32)
+        self.scale_row = (np.arange(n) // block[0]).astype(np.int32)
+
+    def dequant(self):
+        return Q.dequant_fp8(self.q, self.scales, self.scale_row, self.k, self.block_k)
+
+    def launch(self, backend, x, out_fp32=False, rows=None, tile=None):
+        m_all = x.shape[0]
+        r0, r1 = (0, m_all) if rows is None else rows
+        dt = np.float32 if out_fp32 else np.uint16
+        with Buffers(backend) as b:
+            xp, yp = b.put(x), b.empty((m_all, self.n), dt)
+            Q.gemm_fp8(backend, backend.default_stream(),
+                       yp.offset(r0 * self.n * np.dtype(dt).itemsize), xp.offset(r0 * self.k * 2),
+                       b.put(self.q), b.put(self.scales), b.put(self.scale_row), r1 - r0,
+                       self.n, self.k, self.k_blocks, self.block_k, out_fp32=out_fp32,
+                       tile=tile)
+            return b.get(yp, (m_all, self.n), dt)[r0:r1]
+
+
+def xs(rng, m, k):
+    return f32_to_bf16(rng.standard_normal((m, k), dtype=np.float32))
+
+
+def bf16_rne64(v: float) -> float:
+    """A float64 (already a float32 value) rounded to BF16, nearest even, by arithmetic."""
+    if v == 0 or not np.isfinite(v):
+        return v
+    e = np.floor(np.log2(abs(v)))
+    ulp = 2.0 ** (e - 7)
+    q = v / ulp
+    r = np.floor(q)
+    if q - r > 0.5 or (q - r == 0.5 and r % 2 == 1):
+        r += 1
+    return r * ulp
+
+
+def q4_formula(w: Q4) -> np.ndarray:
+    """float64 [n, k]: each element decoded from the packing by its definition."""
+    out = np.zeros((w.n, w.k))
+    s = w.scales.view(np.float16).astype(np.float64)
+    for j in range(w.n):
+        for kk in range(w.k):
+            code = (int(w.q[j, kk // 8]) >> (4 * (kk % 8))) & 15
+            g = kk // w.group_size if w.gidx is None else int(w.gidx[kk])
+            out[j, kk] = bf16_rne64((code - int(w.zeros[j, g])) * s[j, g])
+    return out
+
+
+def fp8_formula(w: F8) -> np.ndarray:
+    out = np.zeros((w.n, w.k))
+    table = Q.e4m3_table().astype(np.float64)
+    for j in range(w.n):
+        for kk in range(w.k):
+            p = table[w.q[j, kk]] * float(w.scales[w.scale_row[j], kk // w.block_k])
+            out[j, kk] = bf16_rne64(float(np.float32(p)))   # FP32 rounding, then BF16
+    return out
+
+
+# ----------------------------------------------------------------------------- CPU
+def test_entry_points_exist():
+    want = {f"gemm_{f}_{o}_{t}" for f in ("q4", "fp8") for o in ("bf16", "fp32") for t in T.TILES}
+    assert want == set(kernel_source.entry_points(Q.MODULE))
+
+
+@pytest.mark.parametrize("n,k,gs,act", [(3, 8, 8, False), (5, 72, 32, False), (4, 96, 32, True),
+                                        (2, 256, 128, False)])
+def test_q4_dequant_is_the_formula(rng, n, k, gs, act):
+    w = Q4(rng, n, k, gs, act)
+    assert np.array_equal(bf16_to_f32(w.dequant()).astype(np.float64), q4_formula(w))
+
+
+@pytest.mark.parametrize("n,k,block", [(3, 19, (128, 128)), (130, 40, (128, 16)),
+                                       (5, 300, (1, 128))])
+def test_fp8_dequant_is_the_formula(rng, n, k, block):
+    w = F8(rng, n, k, block)
+    assert np.array_equal(bf16_to_f32(w.dequant()).astype(np.float64), fp8_formula(w))
+
+
+def test_fp8_nan_codes_give_nan_rows(host, rng):
+    w = F8(rng, 4, 32, nan=True)
+    w.q[1, 5] = 0x7F
+    w.q[2, 7] = 0xFF
+    y = w.launch(host, xs(rng, 2, 32), out_fp32=True)
+    assert np.isnan(y[:, 1]).all() and np.isnan(y[:, 2]).all()
+    assert (w.dequant()[1, 5] == 0x7FFF) and (w.dequant()[2, 7] == 0x7FFF)
+
+
+@pytest.mark.parametrize("out_fp32", [False, True])
+@pytest.mark.parametrize("m,n,k", [(1, 1, 8), (1, 7, 24), (7, 19, 136), (19, 111, 64),
+                                   (3, 4097, 64), (9, 33, 4096)])
+def test_q4_twin_matches_float64(host, rng, m, n, k, out_fp32):
+    w = Q4(rng, n, k, 32 if k % 32 == 0 else 8)
+    x = xs(rng, m, k)
+    ref = bf16_to_f32(x).astype(np.float64) @ bf16_to_f32(w.dequant()).astype(np.float64).T
+    got = w.launch(host, x, out_fp32)
+    if out_fp32:
+        assert_close(got, ref, "twin_fp32")
+    else:
+        assert_close(bf16_to_f32(got), bf16_to_f32(f32_to_bf16(ref.astype(np.float32))),
+                     "twin_bf16")
+
+
+@pytest.mark.parametrize("out_fp32", [False, True])
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (1, 7, 19), (7, 19, 111), (19, 111, 8),
+                                   (3, 4097, 64), (9, 33, 4097)])
+def test_fp8_twin_matches_float64(host, rng, m, n, k, out_fp32):
+    w = F8(rng, n, k, (128, 16) if k < 100 else (128, 128))
+    x = xs(rng, m, k)
+    ref = bf16_to_f32(x).astype(np.float64) @ bf16_to_f32(w.dequant()).astype(np.float64).T
+    got = w.launch(host, x, out_fp32)
+    if out_fp32:
+        assert_close(got, ref, "twin_fp32")
+    else:
+        assert_close(bf16_to_f32(got), bf16_to_f32(f32_to_bf16(ref.astype(np.float32))),
+                     "twin_bf16")
+
+
+@pytest.mark.parametrize("fmt", ["q4", "q4_act", "fp8"])
+@pytest.mark.parametrize("m,n,k", [(1, 9, 40), (2, 33, 264), (5, 17, 1000), (12, 40, 4104)])
+@pytest.mark.parametrize("path", GEMM_PATHS)
+def test_twin_is_gemm_tc_on_the_dequantized_bits(rng, monkeypatch, fmt, m, n, k, path):
+    """Every implementation of the twin (native with the dequantization in its tile, every
+    build; numpy) gives exactly dot_f32(x, dequant(W))."""
+    from metrale.gpu_runtime import HostBackend
+    k8 = k - k % 8
+    w = F8(rng, n, k) if fmt == "fp8" else Q4(rng, n, k8, 8 if k8 % 32 else 32, fmt == "q4_act")
+    x = xs(rng, m, w.k)
+    want = T.dot_f32(x, w.dequant())
+    with gemm_twin_path(path) as nat:
+        be = HostBackend(native=False)
+        be.native = nat
+        assert np.array_equal(bits(w.launch(be, x, True)), bits(want))
+        assert np.array_equal(w.launch(be, x, False), f32_to_bf16(want))
+
+
+@pytest.mark.parametrize("fmt", ["q4", "fp8"])
+def test_twin_is_batch_invariant(host, rng, fmt):
+    w = Q4(rng, 45, 4104, 8) if fmt == "q4" else F8(rng, 45, 4104)
+    x = xs(rng, 70, w.k)
+    full = w.launch(host, x, True)
+    for r0, r1 in ((0, 1), (13, 14), (69, 70), (3, 20), (0, 17), (30, 70)):
+        assert np.array_equal(bits(w.launch(host, x, True, rows=(r0, r1))), bits(full[r0:r1]))
+
+
+def test_bad_arguments_raise_before_launch(host):
+    args = dict(m=1, n=1, k=8, groups=1, group_size=8)
+    with pytest.raises(InvalidArgument, match="multiple of 8"):
+        Q.gemm_q4(host, 0, 8, 8, 16, 8, 8, 0, **{**args, "k": 12})
+    with pytest.raises(InvalidArgument, match="16-byte aligned"):
+        Q.gemm_q4(host, 0, 8, 8, 8, 8, 8, 0, **args)
+    with pytest.raises(InvalidArgument, match="group_size"):
+        Q.gemm_q4(host, 0, 8, 8, 16, 8, 8, 0, **{**args, "group_size": 12})
+    with pytest.raises(InvalidArgument, match="group_size"):
+        Q.gemm_q4(host, 0, 8, 8, 16, 8, 8, 0, **{**args, "k": 64, "group_size": 8})
+    with pytest.raises(InvalidArgument, match="block_k"):
+        Q.gemm_fp8(host, 0, 8, 8, 16, 8, 8, 1, 1, 19, 2, 8)
+    with pytest.raises(InvalidArgument, match="block_k"):
+        Q.gemm_fp8(host, 0, 8, 8, 16, 8, 8, 1, 1, 19, 1, 12)
+    with pytest.raises(InvalidArgument, match="NULL"):
+        Q.gemm_fp8(host, 0, 8, 8, 16, 8, 0, 1, 1, 19, 1, 24)
+    with pytest.raises(InvalidArgument, match="tile"):
+        Q.gemm_fp8(host, 0, 8, 8, 16, 8, 8, 1, 1, 19, 1, 24, tile="8x8")
+
+
+# ------------------------------------------------------------- GPU (and the emulator)
+RAGGED_Q4 = [(1, 1, 8, 8), (1, 7, 24, 8), (7, 19, 136, 32), (19, 111, 64, 32),
+             (1, 4097, 64, 64), (17, 33, 4096, 128), (130, 70, 264, 8)]
+RAGGED_F8 = [(1, 1, 1), (1, 7, 19), (7, 19, 111), (19, 111, 8), (1, 4097, 64), (17, 33, 4097),
+             (130, 70, 264)]
+LLAMA_8B = [real(1, 6144, 4096), real(8, 4096, 4096), real(1, 28672, 4096),
+            real(1, 4096, 14336), real(64, 28672, 4096), real(300, 6144, 4096),
+            real(2048, 4096, 14336)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,gs", RAGGED_Q4)
+def test_gpu_q4_matches_twin_and_gemm_tc_bits(device, host, rng, m, n, k, gs):
+    """Every tile, both outputs: within the table's bound of the twin, and bit for bit the
+    device's own gemm_tc run on the dequantized weights (garbage in the padding codes)."""
+    for act in (False, True):
+        w = Q4(rng, n, k, gs, act_order=act)
+        x = xs(rng, m, k)
+        wd = w.dequant()
+        for out_fp32 in (False, True):
+            want = w.launch(host, x, out_fp32)
+            for tile in T.TILES:
+                got = w.launch(device, x, out_fp32, tile=tile)
+                assert_close(as_f32(got), as_f32(want), KINDS[out_fp32],
+                             f"m={m} n={n} k={k} tile={tile} act={act}")
+                same = run_tc(device, x, wd, out_fp32, tile=tile)
+                assert np.array_equal(bits(got), bits(same)), (m, n, k, tile, act)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", RAGGED_F8)
+def test_gpu_fp8_matches_twin_and_gemm_tc_bits(device, host, rng, m, n, k):
+    for block in ((128, 128), (1, 16), (7, 8)):
+        w = F8(rng, n, k, block)
+        x = xs(rng, m, k)
+        wd = w.dequant()
+        for out_fp32 in (False, True):
+            want = w.launch(host, x, out_fp32)
+            for tile in T.TILES:
+                got = w.launch(device, x, out_fp32, tile=tile)
+                assert_close(as_f32(got), as_f32(want), KINDS[out_fp32],
+                             f"m={m} n={n} k={k} tile={tile} block={block}")
+                same = run_tc(device, x, wd, out_fp32, tile=tile)
+                assert np.array_equal(bits(got), bits(same)), (m, n, k, tile, block)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", LLAMA_8B)
+def test_gpu_matches_twin_llama_shapes(device, host, rng, m, n, k):
+    for w in (Q4(rng, n, k, 128), F8(rng, n, k)):
+        x = xs(rng, m, k)
+        assert_close(bf16_to_f32(w.launch(device, x)), bf16_to_f32(w.launch(host, x)),
+                     KINDS[False], f"{type(w).__name__} m={m} n={n} k={k}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["q4", "fp8"])
+def test_gpu_batch_invariance_across_m_and_tiles(device, rng, fmt):
+    """Row i alone equals row i inside m = 2..70 (default tile, crossing 16/17 and 64/65)
+    and inside every tile at several offsets."""
+    w = Q4(rng, 37, 264, 8, act_order=True) if fmt == "q4" else F8(rng, 37, 269, (16, 16))
+    x = xs(rng, 70, w.k)
+    solo = {i: w.launch(device, x, True, rows=(i, i + 1))[0] for i in (0, 15, 16, 17, 64, 69)}
+    for r0, r1, tile in ((0, 17, None), (0, 65, None), (0, 70, None), (15, 17, "16x16"),
+                         (1, 65, "64x32"), (0, 70, "128x128"), (16, 69, "16x16")):
+        part = w.launch(device, x, True, rows=(r0, r1), tile=tile)
+        for i, want in solo.items():
+            if r0 <= i < r1:
+                assert np.array_equal(bits(part[i - r0]), bits(want)), (i, r0, r1, tile)
