@@ -24,15 +24,17 @@
 //   gemm_fp8  w = bf16_rn(f32(e4m3(q)) * s): the float8_e4m3fn code widened exactly (via
 //             FP16: cvt.rn.f16x2.e4m3x2 on sm_89+), times its block's FP32 scale, rounded to
 //             FP32 and then to BF16 (HF's dequantization to BF16). Device layout:
-//               q          uint8 [n, kp], kp = k rounded up to 16 (zero padding)
+//               q          uint8 [n, kp], kp = k rounded up to 32
 //               scales     float32 [scale rows, k_blocks]; the scale of (j, k) is
 //                          scales[scale_row[j], k / block_k] (block_k % 8 == 0)
 //               scale_row  int32 [n]: a row's scale row (fused q/k/v parts each keep their
 //                          own grid of 128-row blocks; per-channel and per-tensor scales
 //                          are grids too)
-//             Restrictions: q 16-byte aligned. Scales are checked at load so that every
-//             product q * s is a normal FP32 number or zero (FTZ cannot change it).
-//   Positions past k dequantize to +0 (the BF16 GEMM's zero fill).
+//             Restrictions: q 16-byte aligned; every product e4m3(q) * s a normal FP32
+//             number, zero or NaN (the loader refuses scales below 2^-117), so that FTZ
+//             (--use_fast_math) cannot change it, nor the CPU twin's.
+//   Positions past k dequantize to +0 (the BF16 GEMM's zero fill), whatever the padding
+//   codes hold.
 //
 // Shapes: x bf16 [m, k], y bf16 [m, n] (gemm_*_bf16_*) or float32 [m, n] (gemm_*_fp32_*).
 // Tiles (one entry point per format, output type and tile; metrale/ops/gemm_tc.py's
@@ -70,7 +72,8 @@ struct Int4Format {
     __device__ __forceinline__ Row row(int j) const {
         return {scales + (long long)j * groups, zeros + (long long)j * groups};
     }
-    __device__ __forceinline__ uint4 dequant8(const unsigned char *raw, const Row &r, int k0) const {
+    __device__ __forceinline__ uint4 dequant8(const unsigned char *raw, const Row &r, int k0,
+                                              int) const {  // k % 8 == 0: no partial chunk
         const unsigned int w = *reinterpret_cast<const unsigned int *>(raw);
         float v[8];
         if (gidx == nullptr) {  // one group for the 8 values (group_size % 8 == 0)
@@ -111,8 +114,14 @@ struct Fp8Format {
     __device__ __forceinline__ Row row(int j) const {
         return {scales + (long long)__ldg(scale_row + j) * k_blocks};
     }
-    __device__ __forceinline__ uint4 dequant8(const unsigned char *raw, const Row &r, int k0) const {
-        const uint2 b = *reinterpret_cast<const uint2 *>(raw);
+    __device__ __forceinline__ uint4 dequant8(const unsigned char *raw, const Row &r, int k0,
+                                              int k) const {
+        uint2 b = *reinterpret_cast<const uint2 *>(raw);
+        if (k0 + 8 > k) {  // the chunk that straddles k: the codes past it count as +0
+            const int live = k - k0;   // 1..7
+            b.x &= live >= 4 ? 0xFFFFFFFFu : (1u << (8 * live)) - 1u;
+            b.y &= live <= 4 ? 0u : (1u << (8 * (live - 4))) - 1u;
+        }
         const float s = __ldg(r.s + k0 / block_k);
         unsigned int out[4];
 #pragma unroll
@@ -179,7 +188,7 @@ struct QuantRows {
             if (dq_r[i] < 0) continue;   // rows past n are never read (clamped)
             const int k0 = kt * T::BK + 8 * dq_ch[i];
             const uint4 v = k0 < k ? f.dequant8(slot + dq_r[i] * RB + BYTES8 * dq_ch[i],
-                                                dq_row[i], k0)
+                                                dq_row[i], k0, k)
                                    : make_uint4(0u, 0u, 0u, 0u);
             *reinterpret_cast<uint4 *>(sd + smem_off<T>(dq_r[i], dq_ch[i])) = v;
         }
@@ -220,7 +229,7 @@ typedef TcTile<128, 128, 32, 2, 4, 3> F8Tile128x128;
         typedef QuantRows<TILE, Fp8Format> Src;                                               \
         GEMM_Q_SMEM(TILE, Src);                                                               \
         Src src;                                                                              \
-        src.f = Fp8Format{q, scales, scale_row, k_blocks, block_k, ((k + 15) / 16) * 16};    \
+        src.f = Fp8Format{q, scales, scale_row, k_blocks, block_k, ((k + 31) / 32) * 32};    \
         gemm_tc_tile<TILE>(sa, sw, sd, YB, YF, x, src, m, n, k);                              \
     }
 

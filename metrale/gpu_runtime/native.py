@@ -33,8 +33,10 @@ from .cxx import cache_root, compiler, compiler_version
 log = logging.getLogger("metrale")
 
 SOURCES = tuple(Path(__file__).resolve().parent / "native" / name
-                for name in ("gemm_f32.cpp", "convert_bf16.cpp", "dequant_gguf.cpp"))
-HEADERS = (Path(__file__).resolve().parent / "native" / "pool.h",)
+                for name in ("gemm_f32.cpp", "gemm_quant.cpp", "convert_bf16.cpp",
+                             "dequant_gguf.cpp"))
+HEADERS = tuple(Path(__file__).resolve().parent / "native" / name
+                for name in ("pool.h", "gemm_core.h"))
 # Adversarial blocks the load-time check runs through VDPBF16PS and the formula (~40 ms).
 SELFCHECK_BLOCKS = 1 << 16
 # IEEE arithmetic (no -ffast-math: signed zeros, NaN and subnormals are kept); FMA
@@ -94,6 +96,10 @@ class NativeKernels:
         for f in (self._f32, self._bf16):
             f.restype = None
             f.argtypes = [_P, _P, _I64, _I64, _I64, _P]
+        self._q4, self._fp8 = lib.md_gemm_q4, lib.md_gemm_fp8
+        self._q4.restype = self._fp8.restype = None
+        self._q4.argtypes = [_P] * 5 + [_I64] * 5 + [_P, _P]
+        self._fp8.argtypes = [_P] * 4 + [_I64] * 5 + [_P, _P]
         self._to_bf16, self._to_f32 = lib.md_f32_to_bf16, lib.md_bf16_to_f32
         for f in (self._to_bf16, self._to_f32):
             f.restype = None
@@ -144,6 +150,41 @@ class NativeKernels:
         f(x_bits.ctypes.data, w_bits.ctypes.data, m, n, k, out.ctypes.data)
         return out
 
+    def gemm_q4(self, x_bits, q, scales, zeros, gidx, k: int, group_size: int,
+                out: np.ndarray) -> np.ndarray:
+        """x_bits [m, k] uint16; q uint32 [n, ceil(k / 32) * 4]; scales uint16 FP16 bits and
+        zeros uint8 [n, groups]; gidx int32 [k] or None: out [m, n] (float32 or BF16 bits)
+        = ops.gemm_q's twin bit for bit, W read packed. Returns out."""
+        m, n = len(x_bits), len(q)
+        _check_out("gemm_q4", out, m, n)
+        arrs = [np.ascontiguousarray(a) for a in (x_bits, q, scales, zeros)]
+        if arrs[0].shape != (m, k) or arrs[1].nbytes != n * ((k + 31) // 32 * 16) or \
+                arrs[2].shape != arrs[3].shape or arrs[2].shape[0] != n:
+            raise ValueError("gemm_q4: x_bits [m, k], q [n, ceil(k / 32) * 4], scales and "
+                             "zeros [n, groups]")
+        g = None if gidx is None else np.ascontiguousarray(gidx, np.int32)
+        f32, bf = (out, None) if out.dtype == np.float32 else (None, out)
+        self._q4(*(a.ctypes.data for a in arrs), None if g is None else g.ctypes.data, m, n,
+                 k, arrs[2].shape[1], int(group_size),
+                 None if f32 is None else f32.ctypes.data, None if bf is None else bf.ctypes.data)
+        return out
+
+    def gemm_fp8(self, x_bits, q, scales, scale_row, k: int, block_k: int,
+                 out: np.ndarray) -> np.ndarray:
+        """x_bits [m, k] uint16; q uint8 [n, ceil(k / 32) * 32]; scales float32 [rows,
+        k_blocks]; scale_row int32 [n]: out [m, n] = ops.gemm_q's FP8 twin bit for bit."""
+        m, n = len(x_bits), len(q)
+        _check_out("gemm_fp8", out, m, n)
+        arrs = [np.ascontiguousarray(a) for a in (x_bits, q, scales, scale_row)]
+        if arrs[0].shape != (m, k) or arrs[1].shape != (n, (k + 31) // 32 * 32) or \
+                arrs[2].dtype != np.float32 or arrs[3].shape != (n,) or \
+                arrs[2].shape[1] != -(-k // block_k) or arrs[3].max() >= len(arrs[2]):
+            raise ValueError("gemm_fp8: x_bits [m, k], q [n, ceil(k / 32) * 32], scales "
+                             "float32 [rows, ceil(k / block_k)], scale_row [n] < rows")
+        f32, bf = (out, None) if out.dtype == np.float32 else (None, out)
+        self._fp8(*(a.ctypes.data for a in arrs), m, n, k, arrs[2].shape[1], int(block_k),
+                  None if f32 is None else f32.ctypes.data, None if bf is None else bf.ctypes.data)
+        return out
 
     def f32_to_bf16(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
         """x C-contiguous float32, out C-contiguous uint16 of x's size: ops.bf16's rule."""
@@ -167,6 +208,13 @@ class NativeKernels:
                              "C-contiguous uint16 out")
         return self._gguf(int(ggml_type), raw.ctypes.data, out.ctypes.data, out.size,
                           usable_cpus()) == 0
+
+
+def _check_out(what: str, out, m: int, n: int) -> None:
+    if out.shape != (m, n) or not out.flags.c_contiguous or not out.flags.writeable or \
+            out.dtype not in (np.float32, np.uint16):
+        raise ValueError(f"{what}: out must be writable C-contiguous float32 or uint16 "
+                         f"[{m}, {n}]")
 
 
 def _check_pair(what: str, x, x_dtype, out, out_dtype) -> None:

@@ -45,8 +45,8 @@ def q4_row_bytes(k: int) -> int:
 
 
 def fp8_row_bytes(k: int) -> int:
-    """Bytes of one FP8 row: k rounded up to 16 (16-byte rows, zero padding)."""
-    return -(-int(k) // 16) * 16
+    """Bytes of one FP8 row: k rounded up to 32 (whole 32-code blocks)."""
+    return -(-int(k) // 32) * 32
 
 
 def q4_groups_of(k: int, group_size: int, gidx) -> np.ndarray:
@@ -129,7 +129,7 @@ def gemm_fp8(backend, stream: int, y_ptr, x_ptr, q_ptr, scales_ptr, scale_row_pt
     """Y[m, n] = X[m, k] @ dequant_fp8(W)[n, k]^T on tensor cores, batch-invariant.
 
     x: [m, k] bf16; q: uint8 [n, kp] float8_e4m3fn codes (16-byte aligned, kp = k rounded
-    up to 16); scales: float32 [rows, k_blocks]; scale_row: int32 [n]; block_k % 8 == 0,
+    up to 32); scales: float32 [rows, k_blocks]; scale_row: int32 [n]; block_k % 8 == 0,
     k_blocks = ceil(k / block_k); y: [m, n] bf16, or float32 when out_fp32.
     """
     what = "gemm_fp8"

@@ -61,17 +61,17 @@ class Q4:
 
 
 class F8:
-    """Random float8_e4m3fn W (no NaN codes) with block scales; padding bytes zero, as the
-    repacked checkpoints have them."""
+    """Random float8_e4m3fn W (no NaN codes) with block scales; garbage in the padding."""
 
-    def __init__(self, rng, n, k, block=(128, 128), nan=False):
+    def __init__(self, rng, n, k, block=(128, 128), nan=False, garbage=True):
         self.n, self.k = n, k
         self.block_k = block[1]
         kp = Q.fp8_row_bytes(k)
         codes = rng.integers(0, 256, size=(n, kp)).astype(np.uint8)
         if not nan:
             codes[(codes & 0x7F) == 0x7F] -= 1
-        codes[:, k:] = 0
+        if not garbage:
+            codes[:, k:] = 0
         self.q = codes
         self.k_blocks = -(-k // self.block_k)
         rows = -(-n // block[0])

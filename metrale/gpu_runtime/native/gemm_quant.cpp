@@ -1,0 +1,414 @@
+// The dequantizing GEMM twin computed natively (metrale/ops/gemm_q.py): gemm_f32.cpp's
+// formula on W = dequant(packed W), with the dequantization inside the tile's W loads, so
+// W is read from memory as packed (4 bits or 1 byte a weight: decode on a CPU is bound by
+// the bytes it reads, as on a GPU) and the same bits come out as gemm_f32.cpp on the
+// dequantized BF16 W (tests/ops/test_gemm_q.py compares every build with numpy).
+//
+// Dequantization (the formulas of kernels/gemm_q.cu), for the 16 lanes of one step:
+//   4-bit  w = bf16_rn((q - z) * s): the 16 bytes of a 32-position block hold positions 2l
+//          (low nibble) and 2l + 1 (high nibble) in byte l, so lane l's code of the odd step
+//          is byte l >> 4 and of the even step byte l & 15; (q - z) * s is exact in float32
+//          (FP16 scale, 5-bit difference), so only the BF16 rounding rounds.
+//   FP8    w = bf16_rn(f32_rn(e4m3(q) * s)): the 32 bytes of a block as 16 byte pairs, lane
+//          l's code of the odd step the pair's high byte, of the even step its low byte;
+//          e4m3 widened exactly (all its values are normal float32s), one float32 product.
+// Both run inside the job's FlushScope: every value is a normal float32 or zero (4-bit: |s| >=
+// 2^-24 as FP16; FP8: the loader refuses scales whose products could be subnormal), so FTZ
+// and DAZ cannot change a bit. Positions past k give +0. Act-order (a group per position)
+// takes a scalar path.
+#include "gemm_core.h"
+
+namespace md {
+namespace {
+
+typedef uint32_t v8u __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef float v8f __attribute__((vector_size(32)));
+typedef uint8_t v8b __attribute__((vector_size(8)));
+typedef uint16_t v8h __attribute__((vector_size(16)));
+
+// The dequantization works on two 8-lane halves (one AVX2 register each), stored and loaded
+// back as the 16 lanes of a step (store-to-load forwarded): GCC lowers 16-lane vectors
+// built from narrower loads, or joined with a shuffle, into scalar inserts and extracts on
+// AVX2 (3-6x slower end to end).
+inline v16u join(v8u lo, v8u hi) {
+    alignas(64) v8u buf[2] = {lo, hi};
+    v16u r;
+    std::memcpy(&r, buf, 64);
+    return r;
+}
+
+// 8 bytes / 8 little-endian uint16 at p, zero-extended to 8 lanes.
+inline v8u widen8_u8(const uint8_t *p) {
+#if defined(__AVX2__) && defined(MD_MXCSR)
+    return reinterpret_cast<v8u>(
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p))));
+#else
+    v8b b;
+    std::memcpy(&b, p, 8);
+    return __builtin_convertvector(b, v8u);
+#endif
+}
+
+inline v8u widen8_u16(const uint8_t *p) {
+#if defined(__AVX2__) && defined(MD_MXCSR)
+    return reinterpret_cast<v8u>(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))));
+#else
+    v8h h;
+    std::memcpy(&h, p, 16);
+    return __builtin_convertvector(h, v8u);
+#endif
+}
+
+// FP16 bits -> float32, exactly.
+inline float half_to_f32(uint16_t h) {
+    const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu, bits;
+    if (exp == 0x1Fu) {
+        bits = sign | 0x7F800000u | (mant << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112u) << 23) | (mant << 13);
+    } else if (mant == 0) {
+        bits = sign;
+    } else {
+        int e = 113;
+        while ((mant & 0x400u) == 0) {
+            mant <<= 1;
+            --e;
+        }
+        bits = sign | (uint32_t(e) << 23) | ((mant & 0x3FFu) << 13);
+    }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+// float32 lanes rounded to BF16 (nearest even), as float32 bit patterns (low 16 bits 0);
+// with kNaN, a NaN becomes 0x7FFF0000 (the canonical BF16 NaN; 4-bit values are finite).
+template <bool kNaN>
+inline v8u bf16_high(v8f v) {
+    const v8u u = reinterpret_cast<v8u>(v);
+    const v8u r = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+    if constexpr (!kNaN) return r;
+    const v8u nan = reinterpret_cast<v8u>(reinterpret_cast<v8i>(u & 0x7FFFFFFFu) >
+                                          int32_t(0x7F800000));
+    return (r & ~nan) | (0x7FFF0000u & nan);
+}
+
+inline v8u blend(v8u mask, v8u a, v8u b) { return (a & mask) | (b & ~mask); }
+inline v8f splat(float f) { return v8f{} + f; }
+
+// Lanes whose position 32 blk + 2l + (H == 0) is at or past k set to +0.
+template <int H>
+inline v16u mask_past_k(v16u hb, int64_t blk, int64_t k) {
+    if (32 * blk + 32 <= k) return hb;
+    v16u keep;
+    for (int l = 0; l < 16; l++) keep[l] = 32 * blk + 2 * l + (H == 0) < k ? ~0u : 0u;
+    return hb & keep;
+}
+
+
+#if defined(MD_MXCSR) && defined(__FMA__) && defined(__AVX2__) && defined(__F16C__) && \
+    !defined(__AVX512F__)
+// AVX2 + FMA: each dequantizing source brings its own tile for the FMA step, whose W
+// operands are built as two 8-lane halves and never joined into 16-lane vectors (GCC moves
+// those through the stack on AVX2), with the 4-bit values read from a 16-entry table per
+// (row, group) instead of computed. Each lane step is the same FMA on the same operands as
+// in `tile`, so the bits are the same (the tests compare this build with numpy).
+#define MD_Q_AVX2 1
+
+inline __m256 bf16_round8(__m256 v) {   // nearest even, float32 bit pattern; NaN stays NaN
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF)));
+    return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(int(0xFFFF0000u))));
+}
+
+// Lanes of positions at or past k set to +0 (pos0: the position of lane 0, step 2).
+inline __m256 zero_past_k(__m256 v, int64_t pos0, int64_t k) {
+    const __m256i pos = _mm256_add_epi32(_mm256_set1_epi32(int(pos0)),
+                                         _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+    return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(int(k)), pos)));
+}
+
+// The shared tile: Src::halves<H>(row, blk, state, lo, hi) gives step 2 blk + H of a row.
+template <int R, int C, class Src>
+inline void tile_halves(const Src &w, const v16f *x, int64_t steps, const Out &out,
+                        int64_t i0, int64_t j) {
+    __m256 acc[R * C][2];
+    for (int e = 0; e < R * C; e++) acc[e][0] = acc[e][1] = _mm256_setzero_ps();
+    typename Src::State st[C];
+    for (int64_t blk = 0; blk < steps / 2; blk++) {
+        for (int b = 0; b < C; b++) w.prefetch(b + 2 * C, 2 * blk);   // the tile after next
+        auto step = [&](auto h) {
+            __m256 wl[C], wh[C];
+            for (int b = 0; b < C; b++) w.template halves<decltype(h)::value>(b, blk, st[b], wl[b], wh[b]);
+            for (int a = 0; a < R; a++) {
+                const float *xp = reinterpret_cast<const float *>(x + a * steps + 2 * blk +
+                                                                  decltype(h)::value);
+                const __m256 xl = _mm256_loadu_ps(xp), xh = _mm256_loadu_ps(xp + 8);
+                for (int b = 0; b < C; b++) {
+                    acc[a * C + b][0] = _mm256_fmadd_ps(xl, wl[b], acc[a * C + b][0]);
+                    acc[a * C + b][1] = _mm256_fmadd_ps(xh, wh[b], acc[a * C + b][1]);
+                }
+            }
+        };
+        step(std::integral_constant<int, 0>{});   // the odd positions, then the even ones
+        step(std::integral_constant<int, 1>{});
+    }
+    alignas(64) v16f a16[R * C];
+    std::memcpy(a16, acc, sizeof a16);
+    store_tile<R, C>(a16, out, i0, j);
+}
+#endif
+
+// Step s of a row from a source's half_bits<H>(row, blk) (BF16 bits of the block's odd
+// (H = 0) or even (H = 1) positions in the high halves of the lanes): DpStep takes both
+// halves as one block of BF16 pairs, the float32 steps the one they need.
+template <class S, class Src>
+inline v16f step_of(const Src &src, int64_t row, int64_t s) {
+    if constexpr (S::kPerBlock == 1) {
+        const v16u odd = src.template half_bits<0>(row, s), even = src.template half_bits<1>(row, s);
+        return S::from_bits((even >> 16) | odd, 0);
+    } else {
+        const int64_t blk = s >> 1;
+        if (s & 1) return S::from_bits(src.template half_bits<1>(row, blk) >> 16, 1);
+        return S::from_bits(src.template half_bits<0>(row, blk), 0);
+    }
+}
+
+// 4-bit W: q [n, row_bytes] (32 codes per 16 bytes), scales FP16 [n, groups], zeros uint8
+// [n, groups], gidx int32 [k] or null (group k / group_size, group_size % 8 == 0).
+template <class S>
+struct WQ4 {
+    const uint8_t *q;
+    const uint16_t *scales;
+    const uint8_t *zeros;
+    const int32_t *gidx;
+    int64_t row_bytes, groups, group_size, k;
+
+    WQ4 rows(int64_t r0) const {
+        return {q + r0 * row_bytes, scales + r0 * groups, zeros + r0 * groups, gidx, row_bytes,
+                groups, group_size, k};
+    }
+    void prefetch(int64_t row, int64_t s) const {
+        __builtin_prefetch(reinterpret_cast<const void *>(
+            reinterpret_cast<uintptr_t>(q) + uintptr_t(row * row_bytes + s / S::kPerBlock * 16)));
+    }
+    // (q - z) * s of 8 lanes (bytes b: position 2l in the low nibble, 2l + 1 in the high)
+    template <int H>
+    static v8u dq8(v8u b, v8f z, v8f sc) {
+        const v8u codes = H == 0 ? (b >> 4) : (b & 15u);
+        return bf16_high<false>((__builtin_convertvector(reinterpret_cast<v8i>(codes), v8f) - z) * sc);
+    }
+    template <int H>
+    v16u half_bits(int64_t row, int64_t blk) const {
+        const uint8_t *p = q + row * row_bytes + 16 * blk;
+        const uint16_t *srow = scales + row * groups;
+        const uint8_t *zrow = zeros + row * groups;
+        v16u hb;
+        if (gidx == nullptr && group_size % 32 == 0) {   // one group for the block
+            const int64_t g = 32 * blk / group_size;
+            const v8f sc = splat(half_to_f32(srow[g])), z = splat(float(zrow[g]));
+            hb = join(dq8<H>(widen8_u8(p), z, sc), dq8<H>(widen8_u8(p + 8), z, sc));
+        } else {                                          // a group per lane
+            alignas(32) float sc[16], z[16];
+            for (int l = 0; l < 16; l++) {
+                const int64_t pos = std::min(32 * blk + 2 * l + (H == 0), k - 1);
+                const int64_t g = gidx ? int64_t(gidx[pos]) : pos / group_size;
+                sc[l] = half_to_f32(srow[g]);
+                z[l] = float(zrow[g]);
+            }
+            v8f s0, s1, z0, z1;
+            std::memcpy(&s0, sc, 32);
+            std::memcpy(&s1, sc + 8, 32);
+            std::memcpy(&z0, z, 32);
+            std::memcpy(&z1, z + 8, 32);
+            hb = join(dq8<H>(widen8_u8(p), z0, s0), dq8<H>(widen8_u8(p + 8), z1, s1));
+        }
+        return mask_past_k<H>(hb, blk, k);   // (q - z) * s exact: one rounding, to BF16
+    }
+    v16f load(int64_t row, int64_t s) const { return step_of<S>(*this, row, s); }
+
+#if defined(MD_Q_AVX2)
+    template <class S2>
+    struct own_tile : std::bool_constant<std::is_same_v<S2, FmaStep>> {};
+    struct State {   // the values of codes 0..7 and 8..15 in group g (of this tile's row)
+        int64_t g = -1;
+        __m256 lo, hi;
+    };
+    static __m256 lookup(const State &st, __m256i codes) {   // codes: 4 bits (higher ignored)
+        const __m256 a = _mm256_permutevar8x32_ps(st.lo, codes);
+        const __m256 b = _mm256_permutevar8x32_ps(st.hi, codes);
+        return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(_mm256_slli_epi32(codes, 28)));
+    }
+    template <int H>
+    void halves(int64_t row, int64_t blk, State &st, __m256 &lo, __m256 &hi) const {
+        const uint8_t *p = q + row * row_bytes + 16 * blk;
+        __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p)));
+        __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p + 8)));
+        if (H == 0) b0 = _mm256_srli_epi32(b0, 4), b1 = _mm256_srli_epi32(b1, 4);
+        if (gidx == nullptr && group_size % 32 == 0) {
+            const int64_t g = 32 * blk / group_size;
+            if (g != st.g) {   // (c - z) * s for c = 0..15, exact, rounded to BF16 once
+                const __m256 sc = _mm256_set1_ps(half_to_f32(scales[row * groups + g]));
+                const __m256 c = _mm256_sub_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7),
+                                               _mm256_set1_ps(float(zeros[row * groups + g])));
+                st.lo = bf16_round8(_mm256_mul_ps(c, sc));
+                st.hi = bf16_round8(_mm256_mul_ps(_mm256_add_ps(c, _mm256_set1_ps(8.f)), sc));
+                st.g = g;
+            }
+            lo = lookup(st, b0);
+            hi = lookup(st, b1);
+        } else {   // a group per lane: (c - z) * s computed
+            alignas(32) float sc[16], z[16];
+            for (int l = 0; l < 16; l++) {
+                const int64_t pos = std::min(32 * blk + 2 * l + (H == 0), k - 1);
+                const int64_t g = gidx ? int64_t(gidx[pos]) : pos / group_size;
+                sc[l] = half_to_f32(scales[row * groups + g]);
+                z[l] = float(zeros[row * groups + g]);
+            }
+            const __m256i m15 = _mm256_set1_epi32(15);
+            lo = bf16_round8(_mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b0, m15)),
+                                                         _mm256_load_ps(z)), _mm256_load_ps(sc)));
+            hi = bf16_round8(_mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b1, m15)),
+                                                         _mm256_load_ps(z + 8)), _mm256_load_ps(sc + 8)));
+        }
+        if (32 * blk + 32 > k) {
+            lo = zero_past_k(lo, 32 * blk + (H == 0), k);
+            hi = zero_past_k(hi, 32 * blk + 16 + (H == 0), k);
+        }
+    }
+    template <int R, int C>
+    void tile(const v16f *x, int64_t steps, const Out &out, int64_t i0, int64_t j) const {
+        tile_halves<R, C>(*this, x, steps, out, i0, j);
+    }
+#endif
+};
+
+// float8_e4m3fn W: q [n, row_bytes] (32 codes per 32 bytes), scales float32 [rows,
+// k_blocks], scale_row int32 [n] (block_k % 8 == 0).
+template <class S>
+struct WF8 {
+    const uint8_t *q;
+    const float *scales;
+    const int32_t *scale_row;
+    int64_t row_bytes, k_blocks, block_k, k;
+
+    WF8 rows(int64_t r0) const {
+        return {q + r0 * row_bytes, scales, scale_row + r0, row_bytes, k_blocks, block_k, k};
+    }
+    void prefetch(int64_t row, int64_t s) const {
+        __builtin_prefetch(reinterpret_cast<const void *>(
+            reinterpret_cast<uintptr_t>(q) + uintptr_t(row * row_bytes + s / S::kPerBlock * 32)));
+    }
+    // e4m3(code) * s of 8 lanes (byte pairs: position 2l low, 2l + 1 high), one rounding
+    // to float32: normal 2^(e-7) (1 + m/8) as float32 bits, e = 0: m 2^-9 (a normal float32)
+    template <int H>
+    static v8u dq8(v8u pairs, v8f sc) {
+        const v8u c = H == 0 ? (pairs >> 8) : (pairs & 0xFFu);
+        const v8u sign = (c & 0x80u) << 24, e = (c >> 3) & 15u, m = c & 7u;
+        const v8u normal = sign | ((e + 120u) << 23) | (m << 20);
+        const v8f sub = __builtin_convertvector(reinterpret_cast<v8i>(m), v8f) * 0x1p-9f;
+        v8u bits = blend(reinterpret_cast<v8u>(e == 0u), reinterpret_cast<v8u>(sub) | sign, normal);
+        bits = blend(reinterpret_cast<v8u>((c & 0x7Fu) == 0x7Fu), v8u{} + 0x7FC00000u, bits);
+        return bf16_high<true>(reinterpret_cast<v8f>(bits) * sc);
+    }
+    template <int H>
+    v16u half_bits(int64_t row, int64_t blk) const {
+        const uint8_t *p = q + row * row_bytes + 32 * blk;
+        const float *srow = scales + int64_t(scale_row[row]) * k_blocks;
+        v16u hb;
+        if (block_k % 32 == 0) {
+            const v8f sc = splat(srow[32 * blk / block_k]);
+            hb = join(dq8<H>(widen8_u16(p), sc), dq8<H>(widen8_u16(p + 16), sc));
+        } else {
+            alignas(32) float sc[16];
+            for (int l = 0; l < 16; l++) sc[l] = srow[std::min(32 * blk + 2 * l, k - 1) / block_k];
+            v8f s0, s1;
+            std::memcpy(&s0, sc, 32);
+            std::memcpy(&s1, sc + 8, 32);
+            hb = join(dq8<H>(widen8_u16(p), s0), dq8<H>(widen8_u16(p + 16), s1));
+        }
+        return mask_past_k<H>(hb, blk, k);
+    }
+    v16f load(int64_t row, int64_t s) const { return step_of<S>(*this, row, s); }
+
+#if defined(MD_Q_AVX2)
+    template <class S2>
+    struct own_tile : std::bool_constant<std::is_same_v<S2, FmaStep>> {};
+    struct State {};
+    // e4m3 -> FP16 bits in place (sign, then the 7 bits below it as FP16 exponent and
+    // mantissa: 2^-8 times the value, subnormals included), widened exactly by vcvtph2ps,
+    // times 256 (exact), times s (the one FP32 rounding), to BF16.
+    template <int H>
+    void halves(int64_t row, int64_t blk, State &, __m256 &lo, __m256 &hi) const {
+        const __m256i pr = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(
+            q + row * row_bytes + 32 * blk));
+        const __m256i c = H == 0 ? _mm256_srli_epi16(pr, 8)
+                                 : _mm256_and_si256(pr, _mm256_set1_epi16(0xFF));
+        __m256i h = _mm256_or_si256(
+            _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x7F)), 7),
+            _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x80)), 8));
+        const __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x7F)),
+                                               _mm256_set1_epi16(0x7F));
+        h = _mm256_blendv_epi8(h, _mm256_set1_epi16(0x7E00), nan);
+        __m256 f0 = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+        __m256 f1 = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+        const float *srow = scales + int64_t(scale_row[row]) * k_blocks;
+        __m256 s0, s1;
+        if (block_k % 32 == 0) {
+            s0 = s1 = _mm256_set1_ps(srow[32 * blk / block_k]);
+        } else {
+            alignas(32) float sc[16];
+            for (int l = 0; l < 16; l++) sc[l] = srow[std::min(32 * blk + 2 * l, k - 1) / block_k];
+            s0 = _mm256_load_ps(sc);
+            s1 = _mm256_load_ps(sc + 8);
+        }
+        const __m256 k256 = _mm256_set1_ps(256.f);
+        lo = bf16_round8(_mm256_mul_ps(_mm256_mul_ps(f0, k256), s0));
+        hi = bf16_round8(_mm256_mul_ps(_mm256_mul_ps(f1, k256), s1));
+        if (32 * blk + 32 > k) {
+            lo = zero_past_k(lo, 32 * blk + (H == 0), k);
+            hi = zero_past_k(hi, 32 * blk + 16 + (H == 0), k);
+        }
+    }
+    template <int R, int C>
+    void tile(const v16f *x, int64_t steps, const Out &out, int64_t i0, int64_t j) const {
+        tile_halves<R, C>(*this, x, steps, out, i0, j);
+    }
+#endif
+};
+
+Out out_of(float *y32, uint16_t *ybf16, int64_t n) { return Out{y32, ybf16, n}; }
+
+}  // namespace
+}  // namespace md
+
+extern "C" {
+
+// y [m, n] = x [m, k] @ dequant_q4(W)^T: float32 into y32, or BF16 bits into ybf16 (one of
+// the two non-null). q: [n, (k + 31) / 32 * 16] bytes; gidx null unless act-order.
+__attribute__((visibility("default"))) void md_gemm_q4(
+    const uint16_t *x, const uint8_t *q, const uint16_t *scales, const uint8_t *zeros,
+    const int32_t *gidx, int64_t m, int64_t n, int64_t k, int64_t groups, int64_t group_size,
+    float *y32, uint16_t *ybf16) {
+    const int64_t row_bytes = (k + 31) / 32 * 16;
+    md::gemm_any(x, m, n, k, md::out_of(y32, ybf16, n), [&](auto step) {
+        return md::WQ4<decltype(step)>{q, scales, zeros, gidx, row_bytes, groups, group_size, k};
+    });
+}
+
+// y [m, n] = x [m, k] @ dequant_fp8(W)^T (as md_gemm_q4). q: [n, (k + 31) / 32 * 32] bytes.
+__attribute__((visibility("default"))) void md_gemm_fp8(
+    const uint16_t *x, const uint8_t *q, const float *scales, const int32_t *scale_row,
+    int64_t m, int64_t n, int64_t k, int64_t k_blocks, int64_t block_k, float *y32,
+    uint16_t *ybf16) {
+    const int64_t row_bytes = (k + 31) / 32 * 32;
+    md::gemm_any(x, m, n, k, md::out_of(y32, ybf16, n), [&](auto step) {
+        return md::WF8<decltype(step)>{q, scales, scale_row, row_bytes, k_blocks, block_k, k};
+    });
+}
+
+}  // extern "C"
