@@ -18,7 +18,8 @@
 //               q       uint32 [n, kp / 8], kp = k rounded up to 32: word w of row j holds
 //                       k = 8w .. 8w + 7, code of k = 8w + e at bits 4e .. 4e + 3
 //               scales  uint16 (FP16 bits) [n, groups]     zeros  uint8 [n, groups]
-//               group of k: gidx[k] (act-order, int32 [k]) or, when gidx is NULL,
+//               group of (j, k): gidx[gidx_row[j], k] (act-order: int32 tables [parts,
+//                       k], one per fused part, gidx_row int32 [n]) or, when gidx is NULL,
 //                       k / group_size (group_size % 8 == 0)
 //             Restrictions: k % 8 == 0; q 16-byte aligned.
 //   gemm_fp8  w = bf16_rn(f32(e4m3(q)) * s): the float8_e4m3fn code widened exactly (via
@@ -59,24 +60,26 @@ struct Int4Format {
     const unsigned int *q;
     const unsigned short *scales;
     const unsigned char *zeros;
-    const int *gidx;
-    int groups, group_size, row_bytes;
+    const int *gidx, *gidx_row;
+    int groups, group_size, row_bytes, k;
 
     struct Row {
         const unsigned short *s;
         const unsigned char *z;
+        const int *g;   // the row's act-order table, or null
     };
     __device__ __forceinline__ const unsigned char *row_bytes_at(int j) const {
         return reinterpret_cast<const unsigned char *>(q) + (long long)j * row_bytes;
     }
     __device__ __forceinline__ Row row(int j) const {
-        return {scales + (long long)j * groups, zeros + (long long)j * groups};
+        return {scales + (long long)j * groups, zeros + (long long)j * groups,
+                gidx ? gidx + (long long)__ldg(gidx_row + j) * k : nullptr};
     }
     __device__ __forceinline__ uint4 dequant8(const unsigned char *raw, const Row &r, int k0,
                                               int) const {  // k % 8 == 0: no partial chunk
         const unsigned int w = *reinterpret_cast<const unsigned int *>(raw);
         float v[8];
-        if (gidx == nullptr) {  // one group for the 8 values (group_size % 8 == 0)
+        if (r.g == nullptr) {  // one group for the 8 values (group_size % 8 == 0)
             const int g = k0 / group_size;
             const float s = __half2float(__ushort_as_half(__ldg(r.s + g)));
             const float zf = 8388608.f + (float)__ldg(r.z + g);  // 2^23 + z, exact
@@ -86,7 +89,7 @@ struct Int4Format {
         } else {                // act-order: each k its own group
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
-                const int g = __ldg(gidx + k0 + e);
+                const int g = __ldg(r.g + k0 + e);
                 const float s = __half2float(__ushort_as_half(__ldg(r.s + g)));
                 const float zf = 8388608.f + (float)__ldg(r.z + g);
                 v[e] = __fmul_rn(__uint_as_float(0x4B000000u | ((w >> (4 * e)) & 15u)) - zf, s);
@@ -211,13 +214,13 @@ typedef TcTile<128, 128, 32, 2, 4, 3> F8Tile128x128;
     extern "C" __global__ void __launch_bounds__(TILE::THREADS, MIN_BLOCKS)                    \
         gemm_q4_##OUT##_##NAME(YT *y, const bf16 *x, const unsigned int *q,                    \
                                const unsigned short *scales, const unsigned char *zeros,       \
-                               const int *gidx, int m, int n, int k, int groups,              \
-                               int group_size) {                                              \
+                               const int *gidx, const int *gidx_row, int m, int n, int k,    \
+                               int groups, int group_size) {                                  \
         typedef QuantRows<TILE, Int4Format> Src;                                              \
         GEMM_Q_SMEM(TILE, Src);                                                               \
         Src src;                                                                              \
-        src.f = Int4Format{q, scales, zeros, gidx, groups, group_size,                       \
-                           ((k + 31) / 32) * 16};                                             \
+        src.f = Int4Format{q, scales, zeros, gidx, gidx_row, groups, group_size,             \
+                           ((k + 31) / 32) * 16, k};                                          \
         gemm_tc_tile<TILE>(sa, sw, sd, YB, YF, x, src, m, n, k);                              \
     }
 

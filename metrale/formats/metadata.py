@@ -16,6 +16,7 @@ from ..errors import FormatError, Unsupported
 from . import decoder_fields as df
 from .config_fields import _Cfg, _pick, _token_ids
 from .multimodal import VisionConfig, WhisperConfig, vision_config, whisper_config
+from .quant import parse_quantization
 from .rope_config import RopeScaling, context_length, parse_rope
 
 __all__ = ["ModelMetadata", "RopeScaling", "parse_rope", "ARCHITECTURES", "DECODER_ARCHS"]
@@ -56,6 +57,7 @@ class ModelMetadata:
     text: "ModelMetadata | None" = None
     whisper: WhisperConfig | None = None  # multimodal.py
     vision: VisionConfig | None = None    # multimodal.py
+    quantization: Any = None              # quant.py: the quantization_config (None: floats)
     config: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False,
                                       repr=False)
     generation_config: Mapping[str, Any] | None = field(default=None, compare=False,
@@ -94,7 +96,7 @@ def _frozen(d: dict) -> Mapping:
 def _decoder(config: dict, gen: dict | None, source: str, arch: str) -> ModelMetadata:
     """A llama/mistral/qwen2/qwen3 config, field by field as field_table.py says."""
     c = _Cfg(config, source)
-    df.refuse_quantized(config, source)
+    quantization = parse_quantization(config, source)
     hidden = c.int("hidden_size", required=True)
     heads = c.int("num_attention_heads", required=True)
     kv = df.kv_heads(c, arch, heads)
@@ -126,6 +128,7 @@ def _decoder(config: dict, gen: dict | None, source: str, arch: str) -> ModelMet
         bos_token_id=_bos(config, gen, source),
         eos_token_ids=_eos(config, gen, source),
         dtype=_dtype(config, source),
+        quantization=quantization,
     )
 
 

@@ -82,10 +82,29 @@ _TINY = {
     "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16", "hidden_act": "silu",
 }
 
+# Quantized variants (issue 24) of a shape: the quantization_config a real release of that
+# kind carries (random weights come from MemorySource.read_raw).
+_FP8_BLOCK = {"quant_method": "fp8", "activation_scheme": "dynamic",
+              "weight_block_size": [128, 128]}
+_GPTQ_4BIT = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False,
+              "sym": True, "checkpoint_format": "gptq", "damp_percent": 0.01,
+              "true_sequential": True, "static_groups": False}
+_AWQ_4BIT = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True,
+             "version": "gemm", "modules_to_not_convert": None}
+
+
+def _quantized(base: dict, qconfig: dict) -> dict:
+    return {**copy.deepcopy(base), "quantization_config": dict(qconfig)}
+
+
 PRESETS: dict[str, dict] = {
     "tiny": _TINY,
     "llama-3.1-8b": _LLAMA_31_8B,
     "qwen2.5-0.5b": _QWEN25_05B,
+    "qwen2.5-0.5b-fp8": _quantized(_QWEN25_05B, _FP8_BLOCK),
+    "qwen2.5-0.5b-gptq": _quantized(_QWEN25_05B, _GPTQ_4BIT),
+    "qwen2.5-0.5b-awq": _quantized(_QWEN25_05B, _AWQ_4BIT),
+    "llama-3.1-8b-fp8": _quantized(_LLAMA_31_8B, _FP8_BLOCK),
     "qwen2.5-7b": _QWEN25_7B,
     "qwen3-8b": _QWEN3_8B,
     "mistral-7b": _MISTRAL_7B,

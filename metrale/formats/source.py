@@ -242,6 +242,11 @@ class DirectorySource:
         f, raw = self._lookup(name)
         return f.read_bf16(raw)
 
+    def read_raw(self, name: str) -> np.ndarray:
+        """The tensor as stored (quantized checkpoints): a read-only, shaped mmap view."""
+        f, raw = self._lookup(name)
+        return f.raw(raw)
+
     def tokenizer_path(self) -> Path | None:
         p = self.path / "tokenizer.json"
         return p if p.is_file() else None
@@ -273,6 +278,12 @@ class MemorySource:
         self.description = description or f"memory:{config.get('model_type')}"
         self._meta = ModelMetadata.from_config(self._config, self._gen, source=self.description)
         self._shapes = expected_tensors(self._meta)
+        self._dtypes: dict[str, str] = {}
+        if self._meta.quantization is not None:   # random quantized tensors (quant.py)
+            from .quant import checkpoint_tensors
+            layout = checkpoint_tensors(self._meta)
+            self._shapes = {n: s for n, (s, _) in layout.items()}
+            self._dtypes = {n: dt for n, (_, dt) in layout.items()}
 
     @staticmethod
     def preset(name: str, seed: int = 0) -> "MemorySource":
@@ -304,7 +315,29 @@ class MemorySource:
 
     def tensor_dtype(self, name: str) -> str:
         self.tensor_shape(name)
-        return "BF16"
+        return self._dtypes.get(name, "BF16")
+
+    def read_raw(self, name: str) -> np.ndarray:
+        """A quantized tensor's stored values, random but valid: FP8 codes without NaN,
+        scales of weights about 0.02 in size, GPTQ zero points 8 (stored 7), AWQ 8."""
+        shape, dt = self.tensor_shape(name), self.tensor_dtype(name)
+        if dt == "BF16":
+            return self.read_bf16(name)
+        n = int(np.prod(shape, dtype=np.int64))
+        rng = np.random.default_rng([self.seed, zlib.crc32(name.encode()), 1])
+        m = min(n, _BLOCK) if n > _FULL_RANDOM_MAX else n
+        if dt == "F8_E4M3":
+            x = rng.integers(0, 0x7F, size=m, dtype=np.uint8) | (
+                rng.integers(0, 2, size=m, dtype=np.uint8) << 7)
+        elif dt in ("F32", "F16"):   # FP8 scales (values to 448) / 4-bit scales (codes to 15)
+            x = rng.uniform(1.0, 2.0, size=m) * (1e-4 if dt == "F32" else 2e-3)
+            x = x.astype(np.float32 if dt == "F32" else np.float16)
+        elif name.endswith(".qzeros"):
+            x = np.full(m, 0x77777777 if self._meta.quantization.method == "gptq"
+                        else 0x88888888, np.uint32).view(np.int32)
+        else:
+            x = rng.integers(0, 2**32, size=m, dtype=np.uint64).astype(np.uint32).view(np.int32)
+        return np.resize(x, n).reshape(shape) if m != n else x.reshape(shape)
 
     def read_bf16(self, name: str) -> np.ndarray:
         """uint16 BF16 bits of tensor `name`, shaped; the same bits on every call."""

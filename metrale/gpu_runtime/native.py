@@ -98,7 +98,7 @@ class NativeKernels:
             f.argtypes = [_P, _P, _I64, _I64, _I64, _P]
         self._q4, self._fp8 = lib.md_gemm_q4, lib.md_gemm_fp8
         self._q4.restype = self._fp8.restype = None
-        self._q4.argtypes = [_P] * 5 + [_I64] * 5 + [_P, _P]
+        self._q4.argtypes = [_P] * 6 + [_I64] * 5 + [_P, _P]
         self._fp8.argtypes = [_P] * 4 + [_I64] * 5 + [_P, _P]
         self._to_bf16, self._to_f32 = lib.md_f32_to_bf16, lib.md_bf16_to_f32
         for f in (self._to_bf16, self._to_f32):
@@ -150,11 +150,12 @@ class NativeKernels:
         f(x_bits.ctypes.data, w_bits.ctypes.data, m, n, k, out.ctypes.data)
         return out
 
-    def gemm_q4(self, x_bits, q, scales, zeros, gidx, k: int, group_size: int,
+    def gemm_q4(self, x_bits, q, scales, zeros, gidx, gidx_row, k: int, group_size: int,
                 out: np.ndarray) -> np.ndarray:
         """x_bits [m, k] uint16; q uint32 [n, ceil(k / 32) * 4]; scales uint16 FP16 bits and
-        zeros uint8 [n, groups]; gidx int32 [k] or None: out [m, n] (float32 or BF16 bits)
-        = ops.gemm_q's twin bit for bit, W read packed. Returns out."""
+        zeros uint8 [n, groups]; act-order gidx int32 [parts, k] with gidx_row int32 [n], or
+        None, None: out [m, n] (float32 or BF16 bits) = ops.gemm_q's twin bit for bit, W
+        read packed. Returns out."""
         m, n = len(x_bits), len(q)
         _check_out("gemm_q4", out, m, n)
         arrs = [np.ascontiguousarray(a) for a in (x_bits, q, scales, zeros)]
@@ -162,10 +163,18 @@ class NativeKernels:
                 arrs[2].shape != arrs[3].shape or arrs[2].shape[0] != n:
             raise ValueError("gemm_q4: x_bits [m, k], q [n, ceil(k / 32) * 4], scales and "
                              "zeros [n, groups]")
-        g = None if gidx is None else np.ascontiguousarray(gidx, np.int32)
+        g = gr = None
+        if gidx is not None:
+            g = np.ascontiguousarray(gidx, np.int32).reshape(-1, k)
+            gr = np.ascontiguousarray(gidx_row, np.int32)
+            if gr.shape != (n,) or gr.min() < 0 or gr.max() >= len(g) or g.min() < 0 or \
+                    g.max() >= arrs[2].shape[1]:
+                raise ValueError("gemm_q4: gidx_row [n] indexes gidx [parts, k] whose groups "
+                                 "are < groups")
         f32, bf = (out, None) if out.dtype == np.float32 else (None, out)
-        self._q4(*(a.ctypes.data for a in arrs), None if g is None else g.ctypes.data, m, n,
-                 k, arrs[2].shape[1], int(group_size),
+        self._q4(*(a.ctypes.data for a in arrs), None if g is None else g.ctypes.data,
+                 None if gr is None else gr.ctypes.data, m, n, k, arrs[2].shape[1],
+                 int(group_size),
                  None if f32 is None else f32.ctypes.data, None if bf is None else bf.ctypes.data)
         return out
 

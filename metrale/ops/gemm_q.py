@@ -49,25 +49,27 @@ def fp8_row_bytes(k: int) -> int:
     return -(-int(k) // 32) * 32
 
 
-def q4_groups_of(k: int, group_size: int, gidx) -> np.ndarray:
-    """int64 [k]: the group of each input position (act-order `gidx`, else k // group_size)."""
+def q4_groups_of(n: int, k: int, group_size: int, gidx=None, gidx_row=None) -> np.ndarray:
+    """int64 [n, k] (or [1, k] for every row): the group of each (row, input): act-order
+    gidx[gidx_row[j], k], else k // group_size."""
     if gidx is not None:
-        return np.asarray(gidx, np.int64)[:k]
-    return np.arange(k, dtype=np.int64) // int(group_size)
+        tables = np.asarray(gidx, np.int64).reshape(-1, k)
+        return tables[np.asarray(gidx_row, np.int64)[:n]]
+    return (np.arange(k, dtype=np.int64) // int(group_size))[None]
 
 
 def dequant_q4(q: np.ndarray, scales: np.ndarray, zeros: np.ndarray, k: int,
-               group_size: int, gidx=None) -> np.ndarray:
+               group_size: int, gidx=None, gidx_row=None) -> np.ndarray:
     """Packed 4-bit W -> BF16 bits [n, k]: w = bf16_rn(f32(q - z) * s), exact before the one
     rounding. q uint32 [n, kp / 8] (code of k at bits 4 (k % 8) of word k // 8), scales
-    uint16 FP16 bits [n, groups], zeros uint8 [n, groups]; group of k: gidx[k] or
-    k // group_size."""
+    uint16 FP16 bits [n, groups], zeros uint8 [n, groups]; group of (j, k):
+    gidx[gidx_row[j], k] (gidx int32 [parts, k]) or k // group_size."""
     n = q.shape[0]
     shifts = (4 * np.arange(8, dtype=np.uint32))
     codes = ((q[:, :, None] >> shifts) & 15).reshape(n, -1)[:, :k].astype(np.float32)
-    g = q4_groups_of(k, group_size, gidx)
-    s = scales.view(np.float16).astype(np.float32)[:, g]
-    z = zeros.astype(np.float32)[:, g]
+    g = np.broadcast_to(q4_groups_of(n, k, group_size, gidx, gidx_row), (n, k))
+    s = np.take_along_axis(scales.view(np.float16).astype(np.float32), g, axis=1)
+    z = np.take_along_axis(zeros.astype(np.float32), g, axis=1)
     return f32_to_bf16((codes - z) * s)
 
 
@@ -95,12 +97,13 @@ def _tile(m: int, n: int, tile: str | None, what: str):
 
 
 def gemm_q4(backend, stream: int, y_ptr, x_ptr, q_ptr, scales_ptr, zeros_ptr, gidx_ptr,
-            m: int, n: int, k: int, groups: int, group_size: int, out_fp32: bool = False,
-            tile: str | None = None) -> None:
+            gidx_row_ptr, m: int, n: int, k: int, groups: int, group_size: int,
+            out_fp32: bool = False, tile: str | None = None) -> None:
     """Y[m, n] = X[m, k] @ dequant_q4(W)[n, k]^T on tensor cores, batch-invariant.
 
     x: [m, k] bf16; q: uint32 [n, kp / 8] (16-byte aligned); scales: uint16 FP16 [n,
-    groups]; zeros: uint8 [n, groups]; gidx: int32 [k] or NULL (then group k // group_size,
+    groups]; zeros: uint8 [n, groups]; act-order: gidx int32 [parts, k] and gidx_row int32
+    [n] (row j's groups are gidx[gidx_row[j]]), or both NULL (group k // group_size,
     group_size % 8 == 0); y: [m, n] bf16, or float32 when out_fp32. k % 8 == 0.
     """
     what = "gemm_q4"
@@ -109,6 +112,8 @@ def gemm_q4(backend, stream: int, y_ptr, x_ptr, q_ptr, scales_ptr, zeros_ptr, gi
     check_ptrs(what, 16, q_ptr=q_ptr)
     if k % 8:
         raise InvalidArgument(f"{what}: k = {k} must be a multiple of 8 (8 codes a word)")
+    if (int(gidx_ptr) == 0) != (int(gidx_row_ptr) == 0):
+        raise InvalidArgument(f"{what}: gidx and gidx_row go together (both NULL or neither)")
     if int(gidx_ptr) == 0:
         if group_size < 8 or group_size % 8 or -(-k // group_size) > groups:
             raise InvalidArgument(f"{what}: group_size {group_size} must be a positive "
@@ -119,7 +124,8 @@ def gemm_q4(backend, stream: int, y_ptr, x_ptr, q_ptr, scales_ptr, zeros_ptr, gi
     backend.launch(backend.kernel(MODULE, func), t.grid(m, n), (t.threads,), 0, stream,
                    (DevicePtr(y_ptr), DevicePtr(x_ptr), DevicePtr(q_ptr),
                     DevicePtr(scales_ptr), DevicePtr(zeros_ptr), DevicePtr(gidx_ptr),
-                    np.int32(m), np.int32(n), np.int32(k), np.int32(groups),
+                    DevicePtr(gidx_row_ptr), np.int32(m), np.int32(n), np.int32(k),
+                    np.int32(groups),
                     np.int32(group_size)))
 
 
@@ -159,21 +165,24 @@ def _finish(ctx, y_ptr, m, n, out_fp32, x_bits, w_bits) -> None:
     y[:] = y32 if out_fp32 else f32_to_bf16(y32)
 
 
-def _gemm_q4_twin(ctx, y_ptr, x_ptr, q_ptr, s_ptr, z_ptr, g_ptr, m, n, k, groups, gs,
-                  out_fp32: bool) -> None:
+def _gemm_q4_twin(ctx, y_ptr, x_ptr, q_ptr, s_ptr, z_ptr, g_ptr, gr_ptr, m, n, k, groups,
+                  gs, out_fp32: bool) -> None:
     m, n, k, groups, gs = int(m), int(n), int(k), int(groups), int(gs)
     words = q4_row_bytes(k) // 4
     x = ctx.read(x_ptr, m * k, np.uint16).reshape(m, k)
     q = ctx.read(q_ptr, n * words, np.uint32).reshape(n, words)
     s = ctx.read(s_ptr, n * groups, np.uint16).reshape(n, groups)
     z = ctx.read(z_ptr, n * groups, np.uint8).reshape(n, groups)
-    g = None if int(g_ptr) == 0 else ctx.read(g_ptr, k, np.int32)
+    g = rows = None
+    if int(g_ptr) != 0:
+        rows = ctx.read(gr_ptr, n, np.int32)
+        g = ctx.read(g_ptr, (int(rows.max()) + 1) * k, np.int32).reshape(-1, k)
     native = getattr(ctx.backend, "native", None)
     if native is not None and hasattr(native, "gemm_q4"):
         y = ctx.view(y_ptr, m * n, np.float32 if out_fp32 else np.uint16).reshape(m, n)
-        native.gemm_q4(x, q, s, z, g, k, gs, y)
+        native.gemm_q4(x, q, s, z, g, rows, k, gs, y)
         return
-    _finish(ctx, y_ptr, m, n, out_fp32, x, dequant_q4(q, s, z, k, gs, g))
+    _finish(ctx, y_ptr, m, n, out_fp32, x, dequant_q4(q, s, z, k, gs, g, rows))
 
 
 def _gemm_fp8_twin(ctx, y_ptr, x_ptr, q_ptr, s_ptr, r_ptr, m, n, k, k_blocks, block_k,
@@ -197,8 +206,8 @@ def _register_twins() -> None:
     for name in TILES:
         for out, fp32 in (("bf16", False), ("fp32", True)):
             twin(MODULE, f"gemm_q4_{out}_{name}")(
-                lambda ctx, y, x, q, s, z, g, m, n, k, gr, gs, _f=fp32:
-                _gemm_q4_twin(ctx, y, x, q, s, z, g, m, n, k, gr, gs, _f))
+                lambda ctx, y, x, q, s, z, g, grow, m, n, k, gr, gs, _f=fp32:
+                _gemm_q4_twin(ctx, y, x, q, s, z, g, grow, m, n, k, gr, gs, _f))
             twin(MODULE, f"gemm_fp8_{out}_{name}")(
                 lambda ctx, y, x, q, s, r, m, n, k, kb, bk, _f=fp32:
                 _gemm_fp8_twin(ctx, y, x, q, s, r, m, n, k, kb, bk, _f))

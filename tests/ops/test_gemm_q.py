@@ -37,13 +37,15 @@ class Q4:
         s = np.where(rng.random((n, self.groups)) < 0.2, -mag, mag).astype(np.float16)
         self.scales = s.view(np.uint16)
         self.zeros = rng.integers(0, 16, size=(n, self.groups)).astype(np.uint8)
-        self.gidx = None
-        if act_order:   # each group still group_size positions, in a shuffled order
-            self.gidx = rng.permutation(np.arange(k) // group_size).astype(np.int32)
+        self.gidx = self.gidx_row = None
+        if act_order:   # 3 parts (fused q|k|v), each its own shuffled order of the groups
+            self.gidx = np.stack([rng.permutation(np.arange(k) // group_size)
+                                  for _ in range(3)]).astype(np.int32)
+            self.gidx_row = (np.arange(n) * 3 // n).astype(np.int32)
 
     def dequant(self):
         return Q.dequant_q4(self.q, self.scales, self.zeros, self.k, self.group_size,
-                            self.gidx)
+                            self.gidx, self.gidx_row)
 
     def launch(self, backend, x, out_fp32=False, rows=None, tile=None):
         m_all = x.shape[0]
@@ -52,9 +54,10 @@ class Q4:
         with Buffers(backend) as b:
             xp, yp = b.put(x), b.empty((m_all, self.n), dt)
             g = NULL if self.gidx is None else b.put(self.gidx)
+            gr = NULL if self.gidx is None else b.put(self.gidx_row)
             Q.gemm_q4(backend, backend.default_stream(),
                       yp.offset(r0 * self.n * np.dtype(dt).itemsize), xp.offset(r0 * self.k * 2),
-                      b.put(self.q), b.put(self.scales), b.put(self.zeros), g, r1 - r0,
+                      b.put(self.q), b.put(self.scales), b.put(self.zeros), g, gr, r1 - r0,
                       self.n, self.k, self.groups, self.group_size, out_fp32=out_fp32,
                       tile=tile)
             return b.get(yp, (m_all, self.n), dt)[r0:r1]
@@ -121,7 +124,7 @@ def q4_formula(w: Q4) -> np.ndarray:
     for j in range(w.n):
         for kk in range(w.k):
             code = (int(w.q[j, kk // 8]) >> (4 * (kk % 8))) & 15
-            g = kk // w.group_size if w.gidx is None else int(w.gidx[kk])
+            g = kk // w.group_size if w.gidx is None else int(w.gidx[w.gidx_row[j], kk])
             out[j, kk] = bf16_rne64((code - int(w.zeros[j, g])) * s[j, g])
     return out
 
@@ -225,13 +228,15 @@ def test_twin_is_batch_invariant(host, rng, fmt):
 def test_bad_arguments_raise_before_launch(host):
     args = dict(m=1, n=1, k=8, groups=1, group_size=8)
     with pytest.raises(InvalidArgument, match="multiple of 8"):
-        Q.gemm_q4(host, 0, 8, 8, 16, 8, 8, 0, **{**args, "k": 12})
+        Q.gemm_q4(host, 0, 8, 8, 16, 8, 8, 0, 0, **{**args, "k": 12})
     with pytest.raises(InvalidArgument, match="16-byte aligned"):
-        Q.gemm_q4(host, 0, 8, 8, 8, 8, 8, 0, **args)
+        Q.gemm_q4(host, 0, 8, 8, 8, 8, 8, 0, 0, **args)
     with pytest.raises(InvalidArgument, match="group_size"):
-        Q.gemm_q4(host, 0, 8, 8, 16, 8, 8, 0, **{**args, "group_size": 12})
+        Q.gemm_q4(host, 0, 8, 8, 16, 8, 8, 0, 0, **{**args, "group_size": 12})
     with pytest.raises(InvalidArgument, match="group_size"):
-        Q.gemm_q4(host, 0, 8, 8, 16, 8, 8, 0, **{**args, "k": 64, "group_size": 8})
+        Q.gemm_q4(host, 0, 8, 8, 16, 8, 8, 0, 0, **{**args, "k": 64, "group_size": 8})
+    with pytest.raises(InvalidArgument, match="together"):
+        Q.gemm_q4(host, 0, 8, 8, 16, 8, 8, 8, 0, **args)
     with pytest.raises(InvalidArgument, match="block_k"):
         Q.gemm_fp8(host, 0, 8, 8, 16, 8, 8, 1, 1, 19, 2, 8)
     with pytest.raises(InvalidArgument, match="block_k"):

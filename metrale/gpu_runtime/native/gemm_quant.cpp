@@ -179,18 +179,22 @@ inline v16f step_of(const Src &src, int64_t row, int64_t s) {
 }
 
 // 4-bit W: q [n, row_bytes] (32 codes per 16 bytes), scales FP16 [n, groups], zeros uint8
-// [n, groups], gidx int32 [k] or null (group k / group_size, group_size % 8 == 0).
+// [n, groups]; act-order: gidx int32 [parts, k] with gidx_row int32 [n] (row j's groups
+// are gidx[gidx_row[j]]), or both null (group k / group_size, group_size % 8 == 0).
 template <class S>
 struct WQ4 {
     const uint8_t *q;
     const uint16_t *scales;
     const uint8_t *zeros;
-    const int32_t *gidx;
+    const int32_t *gidx, *gidx_row;
     int64_t row_bytes, groups, group_size, k;
 
     WQ4 rows(int64_t r0) const {
-        return {q + r0 * row_bytes, scales + r0 * groups, zeros + r0 * groups, gidx, row_bytes,
-                groups, group_size, k};
+        return {q + r0 * row_bytes, scales + r0 * groups, zeros + r0 * groups, gidx,
+                gidx_row ? gidx_row + r0 : nullptr, row_bytes, groups, group_size, k};
+    }
+    const int32_t *table(int64_t row) const {
+        return gidx ? gidx + int64_t(gidx_row[row]) * k : nullptr;
     }
     void prefetch(int64_t row, int64_t s) const {
         __builtin_prefetch(reinterpret_cast<const void *>(
@@ -216,7 +220,7 @@ struct WQ4 {
             alignas(32) float sc[16], z[16];
             for (int l = 0; l < 16; l++) {
                 const int64_t pos = std::min(32 * blk + 2 * l + (H == 0), k - 1);
-                const int64_t g = gidx ? int64_t(gidx[pos]) : pos / group_size;
+                const int64_t g = gidx ? int64_t(table(row)[pos]) : pos / group_size;
                 sc[l] = half_to_f32(srow[g]);
                 z[l] = float(zrow[g]);
             }
@@ -265,7 +269,7 @@ struct WQ4 {
             alignas(32) float sc[16], z[16];
             for (int l = 0; l < 16; l++) {
                 const int64_t pos = std::min(32 * blk + 2 * l + (H == 0), k - 1);
-                const int64_t g = gidx ? int64_t(gidx[pos]) : pos / group_size;
+                const int64_t g = gidx ? int64_t(table(row)[pos]) : pos / group_size;
                 sc[l] = half_to_f32(scales[row * groups + g]);
                 z[l] = float(zeros[row * groups + g]);
             }
@@ -389,14 +393,16 @@ Out out_of(float *y32, uint16_t *ybf16, int64_t n) { return Out{y32, ybf16, n}; 
 extern "C" {
 
 // y [m, n] = x [m, k] @ dequant_q4(W)^T: float32 into y32, or BF16 bits into ybf16 (one of
-// the two non-null). q: [n, (k + 31) / 32 * 16] bytes; gidx null unless act-order.
+// the two non-null). q: [n, (k + 31) / 32 * 16] bytes; gidx, gidx_row null unless
+// act-order.
 __attribute__((visibility("default"))) void md_gemm_q4(
     const uint16_t *x, const uint8_t *q, const uint16_t *scales, const uint8_t *zeros,
-    const int32_t *gidx, int64_t m, int64_t n, int64_t k, int64_t groups, int64_t group_size,
-    float *y32, uint16_t *ybf16) {
+    const int32_t *gidx, const int32_t *gidx_row, int64_t m, int64_t n, int64_t k,
+    int64_t groups, int64_t group_size, float *y32, uint16_t *ybf16) {
     const int64_t row_bytes = (k + 31) / 32 * 16;
     md::gemm_any(x, m, n, k, md::out_of(y32, ybf16, n), [&](auto step) {
-        return md::WQ4<decltype(step)>{q, scales, zeros, gidx, row_bytes, groups, group_size, k};
+        return md::WQ4<decltype(step)>{q, scales, zeros, gidx, gidx_row, row_bytes, groups,
+                                       group_size, k};
     });
 }
 
