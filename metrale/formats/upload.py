@@ -132,6 +132,18 @@ class WeightUploader:
         self._advance(arr.nbytes)
         return ptr
 
+    def upload_bytes(self, arr: np.ndarray) -> DevicePtr:
+        """Upload a host array of any dtype (quantized weights, scales) to a new buffer."""
+        arr = np.ascontiguousarray(arr)
+        ptr = self.backend.alloc(max(arr.nbytes, 1))
+        try:
+            self.backend.copy_h2d(arr, ptr)
+        except BaseException:
+            self.backend.free(ptr)
+            raise
+        self._advance(arr.nbytes)
+        return ptr
+
     def _read(self, name: str) -> np.ndarray:
         arr = self.source.read_bf16(name)
         if arr.dtype != np.uint16:

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from ..formats.field_table import HF_ACTIVATIONS
 from ..gpu_runtime.types import NULL, DevicePtr
-from ..ops import activation, attention, elementwise, embedding, gemm_tc, kv_cache, rmsnorm, rope
+from ..ops import activation, attention, elementwise, embedding, kv_cache, rmsnorm, rope
 from ..ops import attention_tc
+from .linear import run_linear
 
 
 def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_len: int,
@@ -35,7 +36,9 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
     H, KV, D, hid = m.num_heads, m.num_kv_heads, m.head_dim, m.hidden_size
     inter, eps = m.intermediate_size, m.rms_norm_eps
     act = HF_ACTIVATIONS[m.hidden_act]
-    linear = gemm_tc.gemm_tc  # the same kernel family for every row count (invariance)
+    # the same kernel family for every row count (invariance): gemm_tc, or gemm_q for a
+    # quantized linear (linear.py), which is gemm_tc on the dequantized weights
+    linear = run_linear
     arena = ws if arena is None else arena
 
     if not embeds_uploaded:
@@ -89,8 +92,8 @@ def lm_head(model, stream: int, x_ptr: DevicePtr, n_rows: int, out_ptr: DevicePt
     on its neighbours, and FP32 output is its accumulator unrounded.
     """
     m = model._meta
-    gemm_tc.gemm_tc(model.backend, stream, out_ptr, x_ptr, model._weights.lm_head, n_rows,
-                    m.vocab_size, m.hidden_size, out_fp32=model.use_fp32_logits)
+    run_linear(model.backend, stream, out_ptr, x_ptr, model._weights.lm_head, n_rows,
+               m.vocab_size, m.hidden_size, out_fp32=model.use_fp32_logits)
 
 
 __all__ = ["run_decoder", "lm_head", "NULL"]

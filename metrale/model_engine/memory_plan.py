@@ -22,6 +22,10 @@ class MemoryPlan:
 
 
 def weight_bytes(meta) -> int:
+    """Device bytes of the weights: BF16 everywhere, or the quantized linears' real bytes."""
+    if getattr(meta, "quantization", None) is not None:
+        from .linear import quantized_weight_bytes
+        return quantized_weight_bytes(meta)
     total = 0
     for shape in expected_tensors(meta).values():
         n = 2

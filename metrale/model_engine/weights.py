@@ -10,12 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..formats import check_tensors, expected_tensors
+from ..formats.quant import check_quantized
 from ..formats.upload import WeightUploader
 from ..gpu_runtime.types import NULL, DevicePtr
+from .linear import upload_linear
+from .memory_plan import weight_bytes
 
 
 @dataclass
 class LayerWeights:
+    # the linears (qkv, o_proj, gate_up, down_proj) are BF16 DevicePtrs or, in a quantized
+    # checkpoint, linear.py's Q4Linear / Fp8Linear (run through linear.run_linear)
     input_layernorm: DevicePtr        # [hidden]
     qkv: DevicePtr                    # [(H + 2KV) * D, hidden]
     qkv_bias: DevicePtr               # [(H + 2KV) * D] or NULL
@@ -36,9 +41,16 @@ class DecoderWeights:
     def __init__(self, backend, source, meta, progress: bool = True) -> None:
         self.backend = backend
         self._owned: list[DevicePtr] = []
-        expected = expected_tensors(meta, source.tensor_names())
-        check_tensors(source, expected)
-        self.nbytes = sum(2 * _numel(s) for s in expected.values())
+        if meta.quantization is None:
+            expected = expected_tensors(meta, source.tensor_names())
+            check_tensors(source, expected)
+            self.nbytes = sum(2 * _numel(s) for s in expected.values())
+        else:   # quantized linears: their own tensors and checks (formats/quant.py)
+            expected = check_quantized(source, meta)
+            self.nbytes = weight_bytes(meta)
+
+        def lin(*modules):
+            return upload_linear(self, up, source, meta, list(modules))
         H, KV, D, hid = meta.num_heads, meta.num_kv_heads, meta.head_dim, meta.hidden_size
         qkv_rows = (H + 2 * KV) * D
         try:
@@ -49,15 +61,12 @@ class DecoderWeights:
                 for i in range(meta.num_layers):
                     p = f"model.layers.{i}."
                     att = p + "self_attn."
-                    qkv = self._alloc(qkv_rows * hid * 2)
-                    up.upload_into([att + f"{x}_proj.weight" for x in "qkv"], qkv)
+                    qkv = lin(*[att + f"{x}_proj" for x in "qkv"])
                     bias = NULL
                     if meta.attention_bias:
                         bias = self._alloc(qkv_rows * 2)
                         up.upload_into([att + f"{x}_proj.bias" for x in "qkv"], bias)
-                    gate_up = self._alloc(2 * meta.intermediate_size * hid * 2)
-                    up.upload_into([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"],
-                                   gate_up)
+                    gate_up = lin(p + "mlp.gate_proj", p + "mlp.up_proj")
                     gate_up_bias = down_bias = NULL
                     if meta.mlp_bias:
                         gate_up_bias = self._alloc(2 * meta.intermediate_size * 2)
@@ -70,19 +79,19 @@ class DecoderWeights:
                         qkv_bias=bias,
                         q_norm=self._own(up.upload(att + "q_norm.weight")) if meta.qk_norm else NULL,
                         k_norm=self._own(up.upload(att + "k_norm.weight")) if meta.qk_norm else NULL,
-                        o_proj=self._own(up.upload(att + "o_proj.weight")),
+                        o_proj=lin(att + "o_proj"),
                         o_bias=(self._own(up.upload(att + "o_proj.bias")) if meta.o_proj_bias
                                 else NULL),
                         post_attention_layernorm=self._own(
                             up.upload(p + "post_attention_layernorm.weight")),
                         gate_up=gate_up, gate_up_bias=gate_up_bias,
-                        down_proj=self._own(up.upload(p + "mlp.down_proj.weight")),
+                        down_proj=lin(p + "mlp.down_proj"),
                         down_bias=down_bias,
                     ))
                 self.norm = self._own(up.upload("model.norm.weight"))
                 # tied: the embedding, unless the checkpoint stores a head (layout.py)
-                self.lm_head = (self._own(up.upload("lm_head.weight"))
-                                if "lm_head.weight" in expected else self.embed_tokens)
+                self.lm_head = (lin("lm_head") if "lm_head.weight" in expected_tensors(
+                    meta, source.tensor_names()) else self.embed_tokens)
         except BaseException:
             self.free()
             raise

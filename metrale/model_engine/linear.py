@@ -1,0 +1,159 @@
+"""Quantized linear layers on the device and their dispatch: what DecoderWeights holds for a
+(fused) linear, and the one call layers.py makes for every linear.
+
+A linear is either a DevicePtr (BF16 W [n, k], ops.gemm_tc) or a quantized linear holding
+the packed data + scales (+ zeros, act-order tables) of formats/quant_*.py's device layout
+(ops.gemm_q). Fused q|k|v and gate|up stay fused when every part is quantized; a group
+whose parts the config splits (some quantized, some not) is uploaded as BF16, each
+quantized part dequantized by ops.gemm_q's own formula: the same bits the dequantizing
+kernel would feed its MMAs, so the model computes the same values either way.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..formats.quant import linear_shapes
+from ..formats.quant_fp8 import HostFp8, concat_fp8
+from ..formats.quant_int4 import HostQ4, concat_q4
+from ..gpu_runtime.types import NULL, DevicePtr
+from ..ops import gemm_q, gemm_tc
+
+
+@dataclass
+class Q4Linear:
+    """4-bit W [n, k] on the device (ops.gemm_q.gemm_q4's arguments)."""
+    q: DevicePtr
+    scales: DevicePtr
+    zeros: DevicePtr
+    gidx: DevicePtr          # NULL unless act-order
+    gidx_row: DevicePtr
+    n: int
+    k: int
+    groups: int
+    group_size: int
+    nbytes: int
+
+    def run(self, backend, stream, y_ptr, x_ptr, m: int, out_fp32: bool = False) -> None:
+        gemm_q.gemm_q4(backend, stream, y_ptr, x_ptr, self.q, self.scales, self.zeros,
+                       self.gidx, self.gidx_row, m, self.n, self.k, self.groups,
+                       self.group_size, out_fp32=out_fp32)
+
+
+@dataclass
+class Fp8Linear:
+    """float8_e4m3fn W [n, k] on the device (ops.gemm_q.gemm_fp8's arguments)."""
+    q: DevicePtr
+    scales: DevicePtr
+    scale_row: DevicePtr
+    n: int
+    k: int
+    k_blocks: int
+    block_k: int
+    nbytes: int
+
+    def run(self, backend, stream, y_ptr, x_ptr, m: int, out_fp32: bool = False) -> None:
+        gemm_q.gemm_fp8(backend, stream, y_ptr, x_ptr, self.q, self.scales, self.scale_row, m,
+                        self.n, self.k, self.k_blocks, self.block_k, out_fp32=out_fp32)
+
+
+def run_linear(backend, stream: int, y_ptr, x_ptr, w, m: int, n: int, k: int,
+               out_fp32: bool = False) -> None:
+    """y[m, n] = x[m, k] @ W[n, k]^T with the batch-invariant tensor-core GEMM of W's kind:
+    BF16 (a DevicePtr) or quantized (dequantized in the kernel's tile, the same k order)."""
+    if isinstance(w, (Q4Linear, Fp8Linear)):
+        if (w.n, w.k) != (n, k):
+            raise ValueError(f"linear of shape [{w.n}, {w.k}] used as [{n}, {k}]")
+        w.run(backend, stream, y_ptr, x_ptr, m, out_fp32)
+    else:
+        gemm_tc.gemm_tc(backend, stream, y_ptr, x_ptr, w, m, n, k, out_fp32=out_fp32)
+
+
+def dequant_bits(host) -> np.ndarray:
+    """A quantized part's BF16 bits [n, k] (ops.gemm_q's formula)."""
+    if isinstance(host, HostQ4):
+        return gemm_q.dequant_q4(host.q, host.scales, host.zeros, host.k, host.group_size,
+                                 host.gidx, host.gidx_row)
+    return gemm_q.dequant_fp8(host.q, host.scales, host.scale_row, host.k, host.block_k)
+
+
+def upload_linear(weights, up, source, meta, modules: list[str]):
+    """Upload the linear `modules` (HF names, fused along n in this order) -> a DevicePtr
+    (BF16) or a Q4Linear / Fp8Linear; `weights._own` / `_alloc` keep every allocation."""
+    qc = meta.quantization
+    dims = [linear_shapes(meta, source.tensor_names())[m] for m in modules]
+    n, k = sum(d[0] for d in dims), dims[0][1]
+    quantized = [qc is not None and qc.converts(m) for m in modules]
+    if not any(quantized):
+        if len(modules) == 1:
+            return weights._own(up.upload(modules[0] + ".weight"))
+        ptr = weights._alloc(n * k * 2)
+        up.upload_into([m + ".weight" for m in modules], ptr)
+        return ptr
+    hosts = [qc.read(source, m, d[0], d[1]) if q else None
+             for m, d, q in zip(modules, dims, quantized)]
+    if not all(quantized):   # a group the config splits: BF16, dequantized exactly
+        bits = [dequant_bits(h) if h is not None else np.asarray(source.read_bf16(m + ".weight"))
+                for m, h in zip(modules, hosts)]
+        return weights._own(up.upload_array(np.concatenate(bits)))
+    if isinstance(hosts[0], HostQ4):
+        h = concat_q4(hosts)
+        ptrs = [weights._own(up.upload_bytes(a)) for a in (h.q, h.scales, h.zeros)]
+        g = gr = NULL
+        if h.gidx is not None:
+            g, gr = weights._own(up.upload_bytes(h.gidx)), weights._own(up.upload_bytes(h.gidx_row))
+        return Q4Linear(*ptrs, g, gr, n, k, h.scales.shape[1], h.group_size,
+                        q4_bytes(h))
+    h = concat_fp8(hosts)
+    ptrs = [weights._own(up.upload_bytes(a)) for a in (h.q, h.scales, h.scale_row)]
+    return Fp8Linear(*ptrs, n, k, h.scales.shape[1], h.block_k, fp8_bytes(h))
+
+
+def q4_bytes(h: HostQ4) -> int:
+    extra = 0 if h.gidx is None else h.gidx.nbytes + h.gidx_row.nbytes
+    return h.q.nbytes + h.scales.nbytes + h.zeros.nbytes + extra
+
+
+def fp8_bytes(h: HostFp8) -> int:
+    return h.q.nbytes + h.scales.nbytes + h.scale_row.nbytes
+
+
+# The fused groups DecoderWeights uploads (weights.py), by module suffix.
+FUSED = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_attn.o_proj",),
+         ("mlp.gate_proj", "mlp.up_proj"), ("mlp.down_proj",))
+
+
+def quantized_weight_bytes(meta) -> int:
+    """Device bytes of a quantized decoder's weights: BF16 for everything but the linears
+    the config quantizes (their packed data, scales and zeros as uploaded; act-order
+    tables counted at their worst, one per part), fused groups as weights.py fuses them."""
+    from ..formats.layout import expected_tensors
+    qc = meta.quantization
+    shapes = linear_shapes(meta)
+    total = sum(2 * int(np.prod(s)) for name, s in expected_tensors(meta).items()
+                if name.rsplit(".", 1)[0] not in shapes or not name.endswith(".weight"))
+    groups = [[f"model.layers.{i}.{m}" for m in g] for i in range(meta.num_layers)
+              for g in FUSED]
+    if "lm_head" in shapes:
+        groups.append(["lm_head"])
+    for g in groups:
+        dims = [shapes[m] for m in g]
+        if not all(qc.converts(m) for m in g):
+            total += sum(2 * n * k for n, k in dims)
+            continue
+        for n, k in dims:
+            total += linear_device_bytes(qc, n, k)
+    return total
+
+
+def linear_device_bytes(qc, n: int, k: int) -> int:
+    """Bytes one quantized [n, k] linear takes on the device (act-order tables excluded:
+    act-order adds 4 (k + n) bytes a part)."""
+    if qc.kind == "int4":
+        g = qc.groups(k)
+        return n * gemm_q.q4_row_bytes(k) + n * g * 3 + (4 * (k + n) if qc.desc_act else 0)
+    rows = {"block": -(-n // qc.block[0]) if qc.block else 1, "channel": n,
+            "tensor": 1}[qc.strategy]
+    kb = -(-k // qc.block[1]) if qc.strategy == "block" else 1
+    return n * gemm_q.fp8_row_bytes(k) + rows * kb * 4 + n * 4
