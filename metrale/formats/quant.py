@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from ..errors import FormatError, Unsupported
 from . import quant_fp8, quant_int4
 from .layout import expected_tensors
@@ -129,6 +131,15 @@ def check_quantized(source, meta) -> dict[str, tuple[int, ...]]:
     return floats
 
 
+def dequant_bits(host) -> np.ndarray:
+    """A repacked quantized linear's BF16 bits [n, k] (ops.gemm_q's formulas)."""
+    from ..ops import gemm_q
+    if isinstance(host, quant_int4.HostQ4):
+        return gemm_q.dequant_q4(host.q, host.scales, host.zeros, host.k, host.group_size,
+                                 host.gidx, host.gidx_row)
+    return gemm_q.dequant_fp8(host.q, host.scales, host.scale_row, host.k, host.block_k)
+
+
 def checkpoint_tensors(meta) -> dict[str, tuple[tuple[int, ...], str]]:
     """name -> (shape, dtype) of every tensor a quantized checkpoint of `meta` holds (the
     first dtype each spec allows; floats BF16): what random quantized presets generate."""
@@ -136,3 +147,58 @@ def checkpoint_tensors(meta) -> dict[str, tuple[tuple[int, ...], str]]:
     out = {n: (tuple(s), "BF16") for n, s in floats.items()}
     out.update({n: (tuple(s), dts[0]) for n, (s, dts, req) in specs.items() if req})
     return out
+
+
+class DequantizedSource:
+    """A quantized checkpoint seen as the BF16 checkpoint it stands for: the same config
+    without its quantization_config, each quantized linear's `weight` the BF16 bits of its
+    dequantization (ops.gemm_q's formula, the values the dequantizing GEMM multiplies by).
+    The reference the quantized model is compared with bit for bit, and the same model in
+    BF16 for speed comparisons."""
+
+    def __init__(self, source) -> None:
+        from .metadata import ModelMetadata
+        self.inner = source
+        self.description = f"{source.description} (dequantized to BF16)"
+        cfg = source.config()
+        self._qmeta = source.metadata()
+        cfg.pop("quantization_config", None)
+        self._config = cfg
+        self._meta = ModelMetadata.from_config(cfg, source.generation_config(),
+                                               source=self.description)
+        _, specs, self._converted = quantized_layout(self._qmeta, source.tensor_names())
+        self._hidden = set(specs)
+
+    def config(self) -> dict:
+        return dict(self._config)
+
+    def generation_config(self):
+        return self.inner.generation_config()
+
+    def metadata(self):
+        return self._meta
+
+    def tensor_names(self) -> list[str]:
+        names = [n for n in self.inner.tensor_names() if n not in self._hidden]
+        return names + [f"{m}.weight" for m in self._converted]
+
+    def _module(self, name: str):
+        m = name[:-len(".weight")] if name.endswith(".weight") else None
+        return m if m in self._converted else None
+
+    def tensor_shape(self, name: str) -> tuple[int, ...]:
+        m = self._module(name)
+        return self._converted[m] if m else self.inner.tensor_shape(name)
+
+    def tensor_dtype(self, name: str) -> str:
+        return "BF16" if self._module(name) else self.inner.tensor_dtype(name)
+
+    def read_bf16(self, name: str):
+        m = self._module(name)
+        if m is None:
+            return self.inner.read_bf16(name)
+        n, k = self._converted[m]
+        return dequant_bits(self._qmeta.quantization.read(self.inner, m, n, k))
+
+    def tokenizer_path(self):
+        return self.inner.tokenizer_path()

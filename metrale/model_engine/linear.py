@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..formats.quant import linear_shapes
+from ..formats.quant import dequant_bits, linear_shapes
 from ..formats.quant_fp8 import HostFp8, concat_fp8
 from ..formats.quant_int4 import HostQ4, concat_q4
 from ..gpu_runtime.types import NULL, DevicePtr
@@ -68,14 +68,6 @@ def run_linear(backend, stream: int, y_ptr, x_ptr, w, m: int, n: int, k: int,
         w.run(backend, stream, y_ptr, x_ptr, m, out_fp32)
     else:
         gemm_tc.gemm_tc(backend, stream, y_ptr, x_ptr, w, m, n, k, out_fp32=out_fp32)
-
-
-def dequant_bits(host) -> np.ndarray:
-    """A quantized part's BF16 bits [n, k] (ops.gemm_q's formula)."""
-    if isinstance(host, HostQ4):
-        return gemm_q.dequant_q4(host.q, host.scales, host.zeros, host.k, host.group_size,
-                                 host.gidx, host.gidx_row)
-    return gemm_q.dequant_fp8(host.q, host.scales, host.scale_row, host.k, host.block_k)
 
 
 def upload_linear(weights, up, source, meta, modules: list[str]):
