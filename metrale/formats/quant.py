@@ -105,7 +105,7 @@ def check_quantized(source, meta) -> dict[str, tuple[int, ...]]:
             raise FormatError(f"{file_of(odd[0])}: tensor {odd[0]} is quantized, but "
                               f"quantization_config.{field} leaves {module} unquantized")
     for module, (n, k) in converted.items():
-        qc.check_shape(module, n, k, str(files))
+        qc.check_shape(module, n, k, f"{qc.source} (tensors in {files})")
     for name, (shape, dtypes, required) in specs.items():
         if name not in names:
             if required:

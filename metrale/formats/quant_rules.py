@@ -69,7 +69,9 @@ def check_scales(s: np.ndarray, file: str, tensor: str, field: str, fp8: bool = 
     if fp8:
         bad |= np.abs(s) < FP8_MIN_SCALE
     if bad.any():
-        i = np.unravel_index(int(np.argmax(bad)), s.shape) if s.ndim else ()
-        raise FormatError(f"{file}: tensor {tensor} ({field}) holds {s[i]!r} at {list(i)}: "
+        i = tuple(int(x) for x in np.unravel_index(int(np.argmax(bad)), s.shape)) \
+            if s.ndim else ()
+        raise FormatError(f"{file}: tensor {tensor} ({field}) holds {float(s[i])!r} at "
+                          f"{list(i)}: "
                           "scales must be finite and nonzero"
                           + (" with |s| >= 2^-117" if fp8 else ""))

@@ -287,10 +287,12 @@ def test_rope_precedence_rules():
     assert m.rope_scaling.original_max_position_embeddings == m.context_length == 2048
 
 
-def test_dtype_key_wins_over_torch_dtype_and_quantized_is_refused():
+def test_dtype_key_wins_over_torch_dtype_and_unknown_quantization_is_refused():
     assert meta(tiny_config(dtype="float16", torch_dtype="bfloat16")).dtype == "float16"
-    with pytest.raises(Unsupported, match="quantization_config .quant_method='awq'"):
-        meta(tiny_config(quantization_config={"quant_method": "awq"}))
+    with pytest.raises(Unsupported, match="quantization_config.quant_method = 'hqq'"):
+        meta(tiny_config(quantization_config={"quant_method": "hqq"}))
+    with pytest.raises(Unsupported, match="quantization_config.version = 'gemv'"):
+        meta(tiny_config(quantization_config={"quant_method": "awq", "version": "gemv"}))
 
 
 def test_activation_names():

@@ -41,8 +41,10 @@ REFUSED = [
     # (fixture, edit, the field and value the message names)
     ("llama_gqa", _set(hidden_act="gelu_10"), "hidden_act='gelu_10'"),
     ("qwen2", _set(hidden_act="relu2"), "hidden_act='relu2'"),
-    ("llama_gqa", _set(quantization_config={"quant_method": "gptq", "bits": 4}),
-     "quantization_config \\(quant_method='gptq'\\)"),
+    ("llama_gqa", _set(quantization_config={"quant_method": "bitsandbytes", "load_in_4bit": True}),
+     "quantization_config.quant_method = 'bitsandbytes'"),
+    ("llama_gqa", _set(quantization_config={"quant_method": "gptq", "bits": 8}),
+     "quantization_config.bits = 8"),
     ("llama_mqa_tied", _set(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4,
                                              "short_factor": [1.0], "long_factor": [1.0],
                                              "original_max_position_embeddings": 64}),

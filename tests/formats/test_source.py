@@ -15,7 +15,9 @@ from metrale.ops.bf16 import bf16_to_f32, f32_to_bf16
 from .st_util import tiny_config, write_checkpoint
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-FIXTURE_DIRS = sorted(p.name for p in FIXTURES.iterdir() if (p / "config.json").is_file())
+# the quantized fixtures (q_*) hold packed tensors: tests/formats/test_quant_formats.py
+FIXTURE_DIRS = sorted(p.name for p in FIXTURES.iterdir()
+                      if (p / "config.json").is_file() and not p.name.startswith("q_"))
 
 
 def _tensors(cfg, rng):
