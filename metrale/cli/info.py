@@ -62,6 +62,7 @@ def human_bytes(n: float) -> str:
 def run(args) -> int:
     import math
 
+    from ..bench.roofline import decode_step_bytes
     from ..formats import expected_tensors
     from ..formats.layout import head_name
     from ..model_engine.memory_plan import weight_bytes
@@ -72,6 +73,8 @@ def run(args) -> int:
     names = source.tensor_names()
     used = expected_tensors(meta, names)   # what the model reads (tied head counted once)
     n_params = sum(math.prod(source.tensor_shape(n)) for n in used if n in set(names))
+    if getattr(meta, "quantization", None) is not None:   # logical weights, not packed words
+        n_params = sum(math.prod(shape) for shape in used.values())
     head_stored = meta.tie_word_embeddings and head_name(meta) in used
     fields = math_fields(meta, source, head_stored)
     w = weight_bytes(meta)
@@ -100,6 +103,12 @@ def run(args) -> int:
                    "mlp": meta.mlp_bias},
         "math": fields,
         "weight_bytes": w, "kv_bytes_per_token": kv_tok,
+        # what one batch-1 decode step reads: every weight (the embedding's one row unless
+        # tied to the head) and the KV cache of `context` positions (bench/roofline.py)
+        "decode_step_bytes": decode_step_bytes(meta, [context]) if meta.architecture in
+        ("llama", "mistral", "qwen2", "qwen3") else None,
+        "quantization": None if getattr(meta, "quantization", None) is None else
+        meta.quantization.method,
         "context": context, "batch": args.batch,
         "memory_needed_bytes": w + kv_and_ws,
         "tokenizer": str(source.tokenizer_path()) if source.tokenizer_path() else
@@ -122,6 +131,9 @@ def run(args) -> int:
     for k, v in fields.items():
         print(f"{k.replace('_', ' '):14s} {v}")
     print(f"weights        {human_bytes(w)}")
+    if info["decode_step_bytes"] is not None:
+        print(f"decode step    {human_bytes(info['decode_step_bytes'])} read per batch-1 step "
+              f"at {context:,} tokens (weights + KV cache)")
     print(f"KV cache       {human_bytes(kv_tok)} per token")
     print(f"memory needed  {human_bytes(info['memory_needed_bytes'])} for batch {args.batch} "
           f"x {context:,} tokens (weights + KV cache + workspaces)")

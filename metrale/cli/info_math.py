@@ -50,6 +50,9 @@ def biases_text(meta) -> str:
 def dtype_text(meta, source) -> str:
     stored = Counter(source.tensor_dtype(n) for n in source.tensor_names())
     kinds = ", ".join(f"{n} {dt}" for dt, n in sorted(stored.items()))
+    if getattr(meta, "quantization", None) is not None:
+        return (f"{meta.dtype} in config.json; tensors: {kinds}; the quantized linears stay "
+                "packed on the device (quantization), the rest bfloat16")
     lossy = sorted(dt for dt in stored if dt != "BF16")
     how = "exact" if not lossy else (f"{'/'.join(lossy)} rounded to nearest even BF16")
     if hasattr(source, "CONVERTED_DTYPES"):   # a GGUF file: no config.json
@@ -85,5 +88,17 @@ def math_fields(meta, source, head_stored: bool) -> dict[str, str]:
                          f"({v.vision_feature_select_strategy}), projector "
                          f"{v.projector_hidden_act}{' with' if v.projector_bias else ' no'} "
                          f"biases, {v.num_image_tokens} tokens per image")
+    if getattr(meta, "quantization", None) is not None:
+        out["quantization"] = quantization_text(meta)
     out["dtype"] = dtype_text(meta, source)
     return out
+
+
+def quantization_text(meta) -> str:
+    """The quantized format and which linears it covers (formats/quant*.py)."""
+    from ..formats.quant import linear_shapes
+    q = meta.quantization
+    mods = linear_shapes(meta)
+    kept = sorted({m.split(".")[-1] for m in mods if not q.converts(m)})
+    return (f"{q.describe()}; dequantized to BF16 inside the GEMM tiles"
+            + (f"; left BF16: {', '.join(kept)}" if kept else ""))
