@@ -7,7 +7,8 @@ Shapes are Llama-3.1-8B's (hidden 4096, intermediate 14336, 32 heads / 8 kv head
 vocab 128256; 2048-token prefill chunks; decode batches 1, 8, 64 at 4096 cached tokens),
 Whisper-small's conv stem and a CLIP ViT-L/14-336 patch embed. Every linear shape (qkv, o,
 gate_up, down, lm_head) runs through the tensor-core GEMM the model uses (`gemm_tc`, its
-tile in the shape) and cuBLAS at m = 1, 8, 64, 2048, and the CUDA-core GEMV at 1, 8, 64.
+tile in the shape) and cuBLAS at m = 1, 8, 64, 2048, and the CUDA-core GEMV at 1, 8, 64; the
+dequantizing GEMM (`gemm_q`: 4-bit and FP8 weights) at the same shapes and rows.
 `--small` shrinks every shape so the whole run takes seconds on the CPU (HostBackend runs
 the numpy twins; the numbers then only show that every launcher still runs).
 
@@ -230,6 +231,38 @@ def bench_gemm_tc(B, S):
             r["shape"]["tile"] = gemm_tc.pick_tile(r["shape"]["m"], r["shape"]["n"]).name
 
 
+def bench_gemm_q(B, S):
+    """The dequantizing GEMM (4-bit groups of 128, FP8 128x128 blocks) at the same shapes and
+    rows: bytes are the packed W + scales (+ zeros) the kernel must read, so decode rows
+    compare with gemm_tc's against the copy bandwidth."""
+    from metrale.ops import gemm_q, gemm_tc
+    rows = (*S["rows"], S["tokens"])
+    x = B.buf(max(rows) * max(S["hidden"], S["inter"]) * 2)
+    y = B.buf(max(rows) * max(2 * S["inter"], S["vocab"]) * 4)
+    for name, n, k in linear_shapes(S):
+        g, kb = -(-k // 128), -(-k // 128)
+        q4 = [B.buf(n * gemm_q.q4_row_bytes(k), 0x5A), B.buf(n * g * 2, 0x1C),
+              B.buf(n * g, 0x08)]
+        f8 = [B.buf(n * gemm_q.fp8_row_bytes(k), 0x3A), B.buf(-(-n // 128) * kb * 4, 0x3A),
+              B.upload((np.arange(n) // 128).astype(np.int32))]
+        q4_bytes = n * gemm_q.q4_row_bytes(k) + n * g * 3
+        f8_bytes = n * gemm_q.fp8_row_bytes(k) + -(-n // 128) * kb * 4 + n * 4
+        for m in rows:
+            shape = dict(m=m, n=n, k=k, tile=gemm_tc.pick_tile(m, n).name)
+            bound = "compute" if m >= 256 else "memory"
+            B.run("gemm_q", f"gemm_q4_bf16 {name}", dict(shape, group_size=128),
+                  lambda s, m=m, n=n, k=k, w=q4: gemm_q.gemm_q4(
+                      B.be, s, y, x, w[0], w[1], w[2], 0, 0, m, n, k, -(-k // 128), 128),
+                  nbytes=q4_bytes + (m * k + m * n) * 2, flops=2 * m * n * k, bound=bound)
+            B.run("gemm_q", f"gemm_fp8_bf16 {name}", dict(shape, block=[128, 128]),
+                  lambda s, m=m, n=n, k=k, w=f8: gemm_q.gemm_fp8(
+                      B.be, s, y, x, w[0], w[1], w[2], m, n, k, -(-k // 128), 128),
+                  nbytes=f8_bytes + (m * k + m * n) * 2, flops=2 * m * n * k, bound=bound)
+        for p in q4 + f8:
+            B.be.free(p)
+            B.bufs.remove(p)
+
+
 def bench_rope(B, S):
     from metrale.ops import rope
     T, H, KV, D = S["tokens"], S["H"], S["KV"], S["D"]
@@ -414,6 +447,7 @@ FAMILIES = {
     "activation": [bench_activation], "cast": [bench_cast],
     "elementwise": [bench_elementwise], "gemm": [bench_gemv, bench_gemm],
     "gemm_tc": [bench_gemm_tc],
+    "gemm_q": [bench_gemm_q],
     "rope": [bench_rope], "kv_cache": [bench_kv_cache], "attention": [bench_attention],
     "argmax": [bench_argmax], "sampling": [bench_sampling], "conv1d": [bench_conv1d],
     "dense_attention": [bench_dense_attention],

@@ -336,9 +336,14 @@ __attribute__((noinline)) void columns(const Job<W> &job, int64_t j_lo, int64_t 
     std::vector<v16f> panel(size_t(jb * job.steps));
     for (int64_t j0 = j_lo; j0 < j_hi; j0 += jb) {
         const int64_t j1 = std::min(j_hi, j0 + jb);
-        for (int64_t r = 0; r < j1 - j0; r++)
-            for (int64_t s = 0; s < job.steps; s++)
-                panel[size_t(r * job.steps + s)] = job.w.load(j0 + r, s);
+        for (int64_t r = 0; r < j1 - j0; r++) {
+            if constexpr (has_own_tile<W, S>::value) {   // the source's own row writer
+                job.w.panel_row(j0 + r, panel.data() + r * job.steps, job.steps);
+            } else {
+                for (int64_t s = 0; s < job.steps; s++)
+                    panel[size_t(r * job.steps + s)] = job.w.load(j0 + r, s);
+            }
+        }
         all_rows<S>(job.x, job.m, job.steps, WPanel{panel.data(), job.steps}, job.out, j0, j1);
     }
 }

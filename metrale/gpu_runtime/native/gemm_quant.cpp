@@ -161,6 +161,22 @@ inline void tile_halves(const Src &w, const v16f *x, int64_t steps, const Out &o
     std::memcpy(a16, acc, sizeof a16);
     store_tile<R, C>(a16, out, i0, j);
 }
+
+// A row's steps in the panel's order (the panel path of gemm_core.h), written as halves.
+template <class Src>
+inline void panel_halves(const Src &w, int64_t row, v16f *dst, int64_t steps) {
+    typename Src::State st;
+    for (int64_t blk = 0; blk < steps / 2; blk++) {
+        __m256 lo, hi;
+        float *d = reinterpret_cast<float *>(dst + 2 * blk);
+        w.template halves<0>(row, blk, st, lo, hi);
+        _mm256_storeu_ps(d, lo);
+        _mm256_storeu_ps(d + 8, hi);
+        w.template halves<1>(row, blk, st, lo, hi);
+        _mm256_storeu_ps(d + 16, lo);
+        _mm256_storeu_ps(d + 24, hi);
+    }
+}
 #endif
 
 // Step s of a row from a source's half_bits<H>(row, blk) (BF16 bits of the block's odd
@@ -288,6 +304,9 @@ struct WQ4 {
     void tile(const v16f *x, int64_t steps, const Out &out, int64_t i0, int64_t j) const {
         tile_halves<R, C>(*this, x, steps, out, i0, j);
     }
+    void panel_row(int64_t row, v16f *dst, int64_t steps) const {
+        panel_halves(*this, row, dst, steps);
+    }
 #endif
 };
 
@@ -381,6 +400,9 @@ struct WF8 {
     template <int R, int C>
     void tile(const v16f *x, int64_t steps, const Out &out, int64_t i0, int64_t j) const {
         tile_halves<R, C>(*this, x, steps, out, i0, j);
+    }
+    void panel_row(int64_t row, v16f *dst, int64_t steps) const {
+        panel_halves(*this, row, dst, steps);
     }
 #endif
 };
