@@ -63,35 +63,33 @@ struct Int4Format {
     const int *gidx, *gidx_row;
     int groups, group_size, row_bytes, k;
 
-    struct Row {
-        const unsigned short *s;
-        const unsigned char *z;
-        const int *g;   // the row's act-order table, or null
-    };
+    struct Row {   // the row index only: pointers are formed per chunk (registers: the
+        int j;     // 128x128 tile keeps two of these per thread and spilled with three
+    };             // pointers each on sm_80)
     __device__ __forceinline__ const unsigned char *row_bytes_at(int j) const {
         return reinterpret_cast<const unsigned char *>(q) + (long long)j * row_bytes;
     }
-    __device__ __forceinline__ Row row(int j) const {
-        return {scales + (long long)j * groups, zeros + (long long)j * groups,
-                gidx ? gidx + (long long)__ldg(gidx_row + j) * k : nullptr};
-    }
+    __device__ __forceinline__ Row row(int j) const { return {j}; }
     __device__ __forceinline__ uint4 dequant8(const unsigned char *raw, const Row &r, int k0,
                                               int) const {  // k % 8 == 0: no partial chunk
         const unsigned int w = *reinterpret_cast<const unsigned int *>(raw);
+        const unsigned short *rs = scales + (long long)r.j * groups;
+        const unsigned char *rz = zeros + (long long)r.j * groups;
         float v[8];
-        if (r.g == nullptr) {  // one group for the 8 values (group_size % 8 == 0)
+        if (gidx == nullptr) {  // one group for the 8 values (group_size % 8 == 0)
             const int g = k0 / group_size;
-            const float s = __half2float(__ushort_as_half(__ldg(r.s + g)));
-            const float zf = 8388608.f + (float)__ldg(r.z + g);  // 2^23 + z, exact
+            const float s = __half2float(__ushort_as_half(__ldg(rs + g)));
+            const float zf = 8388608.f + (float)__ldg(rz + g);  // 2^23 + z, exact
 #pragma unroll
             for (int e = 0; e < 8; ++e)  // (2^23 + q) - (2^23 + z) = q - z exactly
                 v[e] = __fmul_rn(__uint_as_float(0x4B000000u | ((w >> (4 * e)) & 15u)) - zf, s);
-        } else {                // act-order: each k its own group
+        } else {                // act-order: each k its own group (the row's part's table)
+            const int *rg = gidx + (long long)__ldg(gidx_row + r.j) * k;
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
-                const int g = __ldg(r.g + k0 + e);
-                const float s = __half2float(__ushort_as_half(__ldg(r.s + g)));
-                const float zf = 8388608.f + (float)__ldg(r.z + g);
+                const int g = __ldg(rg + k0 + e);
+                const float s = __half2float(__ushort_as_half(__ldg(rs + g)));
+                const float zf = 8388608.f + (float)__ldg(rz + g);
                 v[e] = __fmul_rn(__uint_as_float(0x4B000000u | ((w >> (4 * e)) & 15u)) - zf, s);
             }
         }
@@ -155,24 +153,19 @@ struct QuantRows {
     F f;
     const unsigned char *src[RAW_PER_THREAD];
     int raw_off[RAW_PER_THREAD];   // -1: no chunk (past the tile's rows or the chunk count)
-    typename F::Row dq_row[DQ_PER_THREAD];
-    int dq_r[DQ_PER_THREAD], dq_ch[DQ_PER_THREAD];   // dq_r -1: row past n
+    int col0, cols;                // the dequantized chunks' rows are recomputed from the
+                                   // thread index (registers: the 128x128 tile spilled)
 
     __device__ __forceinline__ bool aligned() const { return true; }  // the launcher checks q
-    __device__ __forceinline__ void setup(int tid, int col0, int cols, int) {
+    __device__ __forceinline__ void setup(int tid, int col0_, int cols_, int) {
+        col0 = col0_;
+        cols = cols_;
 #pragma unroll
         for (int i = 0; i < RAW_PER_THREAD; ++i) {
             const int c = tid + i * T::THREADS, r = c / RCH;
             const bool in = c < T::BN * RCH && r < cols;
             raw_off[i] = in ? r * RB + 16 * (c % RCH) : -1;
             src[i] = f.row_bytes_at(col0 + (in ? r : 0)) + 16 * (c % RCH);
-        }
-#pragma unroll
-        for (int i = 0; i < DQ_PER_THREAD; ++i) {
-            const int c = tid + i * T::THREADS, r = c / T::CH;
-            dq_r[i] = r < cols ? r : -1;
-            dq_ch[i] = c % T::CH;
-            dq_row[i] = f.row(col0 + (r < cols ? r : 0));
         }
     }
     // Stage kt's packed bytes of this thread's chunks; past the (padded) row: zero-filled.
@@ -188,12 +181,13 @@ struct QuantRows {
     __device__ __forceinline__ void dequant(bf16 *sd, const unsigned char *slot, int kt, int k) {
 #pragma unroll
         for (int i = 0; i < DQ_PER_THREAD; ++i) {
-            if (dq_r[i] < 0) continue;   // rows past n are never read (clamped)
-            const int k0 = kt * T::BK + 8 * dq_ch[i];
-            const uint4 v = k0 < k ? f.dequant8(slot + dq_r[i] * RB + BYTES8 * dq_ch[i],
-                                                dq_row[i], k0, k)
+            const int c = threadIdx.x + i * T::THREADS, r = c / T::CH, ch = c % T::CH;
+            if (r >= cols) continue;   // rows past n are never read (clamped)
+            const int k0 = kt * T::BK + 8 * ch;
+            const uint4 v = k0 < k ? f.dequant8(slot + r * RB + BYTES8 * ch, f.row(col0 + r),
+                                                k0, k)
                                    : make_uint4(0u, 0u, 0u, 0u);
-            *reinterpret_cast<uint4 *>(sd + smem_off<T>(dq_r[i], dq_ch[i])) = v;
+            *reinterpret_cast<uint4 *>(sd + smem_off<T>(r, ch)) = v;
         }
     }
 };
