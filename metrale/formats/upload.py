@@ -76,15 +76,7 @@ class WeightUploader:
                 self.backend.free(ptr)
                 raise
             return ptr
-        arr = self._read(name)
-        ptr = self.backend.alloc(arr.nbytes)
-        try:
-            self.backend.copy_h2d(arr, ptr)
-        except BaseException:
-            self.backend.free(ptr)
-            raise
-        self._advance(arr.nbytes)
-        return ptr
+        return self.upload_bytes(self._read(name))
 
     def _direct(self) -> bool:
         """A source that converts into a given buffer (GGUF: `read_bf16_into`) on a backend
@@ -135,7 +127,7 @@ class WeightUploader:
     def upload_bytes(self, arr: np.ndarray) -> DevicePtr:
         """Upload a host array of any dtype (quantized weights, scales) to a new buffer."""
         arr = np.ascontiguousarray(arr)
-        ptr = self.backend.alloc(max(arr.nbytes, 1))
+        ptr = self.backend.alloc(arr.nbytes)
         try:
             self.backend.copy_h2d(arr, ptr)
         except BaseException:

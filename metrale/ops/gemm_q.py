@@ -17,7 +17,7 @@ from ..errors import InvalidArgument
 from ..gpu_runtime.types import NULL, DevicePtr
 from .bf16 import f32_to_bf16
 from .checks import check_ptrs, check_sizes
-from .gemm_tc import TILES, _MAX_GRID_Y, dot_f32, pick_tile
+from .gemm_tc import TILES, dot_f32, resolve_tile
 from .registry import twin
 
 MODULE = "gemm_q"
@@ -83,19 +83,6 @@ def dequant_fp8(q: np.ndarray, scales: np.ndarray, scale_row: np.ndarray, k: int
         return f32_to_bf16(vals * s.astype(np.float32))
 
 
-def _tile(m: int, n: int, tile: str | None, what: str):
-    if tile is None:
-        t = pick_tile(m, n)
-    elif tile in TILES:
-        t = TILES[tile]
-    else:
-        raise InvalidArgument(f"{what}: tile {tile!r} is not one of {sorted(TILES)}")
-    if t.grid(m, n)[1] > _MAX_GRID_Y:
-        raise InvalidArgument(f"{what}: n = {n} exceeds {_MAX_GRID_Y * t.bn} for tile "
-                              f"{t.name} (grid.y limit)")
-    return t
-
-
 def gemm_q4(backend, stream: int, y_ptr, x_ptr, q_ptr, scales_ptr, zeros_ptr, gidx_ptr,
             gidx_row_ptr, m: int, n: int, k: int, groups: int, group_size: int,
             out_fp32: bool = False, tile: str | None = None) -> None:
@@ -119,7 +106,7 @@ def gemm_q4(backend, stream: int, y_ptr, x_ptr, q_ptr, scales_ptr, zeros_ptr, gi
             raise InvalidArgument(f"{what}: group_size {group_size} must be a positive "
                                   f"multiple of 8 with ceil(k / group_size) <= groups "
                                   f"({groups})")
-    t = _tile(m, n, tile, what)
+    t = resolve_tile(m, n, tile, what)
     func = f"gemm_q4_{'fp32' if out_fp32 else 'bf16'}_{t.name}"
     backend.launch(backend.kernel(MODULE, func), t.grid(m, n), (t.threads,), 0, stream,
                    (DevicePtr(y_ptr), DevicePtr(x_ptr), DevicePtr(q_ptr),
@@ -146,7 +133,7 @@ def gemm_fp8(backend, stream: int, y_ptr, x_ptr, q_ptr, scales_ptr, scale_row_pt
     if block_k % 8 or k_blocks != -(-k // block_k):
         raise InvalidArgument(f"{what}: block_k {block_k} must be a multiple of 8 and "
                               f"k_blocks ({k_blocks}) = ceil(k / block_k)")
-    t = _tile(m, n, tile, what)
+    t = resolve_tile(m, n, tile, what)
     func = f"gemm_fp8_{'fp32' if out_fp32 else 'bf16'}_{t.name}"
     backend.launch(backend.kernel(MODULE, func), t.grid(m, n), (t.threads,), 0, stream,
                    (DevicePtr(y_ptr), DevicePtr(x_ptr), DevicePtr(q_ptr),

@@ -68,6 +68,21 @@ def pick_tile(m: int, n: int) -> Tile:
     return tile
 
 
+def resolve_tile(m: int, n: int, tile: str | None, what: str) -> Tile:
+    """`tile` (a name of TILES) or pick_tile's choice; InvalidArgument for an unknown name or
+    a grid past the grid.y limit."""
+    if tile is None:
+        t = pick_tile(m, n)
+    elif tile in TILES:
+        t = TILES[tile]
+    else:
+        raise InvalidArgument(f"{what}: tile {tile!r} is not one of {sorted(TILES)}")
+    if t.grid(m, n)[1] > _MAX_GRID_Y:
+        raise InvalidArgument(f"{what}: n = {n} exceeds {_MAX_GRID_Y * t.bn} for tile "
+                              f"{t.name} (grid.y limit)")
+    return t
+
+
 def gemm_tc(backend, stream: int, y_ptr, x_ptr, w_ptr, m: int, n: int, k: int,
             out_fp32: bool = False, tile: str | None = None) -> None:
     """Y[m, n] = X[m, k] @ W[n, k]^T on tensor cores, batch-invariant.
@@ -78,16 +93,8 @@ def gemm_tc(backend, stream: int, y_ptr, x_ptr, w_ptr, m: int, n: int, k: int,
     """
     check_sizes("gemm_tc", m=m, n=n, k=k)
     check_ptrs("gemm_tc", y_ptr=y_ptr, x_ptr=x_ptr, w_ptr=w_ptr)
-    if tile is None:
-        t = pick_tile(m, n)
-    elif tile in TILES:
-        t = TILES[tile]
-    else:
-        raise InvalidArgument(f"gemm_tc: tile {tile!r} is not one of {sorted(TILES)}")
+    t = resolve_tile(m, n, tile, "gemm_tc")
     grid = t.grid(m, n)
-    if grid[1] > _MAX_GRID_Y:
-        raise InvalidArgument(f"gemm_tc: n = {n} exceeds {_MAX_GRID_Y * t.bn} for tile "
-                              f"{t.name} (grid.y limit)")
     func = f"gemm_tc_{'fp32' if out_fp32 else 'bf16'}_{t.name}"
     backend.launch(backend.kernel(MODULE, func), grid, (t.threads,), 0, stream,
                    (DevicePtr(y_ptr), DevicePtr(x_ptr), DevicePtr(w_ptr), np.int32(m),

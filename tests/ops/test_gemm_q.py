@@ -257,40 +257,33 @@ LLAMA_8B = [real(1, 6144, 4096), real(8, 4096, 4096), real(1, 28672, 4096),
             real(2048, 4096, 14336)]
 
 
+def check_every_tile(device, host, w, x, label):
+    """Every tile, both outputs: within the table's bound of the twin, and bit for bit the
+    device's own gemm_tc run on the dequantized weights (garbage in the padding codes)."""
+    wd = w.dequant()
+    for out_fp32 in (False, True):
+        want = w.launch(host, x, out_fp32)
+        for tile in T.TILES:
+            got = w.launch(device, x, out_fp32, tile=tile)
+            assert_close(as_f32(got), as_f32(want), KINDS[out_fp32], f"{label} tile={tile}")
+            same = run_tc(device, x, wd, out_fp32, tile=tile)
+            assert np.array_equal(bits(got), bits(same)), f"{label} tile={tile}"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k,gs", RAGGED_Q4)
 def test_gpu_q4_matches_twin_and_gemm_tc_bits(device, host, rng, m, n, k, gs):
-    """Every tile, both outputs: within the table's bound of the twin, and bit for bit the
-    device's own gemm_tc run on the dequantized weights (garbage in the padding codes)."""
     for act in (False, True):
-        w = Q4(rng, n, k, gs, act_order=act)
-        x = xs(rng, m, k)
-        wd = w.dequant()
-        for out_fp32 in (False, True):
-            want = w.launch(host, x, out_fp32)
-            for tile in T.TILES:
-                got = w.launch(device, x, out_fp32, tile=tile)
-                assert_close(as_f32(got), as_f32(want), KINDS[out_fp32],
-                             f"m={m} n={n} k={k} tile={tile} act={act}")
-                same = run_tc(device, x, wd, out_fp32, tile=tile)
-                assert np.array_equal(bits(got), bits(same)), (m, n, k, tile, act)
+        check_every_tile(device, host, Q4(rng, n, k, gs, act_order=act), xs(rng, m, k),
+                         f"m={m} n={n} k={k} act={act}")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k", RAGGED_F8)
 def test_gpu_fp8_matches_twin_and_gemm_tc_bits(device, host, rng, m, n, k):
     for block in ((128, 128), (1, 16), (7, 8)):
-        w = F8(rng, n, k, block)
-        x = xs(rng, m, k)
-        wd = w.dequant()
-        for out_fp32 in (False, True):
-            want = w.launch(host, x, out_fp32)
-            for tile in T.TILES:
-                got = w.launch(device, x, out_fp32, tile=tile)
-                assert_close(as_f32(got), as_f32(want), KINDS[out_fp32],
-                             f"m={m} n={n} k={k} tile={tile} block={block}")
-                same = run_tc(device, x, wd, out_fp32, tile=tile)
-                assert np.array_equal(bits(got), bits(same)), (m, n, k, tile, block)
+        check_every_tile(device, host, F8(rng, n, k, block), xs(rng, m, k),
+                         f"m={m} n={n} k={k} block={block}")
 
 
 @pytest.mark.gpu
