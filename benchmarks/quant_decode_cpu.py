@@ -34,7 +34,7 @@ import metrale  # noqa: E402
 from metrale.bench import roofline  # noqa: E402
 from metrale.bench.env import environment  # noqa: E402
 from metrale.formats import MemorySource  # noqa: E402
-from metrale.formats.quant import DequantizedSource  # noqa: E402
+from metrale.formats.quant_checkpoint import DequantizedSource  # noqa: E402
 from metrale.gpu_runtime import HostBackend  # noqa: E402
 
 

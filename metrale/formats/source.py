@@ -280,7 +280,7 @@ class MemorySource:
         self._shapes = expected_tensors(self._meta)
         self._dtypes: dict[str, str] = {}
         if self._meta.quantization is not None:   # random quantized tensors (quant.py)
-            from .quant import checkpoint_tensors
+            from .quant_layout import checkpoint_tensors
             layout = checkpoint_tensors(self._meta)
             self._shapes = {n: s for n, (s, _) in layout.items()}
             self._dtypes = {n: dt for n, (_, dt) in layout.items()}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..formats.quant import dequant_bits, linear_shapes
+from ..formats.quant_layout import dequant_bits, linear_shapes
 from ..formats.quant_fp8 import HostFp8, concat_fp8
 from ..formats.quant_int4 import HostQ4, concat_q4
 from ..gpu_runtime.types import NULL, DevicePtr

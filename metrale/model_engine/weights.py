@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..formats import check_tensors, expected_tensors
-from ..formats.quant import check_quantized
+from ..formats.quant_checkpoint import check_quantized
 from ..formats.upload import WeightUploader
 from ..gpu_runtime.types import NULL, DevicePtr
 from .linear import upload_linear

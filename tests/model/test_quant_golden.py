@@ -11,7 +11,7 @@ import pytest
 import metrale
 from metrale import CacheConfig
 from metrale.formats import open_source
-from metrale.formats.quant import DequantizedSource
+from metrale.formats.quant_checkpoint import DequantizedSource
 from metrale.generative import to_numpy
 from metrale.gpu_runtime import HostBackend, backend
 from metrale.model_engine.linear import Fp8Linear, Q4Linear
