@@ -14,7 +14,7 @@
 //   gemm_q4   w = bf16_rn(f32(q - z) * s): q the 4-bit code, z its group's zero point
 //             (uint8), s its group's scale (FP16 bits, widened exactly). (q - z) * s is exact
 //             in FP32 (5 x 11 significant bits), so the only rounding is the BF16 one.
-//             Device layout (metrale/model_engine/linear.py repacks GPTQ and AWQ into it):
+//             Device layout (metrale/formats/quant_int4.py repacks GPTQ and AWQ into it):
 //               q       uint32 [n, kp / 8], kp = k rounded up to 32: word w of row j holds
 //                       k = 8w .. 8w + 7, code of k = 8w + e at bits 4e .. 4e + 3
 //               scales  uint16 (FP16 bits) [n, groups]     zeros  uint8 [n, groups]
