@@ -167,7 +167,7 @@ class Int4Config:
         gs = k if self.group_size == -1 else self.group_size
         g = self.groups(k)
         scales = np.ascontiguousarray(source.read_raw(f"{module}.scales")).view(np.uint16)
-        rules.check_scales(scales.view(np.float16).astype(np.float32),
+        rules.check_scales(scales.view(np.float16),
                            file_of(f"{module}.scales"), f"{module}.scales",
                            "quantization_config scales (FP16)")
         if self.method == "gptq":

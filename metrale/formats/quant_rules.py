@@ -64,14 +64,16 @@ def ct_matches(module: str, target: str) -> bool:
 def check_scales(s: np.ndarray, file: str, tensor: str, field: str, fp8: bool = False) -> None:
     """Scales must be finite and nonzero (FP8 ones also at least 2^-117 in magnitude, so
     that every dequantized value is a normal float32)."""
-    s = np.asarray(s, np.float64)
+    stored = np.asarray(s)
+    s = stored.astype(np.float64)
     bad = ~np.isfinite(s) | (s == 0)
     if fp8:
         bad |= np.abs(s) < FP8_MIN_SCALE
     if bad.any():
         i = tuple(int(x) for x in np.unravel_index(int(np.argmax(bad)), s.shape)) \
             if s.ndim else ()
-        raise FormatError(f"{file}: tensor {tensor} ({field}) holds {float(s[i])!r} at "
+        # str() of the stored scalar: its shortest digits (1e-38, not 9.99999991e-38)
+        raise FormatError(f"{file}: tensor {tensor} ({field}) holds {str(stored[i])} at "
                           f"{list(i)}: "
                           "scales must be finite and nonzero"
                           + (" with |s| >= 2^-117" if fp8 else ""))

@@ -71,13 +71,14 @@ def put(name, fn):
 def test_fp8_scales_must_be_finite_nonzero_and_not_tiny(tmp_path, value):
     t = "model.layers.0.mlp.gate_proj.weight_scale_inv"
     path = copy(tmp_path, "q_fp8_block", tensors=put(t, lambda a: (a.__setitem__((1, 2), value), a)[1]))
-    refused(path, FormatError, "model.safetensors", t, "weight_scale_inv", "[1, 2]")
+    refused(path, FormatError, "model.safetensors", t, "weight_scale_inv", "[1, 2]",
+            f"holds {str(np.float32(value))} at")   # the stored value, as plain digits
 
 
 def test_int4_scales_must_be_finite_and_nonzero(tmp_path):
     t = "model.layers.1.self_attn.o_proj.scales"
     path = copy(tmp_path, "q_gptq_v1", tensors=put(t, lambda a: (a.__setitem__((0, 3), 0), a)[1]))
-    refused(path, FormatError, "model.safetensors", t, "scales")
+    refused(path, FormatError, "model.safetensors", t, "scales", "holds 0.0 at [0, 3]")
 
 
 def test_wrong_shape_scales(tmp_path):
