@@ -1,4 +1,5 @@
-"""The decoder stack as a launch sequence over raw pointers (llama/mistral/qwen2/qwen3).
+"""The decoder stack as a launch sequence over raw pointers (llama/mistral/qwen2/qwen3, and
+the mixture-of-experts families, whose sparse layers run moe.moe_mlp for the MLP).
 
 Pre-norm residual blocks with the residual add fused into RMSNorm:
     residual = embed(ids)
@@ -21,6 +22,7 @@ from ..gpu_runtime.types import NULL, DevicePtr
 from ..ops import activation, attention, elementwise, embedding, kv_cache, rmsnorm, rope
 from ..ops import attention_tc
 from .linear import run_linear
+from .moe import moe_mlp
 
 
 def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_len: int,
@@ -75,6 +77,9 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
             elementwise.add_bias(b, stream, ws.hidden, L.o_bias, n, hid)
         rmsnorm.rmsnorm(b, stream, ws.normed, ws.hidden, L.post_attention_layernorm, n, hid,
                         eps, residual_ptr=ws.residual)
+        if L.moe is not None:   # a mixture-of-experts block instead of the MLP (moe.py)
+            moe_mlp(model, stream, n, L.moe)
+            continue
         linear(b, stream, ws.gate_up, ws.normed, L.gate_up, n, 2 * inter, hid)
         if not L.gate_up_bias.is_null():
             elementwise.add_bias(b, stream, ws.gate_up, L.gate_up_bias, n, 2 * inter)

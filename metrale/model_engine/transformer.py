@@ -43,7 +43,8 @@ from .verify import ModelVerify
 from .weights import DecoderWeights
 from .workspace import Workspace
 
-DECODER_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+DECODER_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe",
+                         "mixtral")
 MAX_VERIFY_ROWS = 16
 
 
