@@ -34,7 +34,8 @@ def test_fixture_parses_and_passes_check(name):
     check_tensors(src, expected_tensors(m, src.tensor_names()))
     assert set(src.tensor_names()) == set(expected_tensors(m, src.tensor_names()))
     assert isinstance(src, ModelSource)
-    assert m.architecture in {"llama", "mistral", "qwen2", "qwen3", "whisper", "llava"}
+    assert m.architecture in {"llama", "mistral", "qwen2", "qwen3", "whisper", "llava",
+                              "qwen2_moe", "qwen3_moe", "mixtral"}
     golden = np.load(FIXTURES / name / "golden.npz")
     if m.architecture not in ("whisper", "llava"):
         s = golden["input_ids"].shape[1]
