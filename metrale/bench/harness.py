@@ -164,7 +164,8 @@ def run_bench(cfg: BenchConfig, backend=None, peer=None, on_row=None) -> dict:
     rows so far). Ctrl-C raises `BenchInterrupted` carrying the report of the rows
     finished (`"interrupted": true`, no "hf" section)."""
     cfg.check()
-    from ..formats import num_parameters, open_source
+    from ..formats import DECODER_ARCHS, num_parameters, open_source
+    from ..formats.moe_config import inactive_parameters
     from ..gpu_runtime import backend as pick_backend
     from ..model_engine import TransformerModel
     t_start = time.perf_counter()
@@ -175,7 +176,7 @@ def run_bench(cfg: BenchConfig, backend=None, peer=None, on_row=None) -> dict:
         (None if on_gpu or peer is not None else CPU_DEFAULT_SECONDS)
     source = open_source(cfg.model)
     meta = source.metadata()
-    if meta.architecture not in ("llama", "mistral", "qwen2", "qwen3"):
+    if meta.architecture not in DECODER_ARCHS:
         raise InvalidArgument(f"{source.description}: bench runs decoder-only models, not "
                               f"{meta.architecture!r}")
     warm_len = min(cfg.prompt_len, 32)
@@ -211,6 +212,7 @@ def run_bench(cfg: BenchConfig, backend=None, peer=None, on_row=None) -> dict:
         "results": results,
         "architecture": meta.architecture,
         "parameters": int(num_parameters(meta)),
+        "active_parameters": int(num_parameters(meta) - inactive_parameters(meta, 1)),
         "copy_bandwidth_gb_s": copy_gb_s,
         "settings": {"batches": list(cfg.batches), "prompt_len": cfg.prompt_len,
                      "gen_len": cfg.gen_len, "cache": cfg.cache,

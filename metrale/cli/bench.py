@@ -143,8 +143,8 @@ def run(args) -> int:
     from .checkpoint import open_checkpoint
     meta = open_checkpoint(model).metadata()
     # other architectures get the harness's own refusal
-    positions = meta.max_position_embeddings if meta.architecture in \
-        ("llama", "mistral", "qwen2", "qwen3") else None
+    from ..formats import DECODER_ARCHS
+    positions = meta.max_position_embeddings if meta.architecture in DECODER_ARCHS else None
     prompt_len, gen_len, note = fit_lengths(args.prompt_len, args.gen_len, positions, model)
     if note:
         print(note, file=sys.stderr)

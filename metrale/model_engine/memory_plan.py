@@ -19,6 +19,7 @@ class MemoryPlan:
     max_blocks_per_seq: int
     weight_bytes: int
     total_bytes: int
+    active_weight_bytes: int = 0   # what one token reads (MoE: its top_k experts per layer)
 
 
 def weight_bytes(meta) -> int:
@@ -33,6 +34,13 @@ def weight_bytes(meta) -> int:
             n *= int(s)
         total += n
     return total
+
+
+def active_weight_bytes(meta) -> int:
+    """Weight bytes one token's forward pass reads: all of them for a dense model; for a
+    mixture of experts all but the routed experts it did not choose."""
+    from ..formats.moe_config import inactive_parameters
+    return weight_bytes(meta) - 2 * inactive_parameters(meta, 1)
 
 
 def plan_memory(backend, meta, *, kv_blocks, block_size, max_rows, max_tokens, max_seq_len,
@@ -71,4 +79,4 @@ def plan_memory(backend, meta, *, kv_blocks, block_size, max_rows, max_tokens, m
                           "max_prefill_tokens")
     return MemoryPlan(num_blocks=int(kv_blocks), max_seq_len=int(seq_len),
                       max_blocks_per_seq=-(-seq_len // block_size), weight_bytes=w,
-                      total_bytes=int(total))
+                      total_bytes=int(total), active_weight_bytes=active_weight_bytes(meta))
