@@ -43,7 +43,6 @@ MAX_WINDOW_LAYERS_DEFAULT = 28
 # a token's top-k in registers (kernels/moe_router.cu): the limits of those two.
 MAX_EXPERTS = 512
 MAX_TOP_K = 32
-_LAYER_TYPES = {"full_attention": False, "attention": False, "sliding_attention": True}
 
 
 @dataclass(frozen=True)
@@ -118,25 +117,11 @@ def layer_windows(c: _Cfg, arch: str, n_layers: int) -> tuple[int | None, tuple[
     w = _window(c, WINDOW_DEFAULT) if on else None
     if arch == "qwen3_moe":
         return w, (w or 0,) * n_layers
-    types = c.d.get("layer_types")   # qwen2_moe
-    if types is None:
-        mwl = c.int("max_window_layers", MAX_WINDOW_LAYERS_DEFAULT, positive=False)
-        sliding = [on and bool((i + 1) % 2) and i < mwl for i in range(n_layers)]
-    else:
-        if not isinstance(types, list) or len(types) != n_layers:
-            raise FormatError(f"{c.source}: layer_types must list one type per layer "
-                              f"({n_layers}), got {types!r}")
-        bad = [t for t in types if not isinstance(t, str) or t not in _LAYER_TYPES]
-        if bad:
-            raise Unsupported(f"{c.source}: layer_types value {bad[0]!r} is not supported "
-                              f"(supported: {', '.join(_LAYER_TYPES)})")
-        sliding = [_LAYER_TYPES[t] for t in types]
-    if any(sliding) and w is None:
-        raise Unsupported(f"{c.source}: layer_types has 'sliding_attention' layers but "
-                          f"use_sliding_window={on} / sliding_window="
-                          f"{c.d.get('sliding_window')!r} gives no window (transformers "
-                          "builds a window of 0 then)")
-    windows = tuple(w if s else 0 for s in sliding)
+    if c.d.get("layer_types") is not None:   # qwen2_moe: read as qwen2 reads it
+        from .decoder_fields import layer_windows as dense_layer_windows
+        return dense_layer_windows(c, "qwen2", n_layers)
+    mwl = c.int("max_window_layers", MAX_WINDOW_LAYERS_DEFAULT, positive=False)
+    windows = tuple(w if w and (i + 1) % 2 and i < mwl else 0 for i in range(n_layers))
     return (w if any(windows) else None), windows
 
 

@@ -9,15 +9,14 @@ the batch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from ..errors import InvalidArgument
 from ..gpu_runtime.types import DevicePtr
 from .bf16 import f32_to_bf16
 from .checks import check_ptrs, check_sizes
-from .gemm_tc import dot_f32, widen_steps
+from . import gemm_tc
+from .gemm_tc import Tile, dot_f32, widen_steps
 from .moe_router import MAX_EXPERTS
 from .registry import twin
 
@@ -25,17 +24,8 @@ MODULE = "moe_gemm"
 _MAX_GRID_Y = 65535
 
 
-@dataclass(frozen=True)
-class Tile:
-    """One CTA tile of kernels/moe_gemm.cu (its header has the table)."""
-    name: str
-    bm: int
-    bn: int
-    threads: int
-
-
-TILES = {t.name: t for t in (Tile("16x16", 16, 16, 64), Tile("64x32", 64, 32, 128),
-                             Tile("128x128", 128, 128, 256))}
+# kernels/moe_gemm.cu has gemm_tc.cu's three tile configurations (same names and sizes)
+TILES = gemm_tc.TILES
 
 
 def pick_tile(n_pairs: int, num_experts: int) -> Tile:
