@@ -254,3 +254,28 @@ def test_bad_checkpoints_are_refused_by_name_before_any_upload(tmp_path, case, m
     with pytest.raises(FormatError, match=match):
         metrale.load(d, be, progress=False)
     assert be.live_bytes() == 0
+
+
+@pytest.mark.gpu
+def test_device_graphs_equal_eager(device):
+    """The MoE pass reads nothing back to the host: replayed CUDA graphs (emu: recorded
+    launches) give the eager bits."""
+    ids = golden("qwen2_moe")["input_ids"][0].tolist()
+    eager = teacher_forced(load("qwen2_moe", device, graphs=False), ids)
+    graphed = teacher_forced(load("qwen2_moe", device, graphs=True), ids)
+    assert np.array_equal(eager, graphed)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not emu_available(), reason="no C++ compiler")
+@pytest.mark.parametrize("device_name", ["emu"])
+def test_emu_runs_the_moe_kernels_compiled(device_name):
+    from metrale.gpu_runtime.emu import EmuBackend
+    emu = EmuBackend()
+    teacher_forced(load("qwen2_moe", emu), golden("qwen2_moe")["input_ids"][0].tolist())
+    stats = emu.launch_stats()
+    assert not {k for k, v in stats.items() if v["twin"]}
+    compiled = {k for k, v in stats.items() if v["compiled"]}
+    assert {"moe_router.moe_topk_softmax", "moe_router.moe_route",
+            "moe_gemm.moe_gemm_bf16_16x16", "moe_gemm.moe_gemm_fp32_16x16",
+            "moe_combine.moe_combine", "gemm_tc.gemm_tc_fp32_16x16"} <= compiled
