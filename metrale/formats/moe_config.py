@@ -17,6 +17,9 @@ gated MLP of width intermediate_size. The block (HF `*SparseMoeBlock`):
   router_logits = x @ gate^T (float32 here, see model_engine/moe.py)
   p = softmax(router_logits) in float32; the top_k experts; w = p of the chosen
   (norm_topk_prob / mixtral: w /= sum(w)); out = sum_s w_s * expert_{e_s}(x)
+  (mixtral too: transformers 5.25's MixtralTopKRouter takes the softmax over all experts,
+  then the top-k, then renormalises, not a softmax over the chosen logits; the same
+  weights in exact arithmetic, and this is the float32 formula it runs)
   qwen2_moe: + sigmoid(x @ shared_expert_gate^T) * shared_expert(x)
 Checkpoint keys are the Hub's (what transformers 5.25's save_pretrained writes back):
 `mlp.gate.weight` [E, hidden], `mlp.experts.{e}.{gate,up,down}_proj.weight`,
