@@ -96,7 +96,8 @@ def layer_windows(c: _Cfg, arch: str, n_layers: int) -> tuple[int | None, tuple[
     "sliding_attention" in `layer_types` use it, or, without layer_types, the layers with
     index >= `max_window_layers`. llama: no window. The MoE families: moe_config.py.
     """
-    if arch in moe.MOE_ARCHS:
+    qwen2_moe_types = arch == "qwen2_moe" and c.d.get("layer_types") is not None
+    if arch in moe.MOE_ARCHS and not qwen2_moe_types:   # those read as qwen2's below
         return moe.layer_windows(c, arch, n_layers)
     if arch == "llama":
         return None, (0,) * n_layers

@@ -11,10 +11,10 @@ fixture and preset with a config that records each key the parsers touch and fai
 one is not listed here. An HONOURED field may still refuse some values (e.g. an activation
 the kernels lack); `why` says which.
 
-Scopes: the seven decoder `model_type`s (the MoE ones: moe_config.py), "rope" (keys inside `rope_parameters` /
-`rope_scaling`), "whisper", "llava", "clip_vision_model" (llava's `vision_config`) and
-"generation_config" (generation_config.json) and "gguf" (GGUF metadata keys, see GGUF), and
-"quantization_config.<method>" (quant_fields.py).
+Scopes: the seven decoder `model_type`s (the MoE ones: moe_config.py), "rope" (keys inside
+`rope_parameters` / `rope_scaling`), "whisper", "llava", "clip_vision_model" (llava's
+`vision_config`), "generation_config" (generation_config.json), "gguf" (GGUF metadata keys,
+see GGUF) and "quantization_config.<method>" (quant_fields.py).
 """
 from __future__ import annotations
 

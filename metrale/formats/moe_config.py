@@ -120,9 +120,7 @@ def layer_windows(c: _Cfg, arch: str, n_layers: int) -> tuple[int | None, tuple[
     w = _window(c, WINDOW_DEFAULT) if on else None
     if arch == "qwen3_moe":
         return w, (w or 0,) * n_layers
-    if c.d.get("layer_types") is not None:   # qwen2_moe: read as qwen2 reads it
-        from .decoder_fields import layer_windows as dense_layer_windows
-        return dense_layer_windows(c, "qwen2", n_layers)
+    # qwen2_moe without layer_types (with them decoder_fields reads them as qwen2's)
     mwl = c.int("max_window_layers", MAX_WINDOW_LAYERS_DEFAULT, positive=False)
     windows = tuple(w if w and (i + 1) % 2 and i < mwl else 0 for i in range(n_layers))
     return (w if any(windows) else None), windows

@@ -54,8 +54,9 @@ def test_hf_state_stacks_experts_as_transformers_5():
         gu = state["model.layers.1.mlp.experts.gate_up_proj"]()
         assert gu.shape == (E, 2 * i, h) and gu.dtype == np.uint16
         g, u = m.moe.expert_proj[:2]
-        assert np.array_equal(gu[2, :i], src.read_bf16(f"model.layers.1.{block}.experts.2.{g}.weight"))
-        assert np.array_equal(gu[2, i:], src.read_bf16(f"model.layers.1.{block}.experts.2.{u}.weight"))
+        e2 = f"model.layers.1.{block}.experts.2."
+        assert np.array_equal(gu[2, :i], src.read_bf16(f"{e2}{g}.weight"))
+        assert np.array_equal(gu[2, i:], src.read_bf16(f"{e2}{u}.weight"))
         assert state["model.layers.0.mlp.experts.down_proj"]().shape == (E, h, i)
         assert all(".experts." in n or n.endswith("gate.weight") for n in used)
         left = set(src.tensor_names()) - used
