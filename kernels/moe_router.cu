@@ -20,7 +20,10 @@
 // index) reproduces it. The rule here is a strict total order, so it is deterministic and
 // the same for every batch. Ranking by the logit instead of p selects the same experts as
 // ranking by p except where two different logits round to the same float32 probability,
-// where it picks the larger logit (HF's pick there is the unstable one).
+// where it picks the larger logit (HF's pick there is the unstable one). On a GPU,
+// torch.topk (aten/src/ATen/native/cuda/TensorTopK.cu gatherTopK) takes every value above
+// the k-th, then fills the remaining places with the values equal to it in index order:
+// the lower expert index first, this rule, so HF on CUDA picks the same experts.
 //
 // moe_route (one CTA): the token-expert pairs p = t * top_k + s grouped by expert:
 //   expert_offsets[e] = #pairs with expert < e (expert_offsets[E] = n_pairs),

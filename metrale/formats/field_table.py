@@ -148,6 +148,8 @@ _MOE = {
     "router_aux_loss_coef": _i(_TRAIN.split(" (")[0] + ": the load-balancing loss"),
     "mlp_bias": _i(_NOT_READ),
     "head_dim": _h("absent: hidden_size // num_attention_heads; null refused (HF fails)"),
+    "quantization_config": _r("quantized experts: refused whatever its value (the MoE "
+                              "kernels read BF16 expert weights; moe_config.refuse_quantized)"),
 }
 _QWEN_MOE = {
     **_MOE,

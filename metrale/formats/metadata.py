@@ -17,6 +17,7 @@ from ..errors import FormatError, Unsupported
 from . import decoder_fields as df
 from .config_fields import _Cfg, _pick, _token_ids
 from .moe_config import MOE_ARCHS, MoeConfig, moe_config, rope_theta
+from .moe_config import refuse_quantized as refuse_moe_quantized
 from .multimodal import VisionConfig, WhisperConfig, vision_config, whisper_config
 from .quant import parse_quantization
 from .rope_config import RopeScaling, context_length, parse_rope
@@ -100,6 +101,8 @@ def _frozen(d: dict) -> Mapping:
 def _decoder(config: dict, gen: dict | None, source: str, arch: str) -> ModelMetadata:
     """A decoder config (DECODER_ARCHS), field by field as field_table.py says."""
     c = _Cfg(config, source)
+    if arch in MOE_ARCHS:   # before the dense families' parser: quantized experts by name
+        refuse_moe_quantized(config, arch, source)
     quantization = parse_quantization(config, source)
     hidden = c.int("hidden_size", required=True)
     heads = c.int("num_attention_heads", required=True)

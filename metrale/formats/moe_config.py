@@ -220,6 +220,18 @@ def inactive_parameters(meta, n_rows: int = 1) -> int:
     return int(round((E - hit) * expert_parameters(meta))) * moe.num_sparse_layers
 
 
+def refuse_quantized(config: dict, arch: str, source: str) -> None:
+    """A quantized MoE checkpoint is refused by name, whatever the dense families accept:
+    the grouped expert GEMM (kernels/moe_gemm.cu) and the expert upload read BF16 weights
+    only, so quantized experts would otherwise be refused as unknown tensors, or worse."""
+    q = config.get("quantization_config")
+    if q is not None:
+        method = q.get("quant_method") if isinstance(q, dict) else q
+        raise Unsupported(f"{source}: quantization_config (quant_method={method!r}) on a "
+                          f"{arch} checkpoint is not supported: metrale's mixture-of-experts "
+                          "kernels read BF16 expert weights only")
+
+
 def rope_theta(config: dict, arch: str, theta: float) -> float:
     """mixtral's rope base when no rope_theta is given anywhere is its class default_theta
     1e6 (the others' is 10000, what rope_config.parse_rope returns)."""

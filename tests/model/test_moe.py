@@ -12,7 +12,7 @@ import pytest
 
 import metrale
 from metrale.engine import generate, speculative_generate
-from metrale.errors import FormatError
+from metrale.errors import FormatError, Unsupported
 from metrale.formats import check_tensors, expected_tensors, open_source
 from metrale.formats.metadata import ModelMetadata
 from metrale.gpu_runtime import HostBackend, backend
@@ -230,8 +230,10 @@ def _rewrite_tensors(d, fn):
     ("missing", "missing tensor 'model.layers.1.block_sparse_moe.experts.3.w2.weight'"),
     ("shape", "model.layers.0.block_sparse_moe.experts.1.w1.weight' has shape \\[8, 64\\]"),
     ("fused", "no part of the model uses: model.layers.0.block_sparse_moe.experts.gate_up_proj"),
+    ("quantized", "quant_method='fp8'\\) on a mixtral checkpoint is not supported"),
 ])
 def test_bad_checkpoints_are_refused_by_name_before_any_upload(tmp_path, case, match):
+    err = Unsupported if case == "quantized" else FormatError
     name = "qwen3_moe" if case in ("mlp_only_layers", "sparse_step") else "mixtral"
     d = _copy(tmp_path, name)
     if case == "top_k":
@@ -240,6 +242,9 @@ def test_bad_checkpoints_are_refused_by_name_before_any_upload(tmp_path, case, m
         _edit_config(d, mlp_only_layers=[0, 2])
     elif case == "sparse_step":
         _edit_config(d, decoder_sparse_step=0)
+    elif case == "quantized":
+        _edit_config(d, quantization_config={"quant_method": "fp8", "fmt": "e4m3",
+                                             "weight_block_size": [128, 128]})
     elif case == "experts_alias":
         _edit_config(d, num_experts=4, num_local_experts=5)
     elif case == "missing":
@@ -251,7 +256,7 @@ def test_bad_checkpoints_are_refused_by_name_before_any_upload(tmp_path, case, m
         _rewrite_tensors(d, lambda t: t.__setitem__(
             "model.layers.0.block_sparse_moe.experts.gate_up_proj", np.zeros((4, 2), np.uint16)))
     be = HostBackend()
-    with pytest.raises(FormatError, match=match):
+    with pytest.raises(err, match=match):
         metrale.load(d, be, progress=False)
     assert be.live_bytes() == 0
 
