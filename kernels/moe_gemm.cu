@@ -24,10 +24,11 @@
 //   128x128  128 x 128  32  2 x 4     3    48 KiB        prefill: many rows per expert
 // The 16-row tile is the decode path (the "gather-GEMV"): a CUDA-core GEMV would sum each
 // row in another order than the tensor cores, and a token's bits would then depend on
-// whether its batch was small enough for it. Pipeline, swizzle, clamped edges and the
-// scalar fallback (k % 8 != 0 or x / w not 16-byte aligned) are gemm_tc.cu's; the only
-// differences are where A rows come from (a gather through sorted_pairs), which W (expert
-// e's slice) and where output rows go (row p of y: pairs never collide, no atomics).
+// whether its batch was small enough for it. The CTA tile is gemm_tc's own
+// (kernels/gemm_tc_tile.cuh: pipeline, swizzle, clamped edges, the scalar fallback when
+// k % 8 != 0 or x / w are not 16-byte aligned), run with the row policy ExpertRows: A rows
+// gathered through sorted_pairs, W = expert e's slice (BF16Rows), output row p of y (pairs
+// never collide: no atomics).
 //
 // BATCH INVARIANCE: y[p, j] is the FP32 accumulator of ceil(k / 16) mma.sync.m16n8k16 steps
 // in ascending k order from +0.0f over x[p / row_div, :] and w[e, j, :] -- exactly
@@ -35,50 +36,21 @@
 // against W_e, for every tile, every row position in the tile and every other token in the
 // launch. Which tokens share an expert changes only which CTA computes a row, never its
 // value. The twin is therefore gemm_tc's (ops/gemm_tc.dot_f32 per expert).
-#include "mma.cuh"
+#include "gemm_tc_tile.cuh"
 
-template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_>
-struct MoeTile {
-    static constexpr int BM = BM_, BN = BN_, BK = BK_, STAGES = STAGES_;
-    static constexpr int WARPS_M = WARPS_M_, WARPS_N = WARPS_N_;
-    static constexpr int THREADS = WARPS_M * WARPS_N * 32;
-    static constexpr int CH = BK / 8;
-    static constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
-    static constexpr int MT = WTM / 16, NT = WTN / 8;
-    static constexpr int A_PER_THREAD = BM * CH / THREADS, B_PER_THREAD = BN * CH / THREADS;
-    static_assert(BK == 32 || BK == 64, "swizzle assumes 64- or 128-byte shared rows");
-    static_assert(WTM % 16 == 0 && WTN % 8 == 0 && (NT == 1 || NT % 2 == 0), "warp tile");
-    static_assert(BM * CH % THREADS == 0 && BN * CH % THREADS == 0, "chunks per thread");
+// gemm_tc.cu's three tiles (same sizes and stages: ops/moe_gemm.py TILES = gemm_tc.TILES)
+typedef TcTile<16, 16, 64, 1, 2, 12> MoeTile16x16;
+typedef TcTile<64, 32, 64, 2, 2, 4> MoeTile64x32;
+typedef TcTile<128, 128, 32, 2, 4, 3> MoeTile128x128;
+
+// One row tile of an expert's list: tile row r is pair p = pairs[r], which reads X row
+// p / row_div (its token for gate_up, itself for down) and writes Y row p.
+struct ExpertRows {
+    const int *pairs;
+    int rows, row_div;
+    __device__ __forceinline__ long long x_row(int r) const { return pairs[r] / row_div; }
+    __device__ __forceinline__ long long y_row(int r) const { return pairs[r]; }
 };
-
-typedef MoeTile<16, 16, 64, 1, 2, 12> MoeTile16x16;
-typedef MoeTile<64, 32, 64, 2, 2, 4> MoeTile64x32;
-typedef MoeTile<128, 128, 32, 2, 4, 3> MoeTile128x128;
-
-template <class T>
-__device__ __forceinline__ int moe_smem_off(int r, int ch) {
-    return r * T::BK + ((ch ^ ((r * T::CH >> 3) & (T::CH - 1))) << 3);
-}
-
-// 16 bytes of a shared row: elements [kk, kk + 8) of `src`, zeros past k.
-__device__ __forceinline__ void moe_fill_chunk(bf16 *dst, const bf16 *src, int kk, int k,
-                                               bool vec) {
-    if (vec) {
-        const bool in = kk < k;
-        cp_async_16(dst, in ? src + kk : src, in ? 16 : 0);
-    } else {
-        unsigned short v[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e)
-            v[e] = kk + e < k ? __bfloat16_as_ushort(src[kk + e]) : (unsigned short)0;
-        uint4 u;
-        u.x = v[0] | ((unsigned int)v[1] << 16);
-        u.y = v[2] | ((unsigned int)v[3] << 16);
-        u.z = v[4] | ((unsigned int)v[5] << 16);
-        u.w = v[6] | ((unsigned int)v[7] << 16);
-        *reinterpret_cast<uint4 *>(dst) = u;
-    }
-}
 
 // The expert whose row tiles hold tile t: the last e with tile_offsets[e] <= t.
 __device__ __forceinline__ int tile_expert(const int *tile_offsets, int num_experts, int t) {
@@ -102,143 +74,9 @@ __device__ __forceinline__ void moe_gemm_tile(bf16 *sa, bf16 *sb, bf16 *yb, floa
     if (t >= tile_offsets[num_experts]) return;  // CTA-uniform: past the last row tile
     const int e = tile_expert(tile_offsets, num_experts, t);
     const int r0 = expert_offsets[e] + (t - tile_offsets[e]) * T::BM;
-    const int rows = min(T::BM, expert_offsets[e + 1] - r0);
-    const int *pairs = sorted_pairs + r0;
-    const bf16 *we = w + (long long)e * n * k;
-
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int col0 = blockIdx.y * T::BN;
-    const int cols = min(T::BN, n - col0);
-    const bool vec = (k & 7) == 0 && aligned16(x) && aligned16(w);
-    const int kt_count = (k + T::BK - 1) / T::BK;
-
-    // This thread's chunks of every stage; A rows gathered through the pair list.
-    const bf16 *a_src[T::A_PER_THREAD], *b_src[T::B_PER_THREAD];
-    int a_dst[T::A_PER_THREAD], b_dst[T::B_PER_THREAD], a_ch[T::A_PER_THREAD],
-        b_ch[T::B_PER_THREAD];
-#pragma unroll
-    for (int i = 0; i < T::A_PER_THREAD; ++i) {
-        const int c = tid + i * T::THREADS, r = c / T::CH;
-        a_ch[i] = r < rows ? c % T::CH : -1;
-        a_src[i] = x + (long long)(pairs[min(r, rows - 1)] / row_div) * k;
-        a_dst[i] = moe_smem_off<T>(r, c % T::CH);
-    }
-#pragma unroll
-    for (int i = 0; i < T::B_PER_THREAD; ++i) {
-        const int c = tid + i * T::THREADS, r = c / T::CH;
-        b_ch[i] = r < cols ? c % T::CH : -1;
-        b_src[i] = we + (long long)(col0 + min(r, cols - 1)) * k;
-        b_dst[i] = moe_smem_off<T>(r, c % T::CH);
-    }
-    auto load_stage = [&](int slot, int kt) {
-        const int k0 = kt * T::BK;
-        bf16 *a = sa + slot * T::BM * T::BK, *b = sb + slot * T::BN * T::BK;
-#pragma unroll
-        for (int i = 0; i < T::A_PER_THREAD; ++i)
-            if (a_ch[i] >= 0) moe_fill_chunk(a + a_dst[i], a_src[i], k0 + 8 * a_ch[i], k, vec);
-#pragma unroll
-        for (int i = 0; i < T::B_PER_THREAD; ++i)
-            if (b_ch[i] >= 0) moe_fill_chunk(b + b_dst[i], b_src[i], k0 + 8 * b_ch[i], k, vec);
-    };
-
-    const int wr0 = (warp / T::WARPS_N) * T::WTM, wc0 = (warp % T::WARPS_N) * T::WTN;
-    const bool live = wr0 < rows && wc0 < cols;  // warp-uniform
-    int a_row[T::MT], b_row[T::NT];
-#pragma unroll
-    for (int mt = 0; mt < T::MT; ++mt) a_row[mt] = min(wr0 + mt * 16 + (lane & 15), rows - 1);
-#pragma unroll
-    for (int nt = 0; nt < T::NT; ++nt) {
-        const int nrow = T::NT == 1 ? (lane & 7) : ((nt & ~1) + ((lane >> 4) & 1)) * 8 + (lane & 7);
-        b_row[nt] = min(wc0 + nrow, cols - 1);
-    }
-    const int a_khalf = lane >> 4, b_khalf = (lane >> 3) & 1;
-
-    float acc[T::MT][T::NT][4];
-#pragma unroll
-    for (int mt = 0; mt < T::MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < T::NT; ++nt)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) acc[mt][nt][q] = 0.f;
-
-    auto compute_stage = [&](int slot, int kt) {
-        const bf16 *a = sa + slot * T::BM * T::BK, *b = sb + slot * T::BN * T::BK;
-#pragma unroll
-        for (int ks = 0; ks < T::BK / 16; ++ks) {
-            if (kt * T::BK + ks * 16 >= k) break;  // CTA-uniform: no all-zero k16 steps
-            unsigned int af[T::MT][4], bfr[T::NT][2];
-#pragma unroll
-            for (int mt = 0; mt < T::MT; ++mt)
-                ldmatrix_x4(af[mt], a + moe_smem_off<T>(a_row[mt], 2 * ks + a_khalf));
-            if (T::NT == 1) {
-                ldmatrix_x2(bfr[0], b + moe_smem_off<T>(b_row[0], 2 * ks + b_khalf));
-            } else {
-#pragma unroll
-                for (int nt = 0; nt < T::NT; nt += 2) {
-                    unsigned int r4[4];
-                    ldmatrix_x4(r4, b + moe_smem_off<T>(b_row[nt], 2 * ks + b_khalf));
-                    bfr[nt][0] = r4[0];
-                    bfr[nt][1] = r4[1];
-                    bfr[nt + 1][0] = r4[2];
-                    bfr[nt + 1][1] = r4[3];
-                }
-            }
-#pragma unroll
-            for (int mt = 0; mt < T::MT; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < T::NT; ++nt)
-                    mma_bf16_16816(acc[mt][nt], af[mt], bfr[nt], acc[mt][nt]);
-        }
-    };
-
-#pragma unroll
-    for (int s = 0; s < T::STAGES - 1; ++s) {
-        if (s < kt_count) load_stage(s, s);
-        cp_async_commit();
-    }
-    for (int kt = 0; kt < kt_count; ++kt) {
-        cp_async_wait<T::STAGES - 2>();
-        __syncthreads();
-        const int next = kt + T::STAGES - 1;
-        if (next < kt_count) load_stage(next % T::STAGES, next);
-        cp_async_commit();
-        if (live) compute_stage(kt % T::STAGES, kt);
-    }
-    cp_async_wait<0>();
-
-    if (!live) return;
-    // Epilogue: acc[mt][nt] = tile rows (g, g + 8) x columns (2t, 2t + 1); row r -> y row
-    // pairs[r].
-    const int g = lane >> 2, tq = lane & 3;
-    const bool pair_store = (n & 1) == 0 && (yf ? ((unsigned long long)yf & 7) == 0
-                                                : ((unsigned long long)yb & 3) == 0);
-#pragma unroll
-    for (int mt = 0; mt < T::MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = wr0 + mt * 16 + g + 8 * h;
-            if (r >= rows) continue;
-            const long long yrow = (long long)pairs[r] * n;
-#pragma unroll
-            for (int nt = 0; nt < T::NT; ++nt) {
-                const int c = col0 + wc0 + nt * 8 + 2 * tq;
-                const float v0 = acc[mt][nt][2 * h], v1 = acc[mt][nt][2 * h + 1];
-                const long long o = yrow + c;
-                if (c + 1 < n && pair_store) {
-                    if (yf) *reinterpret_cast<float2 *>(yf + o) = make_float2(v0, v1);
-                    else *reinterpret_cast<unsigned int *>(yb + o) = pack_bf2(v0, v1);
-                } else {
-                    if (c < n) {
-                        if (yf) yf[o] = v0;
-                        else yb[o] = f2bf(v0);
-                    }
-                    if (c + 1 < n) {
-                        if (yf) yf[o + 1] = v1;
-                        else yb[o + 1] = f2bf(v1);
-                    }
-                }
-            }
-        }
+    const ExpertRows rows{sorted_pairs + r0, min(T::BM, expert_offsets[e + 1] - r0), row_div};
+    BF16Rows<T> src{w + (long long)e * n * k};
+    gemm_tc_tile_rows<T>(sa, sb, nullptr, yb, yf, x, src, rows, n, k);
 }
 
 #define MOE_GEMM_SMEM(TILE)                                                                   \
