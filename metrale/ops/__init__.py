@@ -9,8 +9,8 @@ Importing this package imports every family, so every twin is in the device laye
 """
 from . import (activation, argmax, attention, attention_tc, cast, conv1d, dense_attention,
                elementwise, embedding, gemm, gemm_q, gemm_tc, kv_cache, rmsnorm, rope, sampling,
-               vision)
+               tensor_parallel, vision)
 
 __all__ = ["activation", "argmax", "attention", "attention_tc", "cast", "conv1d",
            "dense_attention", "elementwise", "embedding", "gemm", "gemm_q", "gemm_tc", "kv_cache",
-           "rmsnorm", "rope", "sampling", "vision"]
+           "rmsnorm", "rope", "sampling", "tensor_parallel", "vision"]
