@@ -25,11 +25,16 @@ class CallGuard:
     def __exit__(self, *exc) -> None:
         self._lock.release()
 
+    def call(self, name: str, args: tuple):
+        """The context one public call `name(*args)` runs in: this guard itself (a
+        tensor-parallel rank's guard adds its agreement step, agreement.py)."""
+        return self
+
 
 def exclusive(method):
     """Decorator: run `method` under `self._guard`."""
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
-        with self._guard:
+        with self._guard.call(method.__name__, args + tuple(kwargs.values())):
             return method(self, *args, **kwargs)
     return wrapper
