@@ -48,7 +48,7 @@ class AgreedGuard(CallGuard):
         self._depth = 0
         self._pending: tuple[bytes, str] | None = None   # (digest, summary) not yet agreed
 
-    def call(self, name: str, args: tuple) -> "_AgreedCall":
+    def call(self, name: str, args: dict) -> "_AgreedCall":
         return _AgreedCall(self, name, args)
 
     def agree_now(self) -> None:
@@ -61,7 +61,7 @@ class AgreedGuard(CallGuard):
         settle(self.comm, ok_record(digest, summary), None)
 
     # one call ----------------------------------------------------------------------------
-    def _begin(self, name: str, args: tuple) -> None:
+    def _begin(self, name: str, args: dict) -> None:
         if self._depth == 0:
             self._pending = call_digest(name, args, self._model)
         self._depth += 1
@@ -79,7 +79,7 @@ class AgreedGuard(CallGuard):
 
 
 class _AgreedCall:
-    def __init__(self, guard: AgreedGuard, name: str, args: tuple) -> None:
+    def __init__(self, guard: AgreedGuard, name: str, args: dict) -> None:
         self.guard, self.name, self.args = guard, name, args
 
     def __enter__(self):
@@ -144,15 +144,16 @@ def _agreed(exc: BaseException) -> BaseException:
     return exc
 
 
-def call_digest(name: str, args: tuple, model) -> tuple[bytes, str]:
-    """(16-byte digest, summary) of a call: its name, the ints inside its list / tuple /
-    int32 / int64 array arguments (token ids, slices), its sequences' lengths and the pool's
-    state. Top-level ints are left out: pointers and stream handles differ between ranks."""
+def call_digest(name: str, args: dict, model) -> tuple[bytes, str]:
+    """(16-byte digest, summary) of a call `name(**args)`: its name, its int arguments
+    (token ids, counts, rows) and the ints inside its list / tuple / int32 / int64 array
+    arguments, its sequences' lengths and the pool's state. Arguments named `*stream*` or
+    `*ptr*` are left out: stream handles and pointers differ between ranks."""
     h = hashlib.blake2b(digest_size=16)
     h.update(name.encode())
     n_seqs = n_ints = 0
 
-    def feed(x, top: bool) -> None:
+    def feed(x) -> None:
         nonlocal n_seqs, n_ints
         if isinstance(x, SequenceState):
             h.update(struct.pack("<cqq", b"s", x.seq_len, len(x.block_table)))
@@ -164,17 +165,19 @@ def call_digest(name: str, args: tuple, model) -> tuple[bytes, str]:
         elif isinstance(x, (list, tuple)):
             h.update(struct.pack("<cq", b"l", len(x)))
             for y in x:
-                feed(y, False)
+                feed(y)
         elif isinstance(x, (bool, np.bool_)):
             h.update(b"b1" if x else b"b0")
         elif isinstance(x, (int, np.integer)):
-            if not top:
-                h.update(struct.pack("<cq", b"i", int(x)))
-                n_ints += 1
+            h.update(struct.pack("<cq", b"i", int(x)))
+            n_ints += 1
         else:
             h.update(type(x).__name__.encode())
-    for a in args:
-        feed(a, True)
+    for key, value in args.items():
+        if "stream" in key or "ptr" in key:
+            continue
+        h.update(key.encode())
+        feed(value)
     pool = model._pool
     h.update(struct.pack("<qq", pool.num_free(), pool.num_cached()))
     summary = (f"{name}({n_seqs} sequence(s), {n_ints} id(s); pool {pool.num_free()} free, "

@@ -1,0 +1,187 @@
+"""Tensor parallelism at TP=2 over MPI, on the CPU: one `mpiexec -n 2` run of the worker's
+scenarios (tests/tp/worker.py), checked here against TP=1 and the golden HF outputs.
+
+Proven: goldens of every decoder fixture through the pointer API; every rank gets the same
+rows; TP=2 within the BF16 tolerance of TP=1 and greedy tokens equal; a sequence's rows are
+the same bits alone or in a batch, under both reduction schedules; verify rows equal decode
+steps; speculative equals greedy; the reference scheduler's soak; each rank's weights about
+1/2; errors on one rank raised on both; the communicator's collectives; a stalled or dead
+peer ends the job instead of hanging it.
+"""
+import numpy as np
+import pytest
+
+from metrale.engine import generate
+from metrale.ops.argmax import argmax_rule
+from metrale.ops.bf16 import bf16_to_f32
+from tests.conftest import emu_available
+from tests.model.common import assert_matches_golden, golden, load, logits_rows, rel_err
+from tests.tp.launch import Results, run_worker
+from tests.tp.worker import GOLDEN_FIXTURES, GREEDY_NEW, GREEDY_PROMPT, PREFIX
+
+SCENARIOS = "golden,fp32_graphs,batch,verify,spec,soak,failures,comm"
+
+
+@pytest.fixture(scope="module")
+def tp2(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tp2")
+    proc = run_worker(out, "cpu", SCENARIOS)
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    return Results(out, 2, proc)
+
+
+def tp1_rows(name: str) -> np.ndarray:
+    """The worker's golden rows, computed on one device."""
+    m = load(name)
+    ids = golden(name)["input_ids"][0].tolist()
+    seq = m.alloc_sequence()
+    rows = [logits_rows(m, m.prefill(ids[:PREFIX], seq, 0))]
+    rows += [logits_rows(m, m.decode(t, seq, 0)) for t in ids[PREFIX:]]
+    return np.concatenate(rows)
+
+
+@pytest.mark.parametrize("name", GOLDEN_FIXTURES)
+def test_goldens_and_tp1(tp2, name):
+    tp2.check_scenario("golden")
+    got = bf16_to_f32(tp2.same_on_every_rank(f"golden/{name}"))
+    g = golden(name)
+    assert_matches_golden(got, g["logits"][PREFIX - 1:], f"{name} TP=2")
+    one = tp1_rows(name)
+    # BF16 logits: FP32 partial sums added in another order move a row by a few BF16 ulps
+    assert rel_err(got, one) < 0.02, f"{name}: TP=2 vs TP=1"
+    m = load(name)
+    want = generate(m, g["input_ids"][0, :GREEDY_PROMPT].tolist(), GREEDY_NEW,
+                    stop_token_ids=[]).tokens
+    assert tp2.same_on_every_rank(f"greedy/{name}").tolist() == want
+
+
+def test_weight_bytes_are_half(tp2):
+    for name in GOLDEN_FIXTURES:
+        whole = load(name)._weights.nbytes
+        per_rank = [f["weight_bytes"][name] for f in tp2.facts]
+        assert per_rank[0] == per_rank[1]
+        # the halves plus the replicated norms and biases
+        assert 0.5 <= per_rank[0] / whole < 0.56, (name, per_rank[0], whole)
+        assert tp2.facts[0]["pool_blocks"][name] == tp2.facts[1]["pool_blocks"][name]
+
+
+def test_fp32_logits_with_graphs_equal_eager(tp2):
+    tp2.check_scenario("fp32_graphs")
+    g = tp2.same_on_every_rank("fp32/graphs=True")
+    assert g.dtype == np.float32
+    assert np.array_equal(g, tp2.same_on_every_rank("fp32/graphs=False"))
+    assert_matches_golden(g, golden("llama_gqa")["logits"][PREFIX - 1:], "fp32 TP=2")
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "llama_mqa_tied", "qwen2"])
+def test_batch_invariance_and_schedules(tp2, name):
+    tp2.check_scenario("batch")
+    gather = tp2.same_on_every_rank(f"batch/{name}/gather")
+    assert np.array_equal(gather, tp2.same_on_every_rank(f"solo/{name}/gather")), \
+        f"{name}: a row depends on its batch"
+    # the all-to-all schedule adds the same partials in the same order
+    assert np.array_equal(gather, tp2.same_on_every_rank(f"batch/{name}/exchange"))
+    assert np.array_equal(gather, tp2.same_on_every_rank(f"solo/{name}/exchange"))
+    ids = tp2.facts[0]["argmax_batch"][f"{name}/gather"]
+    assert ids == tp2.facts[1]["argmax_batch"][f"{name}/gather"]
+    assert ids == [int(i) for i in argmax_rule(bf16_to_f32(gather))]
+    assert_matches_golden(bf16_to_f32(gather), golden(name)["logits"][[3, 11, 1, 18, 7]],
+                          f"{name} decode_batch TP=2")
+
+
+def test_verify_rows_equal_decode_steps(tp2):
+    tp2.check_scenario("verify")
+    rows = tp2.same_on_every_rank("verify/rows")
+    assert np.array_equal(rows, tp2.same_on_every_rank("verify/decode"))
+    assert tp2.facts[0]["verify_ids"] == tp2.facts[1]["verify_ids"]
+    assert tp2.facts[0]["mixed_null"] == [False, True]
+    assert_matches_golden(bf16_to_f32(tp2.same_on_every_rank("mixed/rows")),
+                          golden("llama_gqa")["logits"][[16, 8]], "mixed_forward_batch TP=2")
+
+
+def test_speculative_equals_greedy(tp2):
+    tp2.check_scenario("spec")
+    for f in tp2.facts:
+        spec = f["spec"]
+        for k in (1, 3, 5):
+            assert spec[f"k={k}"] == spec["greedy"], f"rank {f['rank']} k={k}"
+        assert spec["free"][0] == spec["free"][1]
+    m = load("llama_gqa")
+    want = generate(m, golden("llama_gqa")["input_ids"][0, :9].tolist(), 20,
+                    stop_token_ids=[]).tokens
+    assert tp2.facts[0]["spec"]["greedy"] == want
+
+
+def test_scheduler_soak(tp2):
+    tp2.check_scenario("soak")
+    soak = [f["soak"] for f in tp2.facts]
+    assert soak[0] == soak[1]
+    assert soak[0]["mismatches"] == [] and soak[0]["preemptions"] > 0
+    assert soak[0]["blocks_back"] and soak[0]["bytes_back"]
+
+
+def test_errors_on_one_rank_are_raised_on_every_rank(tp2):
+    tp2.check_scenario("failures")
+    c0, c1 = (f["caught"] for f in tp2.facts)
+    for key in ("bad_token_one_rank", "bad_token_all", "cache_full_one_rank",
+                "different_calls", "bad_pointer_one_rank"):
+        assert c0[key] is not None and c0[key] == c1[key], (key, c0[key], c1[key])
+    assert c0["bad_token_one_rank"][0] == "InvalidArgument" and "999" in c0[
+        "bad_token_one_rank"][1]
+    assert c0["cache_full_one_rank"][0] == "CacheFull"
+    assert c0["different_calls"][0] == "TensorParallelError"
+    assert "different calls" in c0["different_calls"][1]
+    assert c0["bad_pointer_one_rank"][0] == "InvalidArgument"
+    # nothing was written by the refused calls: the sequences are as before them
+    assert c0["seq_state"] == c1["seq_state"] == [0, 0, 4]
+    assert tp2.facts[0]["pool_after_errors"] == tp2.facts[1]["pool_after_errors"]
+    after = bf16_to_f32(tp2.same_on_every_rank("after_errors"))
+    assert_matches_golden(after, golden("llama_gqa")["logits"][9], "after errors")
+
+
+def test_communicator_protocol(tp2):
+    tp2.check_scenario("comm")
+    c = [f["comm"] for f in tp2.facts]
+    assert c[0]["all_gather"] == c[1]["all_gather"] == [0, 1, 2, 3, 4, 10, 11, 12, 13, 14]
+    assert c[0]["all_to_all"] == [0, 1, 2, 100, 101, 102]
+    assert c[1]["all_to_all"] == [3, 4, 5, 103, 104, 105]
+    assert c[0]["all_reduce"] == c[1]["all_reduce"] == [3, 3, 3, 3]
+    assert c[0]["broadcast"] == c[1]["broadcast"] == [8] * 6
+    assert c[0]["exchange"] == c[1]["exchange"] == ["rank 0", "rank 1"]
+    assert c[0]["graph_all_gather"] == [0, -1, -2, -3, -4, -1, -2, -3, -4, -5]
+    assert "tp_sum_partials" in c[0]["bf16_all_reduce"]
+
+
+@pytest.mark.parametrize("device_name", [pytest.param("emu", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not emu_available(), reason="no C++ compiler")])])
+def test_emu_batch_invariance(tmp_path, device_name):
+    """The kernels' own sources (EmuBackend) at TP=2: rows alone equal rows in a batch under
+    both schedules, and match the host twins' rows within the device tolerance."""
+    proc = run_worker(tmp_path, device_name, "emu_batch")
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    res = Results(tmp_path, 2, proc)
+    res.check_scenario("emu_batch")
+    gather = res.same_on_every_rank("batch/llama_gqa/gather")
+    for key in ("solo/llama_gqa/gather", "batch/llama_gqa/exchange", "solo/llama_gqa/exchange"):
+        assert np.array_equal(gather, res.same_on_every_rank(key)), key
+    assert_matches_golden(bf16_to_f32(gather), golden("llama_gqa")["logits"][[3, 11, 1, 18, 7]],
+                          "emu decode_batch TP=2")
+
+
+def test_stalled_peer_times_out(tmp_path):
+    """Rank 1 stops calling: rank 0 raises TensorParallelError after its 3 s timeout and the
+    job ends (MPI_Abort at exit takes rank 1 down) long before rank 1's 60 s sleep."""
+    proc = run_worker(tmp_path, "cpu", "stall", timeout=120)
+    assert proc.returncode != 0
+    assert "STALL: rank 0 raised after" in proc.stdout, proc.stdout[-3000:]
+    assert "got no answer from the other ranks within" in proc.stdout
+    assert "decode returned" not in proc.stdout
+    assert proc.wall_s < 45, proc.wall_s
+
+
+def test_killed_peer_ends_the_job(tmp_path):
+    """Rank 1 is killed: rank 0 does not decode on nor hang; mpiexec ends the job."""
+    proc = run_worker(tmp_path, "cpu", "kill", timeout=120)
+    assert proc.returncode != 0
+    assert "decoded past a dead peer" not in proc.stdout
+    assert proc.wall_s < 45, proc.wall_s
