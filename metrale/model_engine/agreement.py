@@ -153,24 +153,32 @@ def call_digest(name: str, args: dict, model) -> tuple[bytes, str]:
     h.update(name.encode())
     n_seqs = n_ints = 0
 
+    def ints(values) -> None:   # a list of ints and an int array of them hash alike
+        nonlocal n_ints
+        arr = np.ascontiguousarray(values, np.int64).reshape(-1)
+        h.update(struct.pack("<cq", b"L", arr.size) + arr.tobytes())
+        n_ints += arr.size
+
     def feed(x) -> None:
-        nonlocal n_seqs, n_ints
+        nonlocal n_seqs
         if isinstance(x, SequenceState):
             h.update(struct.pack("<cqq", b"s", x.seq_len, len(x.block_table)))
             n_seqs += 1
         elif isinstance(x, np.ndarray) and x.dtype in (np.int32, np.int64):
             # token ids; uint8 / uint16 / float arrays are output buffers (copy_logits_to_host)
-            h.update(b"a" + np.ascontiguousarray(x, np.int64).tobytes())
-            n_ints += x.size
+            ints(x)
         elif isinstance(x, (list, tuple)):
+            if all(isinstance(y, (int, np.integer)) and not isinstance(y, (bool, np.bool_))
+                   for y in x):
+                ints(x)
+                return
             h.update(struct.pack("<cq", b"l", len(x)))
             for y in x:
                 feed(y)
         elif isinstance(x, (bool, np.bool_)):
             h.update(b"b1" if x else b"b0")
         elif isinstance(x, (int, np.integer)):
-            h.update(struct.pack("<cq", b"i", int(x)))
-            n_ints += 1
+            ints([x])
         else:
             h.update(type(x).__name__.encode())
     for key, value in args.items():

@@ -150,6 +150,7 @@ def test_communicator_protocol(tp2):
     assert c[0]["exchange"] == c[1]["exchange"] == ["rank 0", "rank 1"]
     assert c[0]["graph_all_gather"] == [0, -1, -2, -3, -4, -1, -2, -3, -4, -5]
     assert "tp_sum_partials" in c[0]["bf16_all_reduce"]
+    assert c[0]["nccl_unique_id"] == c[1]["nccl_unique_id"] == "AAAA"
 
 
 @pytest.mark.parametrize("device_name", [pytest.param("emu", marks=[

@@ -303,6 +303,14 @@ def comm_protocol(run: Run) -> None:
     except metrale.InvalidArgument as e:
         got["bf16_all_reduce"] = str(e)
     comm.close()
+    # NCCL's unique id from rank 0 to every rank over MPI (the mpiexec path of comm_nccl)
+    from metrale.gpu_runtime.comm_nccl import share_unique_id
+
+    class OwnIds:   # each rank would make its own id: only rank 0's may survive
+        @staticmethod
+        def get_unique_id():
+            return bytes([65 + r]) * 128
+    got["nccl_unique_id"] = share_unique_id(OwnIds, launcher_ranks(), 30, None)[:4].decode()
     for p in (send, recv, a2a_send, a2a_recv, red, bc):
         be.free(p)
     run.facts["comm"] = got
