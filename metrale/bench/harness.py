@@ -24,6 +24,15 @@ On a GPU, `hbm_gb_s` = bytes the decode steps had to read (`roofline.decode_step
 their time, and `roofline_fraction` = that / the device copy bandwidth measured in the same
 run. Both are None on the host backend.
 
+Tensor parallelism (`tensor_parallel` N > 1): every one of the N ranks runs `run_bench` (e.g.
+`mpiexec -n N metrale bench ... --tensor-parallel N`) and makes the same calls; rank 0
+reports. The time budget is off (ranks must take the same steps, and a budget would cut them
+at different points). Each row adds `allreduce_ms_per_step`: one decode step's combines at
+that batch size (the embedding's and 2 per layer's fixed-order reductions and the logits
+gather, with their kernels) timed alone, median of 5 after a warm-up, and
+`allreduce_bytes_per_step` (bytes each rank receives). `hbm_gb_s` then counts the rank's own
+weights and KV heads.
+
 Time budget (`max_seconds`, default 40 s on the CPU, none on a GPU): the CPU twins are slow,
 so when a batch size's share of the budget runs out the remaining prompts of that batch are
 copies of the first prefilled sequence (`fork_sequence`, or a copy of its dense cache rows)
@@ -67,6 +76,7 @@ class BenchConfig:
     max_seconds: float | None = None    # None: 40 s on the CPU, unlimited on a GPU
     seed: int = 0
     progress: bool | None = None        # None: a bar when stderr is a terminal
+    tensor_parallel: int = 1            # ranks (one process each, started by a launcher)
     extra: dict = field(default_factory=dict)
 
     def check(self) -> None:
@@ -87,6 +97,13 @@ class BenchConfig:
             raise InvalidArgument(f"warmup must be an int >= 0, got {self.warmup!r}")
         if self.max_seconds is not None and not self.max_seconds > 0:
             raise InvalidArgument(f"max_seconds must be > 0, got {self.max_seconds!r}")
+        if isinstance(self.tensor_parallel, bool) or not isinstance(self.tensor_parallel, int) \
+                or self.tensor_parallel < 1:
+            raise InvalidArgument(f"tensor_parallel must be an int >= 1, got "
+                                  f"{self.tensor_parallel!r}")
+        if self.tensor_parallel > 1 and self.max_seconds is not None:
+            raise InvalidArgument("max_seconds cannot be used with tensor parallelism: every "
+                                  "rank must time the same steps")
 
 
 class BenchInterrupted(KeyboardInterrupt):
@@ -168,11 +185,20 @@ def run_bench(cfg: BenchConfig, backend=None, peer=None, on_row=None) -> dict:
     from ..gpu_runtime import backend as pick_backend
     from ..model_engine import TransformerModel
     t_start = time.perf_counter()
-    be = backend if backend is not None else pick_backend(cfg.device)
+    tp = cfg.tensor_parallel
+    if tp > 1 and peer is not None:
+        raise InvalidArgument("the Hugging Face comparison runs on one device, not with "
+                              "tensor parallelism")
+    if backend is None:
+        from ..gpu_runtime.ranks import launcher_ranks
+        from ..model_engine.tp_model import rank_device
+        backend = pick_backend(rank_device(cfg.device, launcher_ranks()) if tp > 1
+                               else cfg.device)
+    be = backend
     on_gpu = roofline.is_device(be)
     reps = cfg.reps if cfg.reps is not None else (3 if on_gpu else 1 if peer is None else 2)
     budget = cfg.max_seconds if cfg.max_seconds is not None else \
-        (None if on_gpu or peer is not None else CPU_DEFAULT_SECONDS)
+        (None if on_gpu or peer is not None or tp > 1 else CPU_DEFAULT_SECONDS)
     source = open_source(cfg.model)
     meta = source.metadata()
     if meta.architecture not in ("llama", "mistral", "qwen2", "qwen3"):
@@ -197,12 +223,17 @@ def run_bench(cfg: BenchConfig, backend=None, peer=None, on_row=None) -> dict:
     env = environment(be)
     copy_gb_s = roofline.copy_bandwidth(be)
     t0 = time.perf_counter()
-    model = TransformerModel(be, source, kv_blocks=kv_blocks, block_size=block_size,
-                             max_batch=bmax, max_prefill_tokens=max_prefill,
-                             max_seq_len=per_seq * block_size, graphs=cfg.graphs,
-                             progress=bool(cfg.progress) if cfg.progress is not None
-                             else sys.stderr.isatty())
+    options = dict(kv_blocks=kv_blocks, block_size=block_size, max_batch=bmax,
+                   max_prefill_tokens=max_prefill, max_seq_len=per_seq * block_size,
+                   graphs=cfg.graphs, progress=bool(cfg.progress) if cfg.progress is not None
+                   else sys.stderr.isatty())
+    if tp > 1:
+        from ..model_engine.tp_model import load_rank
+        model = load_rank(be, source, tensor_parallel_size=tp, **options)
+    else:
+        model = TransformerModel(be, source, **options)
     load_s = time.perf_counter() - t0
+    weights_per_rank = int(model._weights.nbytes)
     results = []
     label = _source_label(source)
     report = dict(env)
@@ -218,6 +249,8 @@ def run_bench(cfg: BenchConfig, backend=None, peer=None, on_row=None) -> dict:
                      "graphs": bool(model._use_graphs), "reps": reps, "warmup": cfg.warmup,
                      "max_seconds": budget, "seed": cfg.seed},
         "load_s": load_s,
+        "tensor_parallel": tp,
+        "weight_bytes_per_rank": weights_per_rank,
         "measure_s": None,
         "wall_s": None,
         "peak_rss_bytes": None,
@@ -265,7 +298,6 @@ def run_bench(cfg: BenchConfig, backend=None, peer=None, on_row=None) -> dict:
             bar.close()
         model.teardown()
     return finish(interrupted=False)
-
 
 
 def _run_batch(model, cfg, label, batch, reps, warm_len, seq_cap, share, copy_gb_s, bar,
@@ -343,7 +375,7 @@ def _run_batch(model, cfg, label, batch, reps, warm_len, seq_cap, share, copy_gb
                 ptr = model.decode_batch(toks, rows.seqs, stream)
                 toks = model.argmax_batch(ptr, batch, stream)
                 step_times.append(time.perf_counter() - t0)
-                step_bytes += roofline.decode_step_bytes(meta, [s.seq_len for s in rows.seqs])
+                step_bytes += _step_bytes(model, [s.seq_len for s in rows.seqs])
                 if bar is not None:
                     bar.update(1)
                 if per_rep is not None and step + 1 >= _MIN_DECODE_STEPS and \
@@ -362,6 +394,11 @@ def _run_batch(model, cfg, label, batch, reps, warm_len, seq_cap, share, copy_gb
         if peer is not None:
             peer.after_rep(batch, prompts, len(step_times))
     hbm_gb_s = roofline.median(hbm) if on_gpu else None
+    comm = {}
+    if model._tp is not None:
+        layers = meta.num_layers
+        comm = {"allreduce_ms_per_step": model._tp.time_step_collectives(stream, batch, layers),
+                "allreduce_bytes_per_step": model._tp.step_bytes(batch, layers)}
     return {
         "preset": label,
         "batch": batch,
@@ -379,7 +416,17 @@ def _run_batch(model, cfg, label, batch, reps, warm_len, seq_cap, share, copy_gb
         "reps": reps,
         "prefill_seqs_timed": int(min(timed_seqs)),
         "decode_steps": int(min(steps_done)),
+        **comm,
     }
+
+
+def _step_bytes(model, kv_lens) -> int:
+    """Bytes a decode step reads on this device: the whole model's, or a tensor-parallel
+    rank's own weights and KV heads."""
+    if model._tp is None:
+        return roofline.decode_step_bytes(model.metadata(), kv_lens)
+    return int(model._weights.nbytes) + \
+        sum(int(x) for x in kv_lens) * roofline.kv_bytes_per_token(model._layer_meta)
 
 
 def config_dict(cfg: BenchConfig) -> dict:

@@ -186,3 +186,35 @@ def test_killed_peer_ends_the_job(tmp_path):
     assert proc.returncode != 0
     assert "decoded past a dead peer" not in proc.stdout
     assert proc.wall_s < 45, proc.wall_s
+
+
+def test_bench_reports_the_all_reduce_time(tmp_path):
+    """`mpiexec -n 2 metrale bench --tensor-parallel 2`: rank 0 writes the report, with each
+    step's all-reduce time and bytes and the weights of one rank."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.tp.launch import ROOT, require_mpi
+    exe = require_mpi()
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([exe, "-n", "2", sys.executable, "-m", "metrale.cli", "bench",
+                           "--preset", "tiny", "--device", "cpu", "--batch", "1,3",
+                           "--prompt-len", "8", "--gen-len", "3", "--tensor-parallel", "2",
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("tensor parallel 2:") == 1   # rank 0 alone reports
+    d = json.loads(out.read_text())
+    assert d["tensor_parallel"] == 2
+    hid, layers, vocab = 128, 4, 512   # the tiny preset
+    for r in d["results"]:
+        assert r["allreduce_ms_per_step"] > 0
+        # gather schedule: (2 L + 1) reductions of n x hidden f32 from the other rank, plus
+        # the other rank's half of the BF16 logits rows
+        n = r["batch"]
+        assert r["allreduce_bytes_per_step"] == (2 * layers + 1) * n * hid * 4 + n * vocab
+    from metrale.formats import MemorySource
+    from metrale.model_engine.memory_plan import weight_bytes
+    whole = weight_bytes(MemorySource.preset("tiny").metadata())
+    assert 0.5 <= d["weight_bytes_per_rank"] / whole < 0.52
