@@ -32,9 +32,12 @@ from ..gpu_runtime.types import DevicePtr
 from ..ops import gemm_tc, tensor_parallel
 from .shard import ShardPlan
 
-# Largest gathered partials (bytes each rank receives) the `gather` schedule is used for;
-# above it `exchange`. Speed only: the results are the same bits.
-GATHER_MAX_BYTES = 1 << 20
+# Largest gathered partials (N * count * 4 bytes) the `gather` schedule is used for; above
+# it `exchange`. Speed only: the results are the same bits. From the paper model
+# (benchmarks/results/tp_allreduce_model.md): on NVLink (~370 GB/s effective) the gather's
+# extra bytes cost less than exchange's second collective (~10 us) up to ~20 rows of a
+# 8192-wide layer at TP=8 (5 MiB) and ~60 rows at TP=4 (8 MiB).
+GATHER_MAX_BYTES = 4 << 20
 
 
 class TensorParallel:
@@ -135,7 +138,8 @@ class TensorParallel:
         self.bytes_received += (N - 1) * seg * 6
 
     def _gathers(self, count: int) -> bool:
-        """Whether `reduce` of `count` elements takes the `gather` schedule."""
+        """Whether `reduce` of `count` elements takes the `gather` schedule (`gathers` with
+        this rank's limit, which tests may lower)."""
         n = self.size * count * 4
         return n <= self.gather_max_bytes and n <= self._gathered_bytes
 
@@ -183,10 +187,8 @@ class TensorParallel:
 
     def step_bytes(self, n_rows: int, num_layers: int) -> int:
         """Bytes each rank receives in one decode step of `n_rows` rows."""
-        N, count = self.size, n_rows * self.hidden
-        per = (N - 1) * count * 4 if self._gathers(count) else (N - 1) * (count // N) * 6
-        return (2 * num_layers + 1) * per + \
-            (N - 1) * n_rows * self.plan.vocab_shard * self.logit_bytes
+        return step_comm_bytes(self.size, self.hidden, self.plan.vocab_shard, num_layers,
+                               n_rows, self.logit_bytes, self._gathers(n_rows * self.hidden))
 
     # ownership -------------------------------------------------------------------------
     def _alloc(self, nbytes: int) -> DevicePtr:
@@ -199,3 +201,18 @@ class TensorParallel:
             self.backend.free(p)
         self._owned.clear()
 
+
+
+def step_comm_bytes(n_ranks: int, hidden: int, vocab_shard: int, num_layers: int, n_rows: int,
+                    logit_bytes: int, gather: bool) -> int:
+    """Bytes each rank receives in one decode step of `n_rows` rows: the embedding's and
+    2 * num_layers reductions of n_rows * hidden elements (`gather`: the gather schedule,
+    else exchange), and the other ranks' logits slices."""
+    N, count = n_ranks, n_rows * hidden
+    per = (N - 1) * count * 4 if gather else (N - 1) * (count // N) * 6
+    return (2 * num_layers + 1) * per + (N - 1) * n_rows * vocab_shard * logit_bytes
+
+
+def gathers(n_ranks: int, count: int) -> bool:
+    """Whether a reduction of `count` elements takes the gather schedule (GATHER_MAX_BYTES)."""
+    return n_ranks * count * 4 <= GATHER_MAX_BYTES
