@@ -15,7 +15,8 @@ from metrale.engine import generate
 from metrale.ops.argmax import argmax_rule
 from metrale.ops.bf16 import bf16_to_f32
 from tests.conftest import emu_available
-from tests.model.common import assert_matches_golden, golden, load, logits_rows, rel_err
+from tests.model.common import (FIXTURES, assert_matches_golden, golden, load, logits_rows,
+                                rel_err)
 from tests.tp.launch import Results, run_worker
 from tests.tp.worker import GOLDEN_FIXTURES, GREEDY_NEW, GREEDY_PROMPT, PREFIX
 
@@ -53,6 +54,23 @@ def test_goldens_and_tp1(tp2, name):
     want = generate(m, g["input_ids"][0, :GREEDY_PROMPT].tolist(), GREEDY_NEW,
                     stop_token_ids=[]).tokens
     assert tp2.same_on_every_rank(f"greedy/{name}").tolist() == want
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "llama_mqa_tied", "mistral", "qwen2", "qwen3"])
+def test_greedy_agrees_with_hf_where_its_precisions_agree(tp2, name):
+    """tests/fixtures/make_greedy.py: HF's float32 and bfloat16 greedy continuations of the
+    same prompt, each step's top-2 margin. Teacher-forced along HF's float32 continuation,
+    TP=2's device argmax picks HF's token at every step where the two HF precisions agree
+    and the step is not a near-tie (float32 top-2 margin >= 0.05, the golden tests' rule:
+    one BF16 ulp at |logit| ~1 is 0.008; these random tiny models have steps with margins of
+    0.002-0.012, where any BF16 engine may pick the runner-up)."""
+    with np.load(FIXTURES / name / "greedy.npz") as g:
+        prompt, fp32, bf16, margin = g["prompt"], g["fp32"], g["bf16"], g["fp32_margin"]
+    assert prompt.tolist() == golden(name)["input_ids"][0, :GREEDY_PROMPT].tolist()
+    clear = (fp32 == bf16) & (margin >= 0.05)
+    assert clear.sum() >= 6, f"{name}: only {clear.sum()} clear steps"
+    got = tp2.same_on_every_rank(f"hf_greedy/{name}")
+    assert got[clear].tolist() == fp32[clear].tolist()
 
 
 def test_weight_bytes_are_half(tp2):

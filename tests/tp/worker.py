@@ -75,6 +75,15 @@ def golden_rows(run: Run) -> None:
         m.free_sequence(seq)
         run.arrays[f"greedy/{name}"] = np.array(
             generate(m, ids[:GREEDY_PROMPT], GREEDY_NEW, stop_token_ids=[]).tokens)
+        hf = FIXTURES / name / "greedy.npz"
+        if hf.exists():   # HF's greedy continuation, teacher-forced: the argmax of each step
+            with np.load(hf) as g:
+                prompt, want = g["prompt"].tolist(), g["fp32"].tolist()
+            seq = m.alloc_sequence()
+            picks = [m.argmax_on_device(m.prefill(prompt, seq, s), s)]
+            picks += [m.argmax_on_device(m.decode(t, seq, s), s) for t in want[:-1]]
+            run.arrays[f"hf_greedy/{name}"] = np.array(picks)
+            m.free_sequence(seq)
         run.facts.setdefault("weight_bytes", {})[name] = m.weight_bytes()
         run.facts.setdefault("pool_blocks", {})[name] = m.num_total_blocks()
         m.teardown()
