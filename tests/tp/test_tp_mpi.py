@@ -236,3 +236,37 @@ def test_bench_reports_the_all_reduce_time(tmp_path):
     from metrale.model_engine.memory_plan import weight_bytes
     whole = weight_bytes(MemorySource.preset("tiny").metadata())
     assert 0.5 <= d["weight_bytes_per_rank"] / whole < 0.52
+
+
+def _cuda_gpus() -> int:
+    from metrale.gpu_runtime import cuda_available
+    if not cuda_available()[0]:
+        return 0
+    import cupy
+    return int(cupy.cuda.runtime.getDeviceCount())
+
+
+@pytest.mark.parametrize("device_name", [pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_cuda_tp2_over_nccl(tmp_path, device_name):
+    """Two GPUs over NCCL (needs 2 GPUs, metrale[nccl] and metrale[mpi]): goldens, batch
+    invariance under both schedules with CUDA graphs, verify, errors on one rank."""
+    if _cuda_gpus() < 2:
+        pytest.skip("needs two GPUs")
+    from metrale.gpu_runtime.comm_nccl import import_nccl
+    import_nccl()
+    proc = run_worker(tmp_path, device_name, "golden,batch,verify,failures")
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    res = Results(tmp_path, 2, proc)
+    for sc in ("golden", "batch", "verify", "failures"):
+        res.check_scenario(sc)
+    for name in GOLDEN_FIXTURES:
+        got = bf16_to_f32(res.same_on_every_rank(f"golden/{name}"))
+        assert_matches_golden(got, golden(name)["logits"][PREFIX - 1:], f"{name} cuda TP=2")
+    for name in ("llama_gqa", "llama_mqa_tied", "qwen2"):
+        rows = res.same_on_every_rank(f"batch/{name}/gather")
+        for key in (f"solo/{name}/gather", f"batch/{name}/exchange", f"solo/{name}/exchange"):
+            assert np.array_equal(rows, res.same_on_every_rank(key)), key
+    assert np.array_equal(res.same_on_every_rank("verify/rows"),
+                          res.same_on_every_rank("verify/decode"))
+    c0, c1 = (f["caught"] for f in res.facts)
+    assert c0 == c1 and c0["cache_full_one_rank"][0] == "CacheFull"
