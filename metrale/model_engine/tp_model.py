@@ -30,7 +30,7 @@ from .memory_plan import MemoryPlan
 from .shard import ShardPlan, plan_shards, rank_weight_bytes
 from .sharded_weights import ShardedDecoderWeights
 from .tp_runtime import TensorParallel
-from .transformer import DECODER_ARCHITECTURES, TransformerModel
+from .transformer import TransformerModel
 
 class TensorParallelModel(TransformerModel):
     """One rank of a tensor-parallel decoder model; see the module docstring."""
@@ -92,9 +92,8 @@ class _RankShard:
 
     def weight_bytes(self, meta, source) -> int:
         from ..formats import expected_tensors
-        return rank_weight_bytes(meta, self.plan,
-                                 "lm_head.weight" not in expected_tensors(meta,
-                                                                          source.tensor_names()))
+        tied = "lm_head.weight" not in expected_tensors(meta, source.tensor_names())
+        return rank_weight_bytes(meta, self.plan, tied)
 
     def buffer_bytes(self, meta, *, max_tokens: int, logits_rows: int,
                      fp32_logits: bool) -> int:
@@ -124,6 +123,28 @@ class _RankShard:
 def agree_values(comm, value: bytes) -> list[bytes]:
     """Every rank's `value`, or the error a failing rank sent instead (raised)."""
     return [r[17:] for r in settle(comm, ok_record(bytes(16), value.decode()), None)]
+
+
+# What the shard plan knows how to split: dense decoders with BF16 (or float) weights.
+TP_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+# config.json keys of weights it does not split (quantized linears, expert layers)
+_UNSHARDED_KEYS = ("quantization_config", "num_experts", "num_local_experts",
+                   "moe_intermediate_size")
+
+
+def refuse_unsharded(source, n: int) -> None:
+    """Unsupported, by name, for a checkpoint tensor parallelism does not split: another
+    architecture (whisper, llava, mixture of experts) or quantized weights."""
+    cfg = source.config()
+    arch = cfg.get("model_type")
+    if arch not in TP_ARCHITECTURES:
+        raise Unsupported(f"{source.description}: tensor_parallel_size={n}: {arch} runs on one "
+                          f"device; tensor parallelism covers {', '.join(TP_ARCHITECTURES)}")
+    for key in _UNSHARDED_KEYS:
+        if cfg.get(key):
+            raise Unsupported(f"{source.description}: tensor_parallel_size={n}: config.json "
+                              f"field {key!r}: tensor parallelism splits BF16 dense layers "
+                              "only; load this checkpoint on one device")
 
 
 def check_tensor_parallel_size(n) -> int:
@@ -159,11 +180,8 @@ def load_rank(device, source, *, tensor_parallel_size: int, tp_timeout_s: float 
               **options) -> TensorParallelModel:
     """This process's rank of `source` split over `tensor_parallel_size` processes."""
     N = check_tensor_parallel_size(tensor_parallel_size)
+    refuse_unsharded(source, N)
     meta = source.metadata()
-    if meta.architecture not in DECODER_ARCHITECTURES:
-        raise Unsupported(f"{source.description}: tensor_parallel_size={N}: {meta.architecture}"
-                          " runs on one device; tensor parallelism covers "
-                          f"{', '.join(DECODER_ARCHITECTURES)}")
     ranks = launcher_ranks() if ranks is None else ranks
     if ranks.size != N:
         raise TensorParallelError(

@@ -274,6 +274,24 @@ def test_whisper_and_llava_stay_on_one_device(name, arch):
         metrale.load(FIXTURES / name, "cpu", tensor_parallel_size=2)
 
 
+@pytest.mark.parametrize("key,value", [("quantization_config", {"quant_method": "fp8"}),
+                                       ("num_experts", 8), ("num_local_experts", 8)])
+def test_quantized_and_expert_checkpoints_are_refused(tmp_path, key, value):
+    import json
+    import shutil
+    d = tmp_path / "m"
+    shutil.copytree(FIXTURES / "llama_gqa", d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg[key] = value
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(Unsupported, match=f"tensor_parallel_size=2: config.json field '{key}'"):
+        metrale.load(d, "cpu", tensor_parallel_size=2)
+    cfg["model_type"] = "mixtral"
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(Unsupported, match="mixtral runs on one device"):
+        metrale.load(d, "cpu", tensor_parallel_size=2)
+
+
 def test_the_tensor_contract_is_refused():
     with pytest.raises(Unsupported, match="pointer API"):
         metrale.load_generative(FIXTURES / "llama_gqa", "cpu", tensor_parallel_size=2)
