@@ -24,14 +24,10 @@ On a GPU, `hbm_gb_s` = bytes the decode steps had to read (`roofline.decode_step
 their time, and `roofline_fraction` = that / the device copy bandwidth measured in the same
 run. Both are None on the host backend.
 
-Tensor parallelism (`tensor_parallel` N > 1): every one of the N ranks runs `run_bench` (e.g.
-`mpiexec -n N metrale bench ... --tensor-parallel N`) and makes the same calls; rank 0
-reports. The time budget is off (ranks must take the same steps, and a budget would cut them
-at different points). Each row adds `allreduce_ms_per_step`: one decode step's combines at
-that batch size (the embedding's and 2 per layer's fixed-order reductions and the logits
-gather, with their kernels) timed alone, median of 5 after a warm-up, and
-`allreduce_bytes_per_step` (bytes each rank receives). `hbm_gb_s` then counts the rank's own
-weights and KV heads.
+Tensor parallelism (`tensor_parallel` N > 1): each of the N ranks runs `run_bench` alike, no
+time budget (ranks must time the same steps); rows add `allreduce_ms_per_step` (one step's
+combines timed alone: `TensorParallel.time_step_collectives`) and `allreduce_bytes_per_step`;
+`hbm_gb_s` counts the rank's own weights and KV heads.
 
 Time budget (`max_seconds`, default 40 s on the CPU, none on a GPU): the CPU twins are slow,
 so when a batch size's share of the budget runs out the remaining prompts of that batch are
@@ -375,7 +371,7 @@ def _run_batch(model, cfg, label, batch, reps, warm_len, seq_cap, share, copy_gb
                 ptr = model.decode_batch(toks, rows.seqs, stream)
                 toks = model.argmax_batch(ptr, batch, stream)
                 step_times.append(time.perf_counter() - t0)
-                step_bytes += _step_bytes(model, [s.seq_len for s in rows.seqs])
+                step_bytes += roofline.model_step_bytes(model, [s.seq_len for s in rows.seqs])
                 if bar is not None:
                     bar.update(1)
                 if per_rep is not None and step + 1 >= _MIN_DECODE_STEPS and \
@@ -419,14 +415,6 @@ def _run_batch(model, cfg, label, batch, reps, warm_len, seq_cap, share, copy_gb
         **comm,
     }
 
-
-def _step_bytes(model, kv_lens) -> int:
-    """Bytes a decode step reads on this device: the whole model's, or a tensor-parallel
-    rank's own weights and KV heads."""
-    if model._tp is None:
-        return roofline.decode_step_bytes(model.metadata(), kv_lens)
-    return int(model._weights.nbytes) + \
-        sum(int(x) for x in kv_lens) * roofline.kv_bytes_per_token(model._layer_meta)
 
 
 def config_dict(cfg: BenchConfig) -> dict:

@@ -1,6 +1,6 @@
 """`Communicator`: the collectives of a tensor-parallel group, on device pointers and streams.
 
-One small protocol, two implementations (DESIGN §6):
+One small protocol, two implementations (DESIGN §6), opened by communicators.py:
   `MpiCommunicator`  (comm_mpi.py)  mpi4py over the host backends (HostBackend, EmuBackend),
                      whose device memory is host memory: what CI runs with `mpiexec -n 2`.
   `NcclCommunicator` (comm_nccl.py) NCCL through CuPy's bindings on a `CudaBackend`: the
@@ -27,8 +27,7 @@ from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..errors import InvalidArgument, TensorParallelError, Unsupported
-from .ranks import RankInfo
+from ..errors import InvalidArgument, TensorParallelError
 
 EXCHANGE_BYTES = 1024
 DTYPES = (np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.uint16), np.dtype(np.uint8))
@@ -51,22 +50,6 @@ class Communicator(Protocol):
     def exchange(self, payload: bytes) -> list[bytes]: ...
     def wait(self, stream: int) -> None: ...
     def close(self) -> None: ...
-
-
-def open_communicator(backend, ranks: RankInfo, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                      rendezvous: str | None = None) -> Communicator:
-    """The communicator of `backend`'s kind for the launch `ranks`: NCCL on CUDA, MPI on the
-    host backends. `rendezvous` ("host:port") is where NCCL's unique id is handed out when
-    the ranks were not started by an MPI launcher (default MASTER_ADDR:MASTER_PORT+1)."""
-    if backend.name.startswith("cuda"):
-        from .comm_nccl import NcclCommunicator
-        return NcclCommunicator.create(backend, ranks, timeout_s=timeout_s,
-                                       rendezvous=rendezvous)
-    if not ranks.is_mpi:
-        raise Unsupported(f"tensor parallelism on {backend.name} runs over MPI: start the "
-                          f"ranks with mpiexec (these were started by {ranks.launcher})")
-    from .comm_mpi import MpiCommunicator
-    return MpiCommunicator(backend, ranks, timeout_s=timeout_s)
 
 
 def check_collective(what: str, count: int, dtype, reduce: bool = False) -> np.dtype:

@@ -23,7 +23,8 @@ import json
 
 from ..errors import InvalidArgument, TensorParallelError, Unsupported
 from ..gpu_runtime import backend_for
-from ..gpu_runtime.comm import DEFAULT_TIMEOUT_S, open_communicator
+from ..gpu_runtime.comm import DEFAULT_TIMEOUT_S
+from ..gpu_runtime.communicators import open_communicator
 from ..gpu_runtime.ranks import RankInfo, launcher_ranks
 from .agreement import AgreedGuard, error_record, is_agreed, ok_record, settle
 from .memory_plan import MemoryPlan

@@ -298,6 +298,6 @@ def test_the_tensor_contract_is_refused():
 
 
 def test_host_ranks_need_an_mpi_launcher():
-    from metrale.gpu_runtime.comm import open_communicator
+    from metrale.gpu_runtime.communicators import open_communicator
     with pytest.raises(Unsupported, match="mpiexec"):
         open_communicator(HostBackend(), RankInfo(0, 2, 0, "torchrun"))

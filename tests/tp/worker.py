@@ -268,7 +268,7 @@ def failures(run: Run) -> None:
 
 def comm_protocol(run: Run) -> None:
     """Every collective of the MPI communicator on device pointers, and in a host graph."""
-    from metrale.gpu_runtime.comm import open_communicator
+    from metrale.gpu_runtime.communicators import open_communicator
     be = backend(run.device)
     comm = open_communicator(be, launcher_ranks(), timeout_s=60)
     r, n = comm.rank, comm.size
