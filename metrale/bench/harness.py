@@ -24,10 +24,7 @@ On a GPU, `hbm_gb_s` = bytes the decode steps had to read (`roofline.decode_step
 their time, and `roofline_fraction` = that / the device copy bandwidth measured in the same
 run. Both are None on the host backend.
 
-Tensor parallelism (`tensor_parallel` N > 1): each of the N ranks runs `run_bench` alike, no
-time budget (ranks must time the same steps); rows add `allreduce_ms_per_step` (one step's
-combines timed alone: `TensorParallel.time_step_collectives`) and `allreduce_bytes_per_step`;
-`hbm_gb_s` counts the rank's own weights and KV heads.
+Tensor parallelism (`tensor_parallel` N > 1): bench/tensor_parallel.py.
 
 Time budget (`max_seconds`, default 40 s on the CPU, none on a GPU): the CPU twins are slow,
 so when a batch size's share of the budget runs out the remaining prompts of that batch are
@@ -50,7 +47,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..errors import InvalidArgument
-from . import roofline
+from . import roofline, tensor_parallel
 from .env import environment, peak_rss_bytes
 
 CPU_DEFAULT_SECONDS = 40.0
@@ -93,13 +90,7 @@ class BenchConfig:
             raise InvalidArgument(f"warmup must be an int >= 0, got {self.warmup!r}")
         if self.max_seconds is not None and not self.max_seconds > 0:
             raise InvalidArgument(f"max_seconds must be > 0, got {self.max_seconds!r}")
-        if isinstance(self.tensor_parallel, bool) or not isinstance(self.tensor_parallel, int) \
-                or self.tensor_parallel < 1:
-            raise InvalidArgument(f"tensor_parallel must be an int >= 1, got "
-                                  f"{self.tensor_parallel!r}")
-        if self.tensor_parallel > 1 and self.max_seconds is not None:
-            raise InvalidArgument("max_seconds cannot be used with tensor parallelism: every "
-                                  "rank must time the same steps")
+        tensor_parallel.check(self.tensor_parallel, self.max_seconds)
 
 
 class BenchInterrupted(KeyboardInterrupt):
@@ -178,19 +169,10 @@ def run_bench(cfg: BenchConfig, backend=None, peer=None, on_row=None) -> dict:
     finished (`"interrupted": true`, no "hf" section)."""
     cfg.check()
     from ..formats import num_parameters, open_source
-    from ..gpu_runtime import backend as pick_backend
-    from ..model_engine import TransformerModel
     t_start = time.perf_counter()
     tp = cfg.tensor_parallel
-    if tp > 1 and peer is not None:
-        raise InvalidArgument("the Hugging Face comparison runs on one device, not with "
-                              "tensor parallelism")
-    if backend is None:
-        from ..gpu_runtime.ranks import launcher_ranks
-        from ..model_engine.tp_model import rank_device
-        backend = pick_backend(rank_device(cfg.device, launcher_ranks()) if tp > 1
-                               else cfg.device)
-    be = backend
+    tensor_parallel.check(tp, cfg.max_seconds, peer)
+    be = backend if backend is not None else tensor_parallel.rank_backend(cfg.device, tp)
     on_gpu = roofline.is_device(be)
     reps = cfg.reps if cfg.reps is not None else (3 if on_gpu else 1 if peer is None else 2)
     budget = cfg.max_seconds if cfg.max_seconds is not None else \
@@ -219,15 +201,12 @@ def run_bench(cfg: BenchConfig, backend=None, peer=None, on_row=None) -> dict:
     env = environment(be)
     copy_gb_s = roofline.copy_bandwidth(be)
     t0 = time.perf_counter()
-    options = dict(kv_blocks=kv_blocks, block_size=block_size, max_batch=bmax,
-                   max_prefill_tokens=max_prefill, max_seq_len=per_seq * block_size,
-                   graphs=cfg.graphs, progress=bool(cfg.progress) if cfg.progress is not None
-                   else sys.stderr.isatty())
-    if tp > 1:
-        from ..model_engine.tp_model import load_rank
-        model = load_rank(be, source, tensor_parallel_size=tp, **options)
-    else:
-        model = TransformerModel(be, source, **options)
+    model = tensor_parallel.load_model(be, source, tp, kv_blocks=kv_blocks,
+                                       block_size=block_size, max_batch=bmax,
+                                       max_prefill_tokens=max_prefill,
+                                       max_seq_len=per_seq * block_size, graphs=cfg.graphs,
+                                       progress=bool(cfg.progress) if cfg.progress is not None
+                                       else sys.stderr.isatty())
     load_s = time.perf_counter() - t0
     weights_per_rank = int(model._weights.nbytes)
     results = []
@@ -390,11 +369,7 @@ def _run_batch(model, cfg, label, batch, reps, warm_len, seq_cap, share, copy_gb
         if peer is not None:
             peer.after_rep(batch, prompts, len(step_times))
     hbm_gb_s = roofline.median(hbm) if on_gpu else None
-    comm = {}
-    if model._tp is not None:
-        layers = meta.num_layers
-        comm = {"allreduce_ms_per_step": model._tp.time_step_collectives(stream, batch, layers),
-                "allreduce_bytes_per_step": model._tp.step_bytes(batch, layers)}
+    comm = tensor_parallel.comm_columns(model, stream, batch)
     return {
         "preset": label,
         "batch": batch,

@@ -55,6 +55,11 @@ def register(sub) -> None:
                    help="soft time budget for the whole run (default 40 on CPU, none on "
                         "a GPU)")
     b.add_argument("--seed", type=nonneg_int, default=0, help="prompt RNG seed (default 0)")
+    b.add_argument("--tensor-parallel", type=positive_int, default=1, metavar="N",
+                   help="split the model over N ranks, one process each, every one running "
+                        "this command under a launcher (mpiexec -n N / torchrun "
+                        "--nproc-per-node N); rank 0 reports, with each step's all-reduce "
+                        "time and bytes (default 1)")
     b.add_argument("--json", type=json_out, metavar="FILE",
                    help="write the report as JSON to FILE (- for stdout; the table then goes "
                         "to stderr); an interrupted run writes the rows finished")
