@@ -11,7 +11,9 @@ peer ends the job instead of hanging it.
 import numpy as np
 import pytest
 
+import metrale
 from metrale.engine import generate
+from metrale.gpu_runtime import HostBackend
 from metrale.ops.argmax import argmax_rule
 from metrale.ops.bf16 import bf16_to_f32
 from tests.conftest import emu_available
@@ -19,8 +21,10 @@ from tests.model.common import (FIXTURES, assert_matches_golden, golden, load, l
                                 rel_err)
 from tests.tp.launch import Results, run_worker
 from tests.tp.worker import GOLDEN_FIXTURES, GREEDY_NEW, GREEDY_PROMPT, PREFIX
+from tests.tp.worker_checkpoints import (GGUF_END, GGUF_FIXTURES, GGUF_MODELS, GGUF_PREFIX,
+                                         NAN_PROMPT)
 
-SCENARIOS = "golden,fp32_graphs,batch,verify,spec,soak,failures,comm"
+SCENARIOS = "golden,fp32_graphs,batch,verify,spec,soak,failures,comm,nonfinite,gguf"
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +159,58 @@ def test_errors_on_one_rank_are_raised_on_every_rank(tp2):
     assert tp2.facts[0]["pool_after_errors"] == tp2.facts[1]["pool_after_errors"]
     after = bf16_to_f32(tp2.same_on_every_rank("after_errors"))
     assert_matches_golden(after, golden("llama_gqa")["logits"][9], "after errors")
+
+
+def test_nan_on_one_rank_raises_non_finite_logits_on_every_rank(tp2):
+    """NaN weights in the last rank's vocabulary slice only (an embedding row, an lm_head
+    row): the sum and the logits gather carry them to every rank, so each raises the same
+    NonFiniteLogits where one device does (tests/engine/test_nonfinite.py's cases)."""
+    tp2.check_scenario("nonfinite")
+    f0, f1 = (f["nonfinite"] for f in tp2.facts)
+    assert (f0["holds_nan"], f1["holds_nan"]) == (False, True)
+    assert f0 == {**f1, "holds_nan": False}   # everything else alike on both ranks
+    k, pos = f0["k"], len(NAN_PROMPT) + f0["k"]
+    assert f0["clean"] == generate(load("llama_gqa"), NAN_PROMPT, 24, stop_token_ids=[]).tokens
+    at = f"new token {k + 1} (the logits of sequence position {pos})"
+    for key in ("embed_greedy", "embed_spec"):
+        assert f0[key][0] == "NonFiniteLogits" and at in f0[key][1], (key, f0[key])
+    assert f0["embed_seen"] == f0["clean"][:k + 1]
+    assert f0["embed_sampled"][0] == "NonFiniteLogits"
+    assert f"new token 0 (the logits of sequence position {len(NAN_PROMPT)})" in \
+        f0["embed_sampled"][1]
+    # the lm_head row: one NaN per row, from the last rank's slice of the logits
+    assert f0["head_greedy"][0] == "NonFiniteLogits"
+    assert "new token 0" in f0["head_greedy"][1] and "hold 1 NaN/Inf" in f0["head_greedy"][1]
+    sched = f0["sched"]
+    assert len(sched["errors"]) == 1 and at in sched["errors"][0]
+    assert sched["reason"] == "error" and sched["output"] == f0["clean"][:k + 1]
+    assert sched["good"] == sched["good_clean"]
+    assert f0["blocks_back"] == [True, True]
+
+
+@pytest.mark.parametrize("name", GGUF_MODELS)
+def test_gguf_checkpoints(tp2, name):
+    """GGUF files (dequantized to BF16 at load) split like safetensors ones: HF's logits,
+    TP=1's within the BF16 tolerance, half the weights."""
+    tp2.check_scenario("gguf")
+    got = bf16_to_f32(tp2.same_on_every_rank(f"gguf/{name}"))
+    with np.load(GGUF_FIXTURES / f"{name}.npz") as g:
+        ids, want = g["input_ids"][0].tolist(), g["logits"]
+    assert_matches_golden(got, want[GGUF_PREFIX - 1:GGUF_END], f"{name}.gguf TP=2")
+    m = metrale.load(GGUF_FIXTURES / f"{name}.gguf", HostBackend(), progress=False)
+    seq = m.alloc_sequence()
+    one = [logits_rows(m, m.prefill(ids[:GGUF_PREFIX], seq, 0))]
+    one += [logits_rows(m, m.decode(t, seq, 0)) for t in ids[GGUF_PREFIX:GGUF_END]]
+    assert rel_err(got, np.concatenate(one)) < 0.02, f"{name}.gguf: TP=2 vs TP=1"
+    # each rank: half the split weights plus the ones every rank holds whole: the norms,
+    # and k/v_proj where there is one KV head (replicated: qwen2, qwen3 here)
+    src = metrale.formats.open_source(GGUF_FIXTURES / f"{name}.gguf")
+    kv_whole = m._meta.num_kv_heads % 2 != 0
+    whole = sum(2 * int(np.prod(src.tensor_shape(t))) for t in src.tensor_names()
+                if t.endswith("norm.weight") or (kv_whole and (".k_proj." in t or
+                                                               ".v_proj." in t)))
+    per_rank = [f["gguf_weight_bytes"][name] for f in tp2.facts]
+    assert per_rank[0] == per_rank[1] == (m._weights.nbytes + whole) // 2, (per_rank, whole)
 
 
 def test_communicator_protocol(tp2):

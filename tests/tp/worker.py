@@ -25,6 +25,7 @@ from metrale.gpu_runtime import backend
 from metrale.gpu_runtime.ranks import launcher_ranks
 from metrale.model_engine import PrefillSlice
 from tests.model.common import DECODER_FIXTURES, FIXTURES, golden
+from tests.tp import worker_checkpoints
 
 N = int(os.environ.get("METRALE_TP_TEST_SIZE", "2"))
 GOLDEN_FIXTURES = DECODER_FIXTURES + ["llama_attention_bias", "llama_mlp_bias",
@@ -39,11 +40,16 @@ class Run:
     def __init__(self, out: Path, device: str) -> None:
         self.out, self.device = out, device
         self.rank = launcher_ranks().rank
+        self.size = N
         self.arrays: dict[str, np.ndarray] = {}
         self.facts: dict = {"rank": self.rank, "device": device, "errors": {}, "seconds": {}}
 
-    def load(self, name: str, **options):
-        return metrale.load(FIXTURES / name, backend(self.device), tensor_parallel_size=N,
+    def backend(self):
+        return backend(self.device)
+
+    def load(self, name, **options):
+        """Fixture `name` (or a checkpoint path) at TP=N."""
+        return metrale.load(FIXTURES / name, self.backend(), tensor_parallel_size=N,
                             progress=False, **options)
 
     def bits(self, m, ptr, n: int = 1) -> np.ndarray:
@@ -362,9 +368,11 @@ def emu_batch(run: Run) -> None:
     batch_invariance(run, ("llama_gqa",))
 
 
-SCENARIOS = {"golden": golden_rows, "emu_batch": emu_batch, "fp32_graphs": fp32_graphs, "batch": batch_invariance,
-             "verify": verify_rows, "spec": speculative, "soak": soak, "failures": failures,
-             "comm": comm_protocol, "stall": stall, "kill": kill}
+SCENARIOS = {"golden": golden_rows, "emu_batch": emu_batch, "fp32_graphs": fp32_graphs,
+             "batch": batch_invariance, "verify": verify_rows, "spec": speculative,
+             "soak": soak, "failures": failures, "comm": comm_protocol, "stall": stall,
+             "kill": kill, "nonfinite": worker_checkpoints.nonfinite,
+             "gguf": worker_checkpoints.gguf}
 
 
 def main(argv) -> int:
