@@ -5,8 +5,10 @@ Proven: goldens of every decoder fixture through the pointer API; every rank get
 rows; TP=2 within the BF16 tolerance of TP=1 and greedy tokens equal; a sequence's rows are
 the same bits alone or in a batch, under both reduction schedules; verify rows equal decode
 steps; speculative equals greedy; the reference scheduler's soak; each rank's weights about
-1/2; errors on one rank raised on both; the communicator's collectives; a stalled or dead
-peer ends the job instead of hanging it.
+1/2; errors on one rank raised on both; NaN weights on one rank's slice raise the same
+NonFiniteLogits on both; GGUF checkpoints; the stream rules of one device (argmax on the
+default stream after the caller's); the communicator's collectives; a stalled or dead peer
+ends the job instead of hanging it.
 """
 import numpy as np
 import pytest
@@ -24,7 +26,7 @@ from tests.tp.worker import GOLDEN_FIXTURES, GREEDY_NEW, GREEDY_PROMPT, PREFIX
 from tests.tp.worker_checkpoints import (GGUF_END, GGUF_FIXTURES, GGUF_MODELS, GGUF_PREFIX,
                                          NAN_PROMPT)
 
-SCENARIOS = "golden,fp32_graphs,batch,verify,spec,soak,failures,comm,nonfinite,gguf"
+SCENARIOS = "golden,fp32_graphs,batch,verify,spec,soak,failures,comm,nonfinite,gguf,streams"
 
 
 @pytest.fixture(scope="module")
@@ -211,6 +213,29 @@ def test_gguf_checkpoints(tp2, name):
                                                                ".v_proj." in t)))
     per_rank = [f["gguf_weight_bytes"][name] for f in tp2.facts]
     assert per_rank[0] == per_rank[1] == (m._weights.nbytes + whole) // 2, (per_rank, whole)
+
+
+def test_stream_rules_hold_on_a_rank(tp2):
+    """tests/model/test_pointer_streams.py's rules at TP=2, the collectives counted as
+    stream work: handle 0 keeps everything on the default stream (eager and graphs); a
+    decode on another stream runs its collectives there; argmax waits for that stream and
+    runs on the default one; no host read races queued work."""
+    tp2.check_scenario("streams")
+    st = tp2.facts[0]["streams"]
+    assert st == tp2.facts[1]["streams"]
+    D = st["default"]
+    for graphs in (False, True):
+        z = st[f"zero/graphs={graphs}"]
+        assert z["used"] == [D] and z["collectives"] == [D] and z["n_collectives"] > 0
+        assert z["unsynced"] == []
+    d = st["decode_on_s2"]
+    # one decode step: the embedding's and 2 per layer reductions, the logits gather
+    layers = load("llama_gqa")._meta.num_layers
+    assert d["used"] == d["collectives"] == [d["s2"]] and d["n_collectives"] == 2 * layers + 2
+    a = st["argmax_on_s2"]
+    assert a["first"] == [["record_event", d["s2"]], ["stream_wait_event", D]]
+    assert a["launch_streams"] == [D] and a["n_collectives"] == 0 and a["unsynced"] == []
+    assert st["argmax_ids"][0] == st["argmax_ids"][1]
 
 
 def test_communicator_protocol(tp2):

@@ -25,7 +25,7 @@ from metrale.gpu_runtime import backend
 from metrale.gpu_runtime.ranks import launcher_ranks
 from metrale.model_engine import PrefillSlice
 from tests.model.common import DECODER_FIXTURES, FIXTURES, golden
-from tests.tp import worker_checkpoints
+from tests.tp import worker_checkpoints, worker_streams
 
 N = int(os.environ.get("METRALE_TP_TEST_SIZE", "2"))
 GOLDEN_FIXTURES = DECODER_FIXTURES + ["llama_attention_bias", "llama_mlp_bias",
@@ -372,7 +372,7 @@ SCENARIOS = {"golden": golden_rows, "emu_batch": emu_batch, "fp32_graphs": fp32_
              "batch": batch_invariance, "verify": verify_rows, "spec": speculative,
              "soak": soak, "failures": failures, "comm": comm_protocol, "stall": stall,
              "kill": kill, "nonfinite": worker_checkpoints.nonfinite,
-             "gguf": worker_checkpoints.gguf}
+             "gguf": worker_checkpoints.gguf, "streams": worker_streams.streams}
 
 
 def main(argv) -> int:
