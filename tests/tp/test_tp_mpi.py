@@ -167,8 +167,12 @@ def test_nan_on_one_rank_raises_non_finite_logits_on_every_rank(tp2):
     """NaN weights in the last rank's vocabulary slice only (an embedding row, an lm_head
     row): the sum and the logits gather carry them to every rank, so each raises the same
     NonFiniteLogits where one device does (tests/engine/test_nonfinite.py's cases)."""
-    tp2.check_scenario("nonfinite")
-    f0, f1 = (f["nonfinite"] for f in tp2.facts)
+    check_nonfinite(tp2)
+
+
+def check_nonfinite(res) -> None:
+    res.check_scenario("nonfinite")
+    f0, f1 = (f["nonfinite"] for f in res.facts)
     assert (f0["holds_nan"], f1["holds_nan"]) == (False, True)
     assert f0 == {**f1, "holds_nan": False}   # everything else alike on both ranks
     k, pos = f0["k"], len(NAN_PROMPT) + f0["k"]
@@ -330,16 +334,18 @@ def _cuda_gpus() -> int:
 @pytest.mark.parametrize("device_name", [pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_cuda_tp2_over_nccl(tmp_path, device_name):
     """Two GPUs over NCCL (needs 2 GPUs, metrale[nccl] and metrale[mpi]): goldens, batch
-    invariance under both schedules with CUDA graphs, verify, errors on one rank."""
+    invariance under both schedules with CUDA graphs, verify, errors on one rank, NaN
+    weights on one rank."""
     if _cuda_gpus() < 2:
         pytest.skip("needs two GPUs")
     from metrale.gpu_runtime.comm_nccl import import_nccl
     import_nccl()
-    proc = run_worker(tmp_path, device_name, "golden,batch,verify,failures")
+    proc = run_worker(tmp_path, device_name, "golden,batch,verify,failures,nonfinite")
     assert proc.returncode == 0, proc.stdout[-5000:]
     res = Results(tmp_path, 2, proc)
     for sc in ("golden", "batch", "verify", "failures"):
         res.check_scenario(sc)
+    check_nonfinite(res)
     for name in GOLDEN_FIXTURES:
         got = bf16_to_f32(res.same_on_every_rank(f"golden/{name}"))
         assert_matches_golden(got, golden(name)["logits"][PREFIX - 1:], f"{name} cuda TP=2")
