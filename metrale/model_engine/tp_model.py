@@ -143,9 +143,11 @@ def refuse_unsharded(source, n: int) -> None:
                           f"device; tensor parallelism covers {', '.join(TP_ARCHITECTURES)}")
     for key in _UNSHARDED_KEYS:
         if cfg.get(key):
+            method = (f" (quant_method {cfg[key].get('quant_method')!r})"
+                      if isinstance(cfg[key], dict) and "quant_method" in cfg[key] else "")
             raise Unsupported(f"{source.description}: tensor_parallel_size={n}: config.json "
-                              f"field {key!r}: tensor parallelism splits BF16 dense layers "
-                              "only; load this checkpoint on one device")
+                              f"field {key!r}{method}: tensor parallelism splits BF16 dense "
+                              "layers only; load this checkpoint on one device")
 
 
 def check_tensor_parallel_size(n) -> int:

@@ -292,6 +292,32 @@ def test_quantized_and_expert_checkpoints_are_refused(tmp_path, key, value):
         metrale.load(d, "cpu", tensor_parallel_size=2)
 
 
+@pytest.mark.parametrize("name", ["q_awq", "q_ct_fp8_channel", "q_fp8_block", "q_fp8_head",
+                                  "q_gptq_v1", "q_gptq_v2_actorder"])
+def test_the_quantized_fixtures_are_refused_by_name(name):
+    """FP8 / GPTQ / AWQ checkpoints (quantized linears, formats/quant.py) run on one device:
+    refused before the metadata is parsed or a launcher is asked for ranks."""
+    import json
+    method = json.loads((FIXTURES / name / "config.json").read_text())[
+        "quantization_config"]["quant_method"]
+    with pytest.raises(Unsupported, match=f"tensor_parallel_size=2: config.json field "
+                                          f"'quantization_config' \\(quant_method '{method}'\\)"):
+        metrale.load(FIXTURES / name, "cpu", tensor_parallel_size=2)
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe", "qwen3_moe"])
+def test_expert_architectures_are_refused_by_name(tmp_path, arch):
+    import json
+    import shutil
+    d = tmp_path / "m"
+    shutil.copytree(FIXTURES / "llama_gqa", d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["model_type"] = arch
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(Unsupported, match=f"tensor_parallel_size=2: {arch} runs on one device"):
+        metrale.load(d, "cpu", tensor_parallel_size=2)
+
+
 def test_the_tensor_contract_is_refused():
     with pytest.raises(Unsupported, match="pointer API"):
         metrale.load_generative(FIXTURES / "llama_gqa", "cpu", tensor_parallel_size=2)
