@@ -175,6 +175,31 @@ def bench_elementwise(B, S):
           lambda s: elementwise.add_inplace(B.be, s, a, b, n), nbytes=3 * n * 2)
 
 
+def bench_tensor_parallel(B, S):
+    """The combines of a TP=8 rank at the preset's shapes: the rank-order sum of 8 partials of a
+    decode batch and of a prefill chunk, the logits-shard concat, the vocabulary-shard
+    embedding."""
+    from metrale.ops import tensor_parallel as tp
+    R, hid, V = 8, S["hidden"], S["vocab"]
+    for rows in (S["rows"][-1], S["tokens"]):
+        n = rows * hid
+        parts, out = B.buf(R * n * 4), B.buf(n * 2)
+        B.run("tensor_parallel", "tp_sum_partials", dict(count=n, n_ranks=R),
+              lambda s, o=out, p=parts, n=n: tp.tp_sum_partials(B.be, s, o, p, n, R),
+              nbytes=R * n * 4 + n * 2)
+    rows, vs = S["rows"][-1], -(-V // R)
+    shards, logits = B.buf(R * rows * vs * 2), B.buf(rows * V * 2)
+    B.run("tensor_parallel", "tp_concat_shards", dict(n_rows=rows, vocab=V, n_ranks=R),
+          lambda s: tp.tp_concat_shards(B.be, s, logits, shards, rows, V * 2, vs * 2, R),
+          nbytes=2 * rows * V * 2)
+    T = S["tokens"]
+    table, out = B.buf(vs * hid * 2), B.buf(T * hid * 4)
+    ids = B.upload(np.random.default_rng(0).integers(0, V, T).astype(np.int32))
+    B.run("tensor_parallel", "tp_embedding_shard", dict(n_tokens=T, hidden=hid, shard_rows=vs),
+          lambda s: tp.tp_embedding_shard(B.be, s, out, table, ids, T, hid, 0, vs),
+          nbytes=T * hid * 4 + T * hid * 2 // R + T * 4)
+
+
 def linear_shapes(S) -> list[tuple[str, int, int]]:
     """(name, n, k) of every linear layer of the preset and its lm_head."""
     qkv = (S["H"] + 2 * S["KV"]) * S["D"]
@@ -524,6 +549,7 @@ FAMILIES = {
     "attention_tc": [bench_attention_tc],
     "moe_router": [bench_moe_router], "moe_gemm": [bench_moe_gemm],
     "moe_combine": [bench_moe_combine],
+    "tensor_parallel": [bench_tensor_parallel],
 }
 # helpers of metrale/ops with no kernel of their own (attention_tile: the twin of a header
 # that attention.cu and dense_attention.cu share, benchmarked through them)

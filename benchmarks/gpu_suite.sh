@@ -17,20 +17,64 @@
 # goes on PYTHONPATH; the CLI runs as `python -m metrale.cli`). A failing or timed-out tool
 # is recorded ("rc", "error" with the tail of its log) and the suite goes on.
 #
-# usage: benchmarks/gpu_suite.sh OUTDIR        (env: PYTHON, default python3)
+# With --tensor-parallel N (N > 1) the bench tool runs as N ranks, one process per GPU (the
+# mpich wheel's mpiexec when it is installed, else N processes started here with the
+# RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT variables torchrun sets), at
+# the Llama-3.1-70B shape by default, and bench.json gains each step's all-reduce time.
+#
+# usage: benchmarks/gpu_suite.sh OUTDIR [--tensor-parallel N] [--preset NAME]
+#        (env: PYTHON, default python3)
 set -uo pipefail
 
-if [ $# -ne 1 ]; then
-    echo "usage: $0 OUTDIR" >&2
+usage() {
+    echo "usage: $0 OUTDIR [--tensor-parallel N] [--preset NAME]" >&2
     exit 2
-fi
+}
+[ $# -ge 1 ] || usage
+OUTARG=$1
+shift
+TP=1
+PRESET_ARG=
+while [ $# -gt 0 ]; do
+    case $1 in
+        --tensor-parallel) [ $# -ge 2 ] || usage; TP=$2; shift 2 ;;
+        --preset) [ $# -ge 2 ] || usage; PRESET_ARG=$2; shift 2 ;;
+        *) usage ;;
+    esac
+done
+case $TP in ''|*[!0-9]*|0) echo "--tensor-parallel wants a positive integer" >&2; exit 2 ;; esac
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-mkdir -p "$1" || exit 2
-OUT=$(cd "$1" && pwd)
+mkdir -p "$OUTARG" || exit 2
+OUT=$(cd "$OUTARG" && pwd)
 PY=${PYTHON:-python3}
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 cd "$ROOT" || exit 2
 SUITE_START=$(date +%s)
+
+# ranks CMD...: CMD as TP processes, one per rank (CMD itself when TP is 1)
+ranks() {
+    if [ "$TP" -eq 1 ]; then
+        "$@"
+        return
+    fi
+    local mpi
+    mpi=$(dirname "$(command -v "$PY")")/mpiexec
+    if [ -x "$mpi" ]; then
+        "$mpi" -n "$TP" "$@"
+        return
+    fi
+    local pids=() r rc=0
+    trap 'kill "${pids[@]}" 2>/dev/null' TERM INT
+    for ((r = 0; r < TP; r++)); do
+        RANK=$r WORLD_SIZE=$TP LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 \
+            MASTER_PORT=${MASTER_PORT:-29400} "$@" &
+        pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+    return $rc
+}
+export -f ranks
+export TP PY
 
 # run NAME TIMEOUT_S CMD...: log to OUT/NAME.log, rc and wall time to OUT/NAME.status
 run() {
@@ -39,7 +83,8 @@ run() {
     local t0 t1 rc
     t0=$(date +%s%N)
     echo "== $name (limit ${limit}s): $*" >&2
-    timeout --signal=TERM --kill-after=15 "$limit" "$@" >"$OUT/$name.log" 2>&1
+    # through bash, so that CMD may be the `ranks` function
+    timeout --signal=TERM --kill-after=15 "$limit" bash -c '"$@"' _ "$@" >"$OUT/$name.log" 2>&1
     rc=$?
     t1=$(date +%s%N)
     printf '{"rc": %d, "wall_s": %d.%03d, "limit_s": %d, "command": %s}\n' "$rc" \
@@ -64,7 +109,13 @@ else
     MOE_HF_SIZE=(--batch 1,64 --prompt-len 256 --gen-len 32 --reps 1 --no-compile)
     GPU_GIB=$("$PY" -c 'import cupy; print(cupy.cuda.runtime.memGetInfo()[1] >> 30)' \
         2>/dev/null || echo 0)
+    if [ "$TP" -gt 1 ]; then   # the ranks must time the same steps: no time budget
+        PRESET=llama-3.1-70b; BENCH_SIZE=(--batch 1,8,64 --prompt-len 256 --gen-len 32)
+    fi
 fi
+BENCH_PRESET=${PRESET_ARG:-$PRESET}
+TP_ARGS=()
+[ "$TP" -gt 1 ] && TP_ARGS=(--tensor-parallel "$TP")
 
 # skip NAME REASON: a tool left out on this machine, recorded as such
 skip() {
@@ -81,8 +132,8 @@ run gpu_tests 150 "$PY" -m pytest -m gpu -q -p no:cacheprovider \
     --junitxml "$OUT/pytest_gpu.xml" tests
 run bench_kernels 55 "$PY" benchmarks/bench_kernels.py "${DEV[@]}" "${KSMALL[@]}" \
     --json "$OUT/bench_kernels.json"
-run bench 130 "$PY" -m metrale.cli bench --preset "$PRESET" "${DEV[@]}" "${BENCH_SIZE[@]}" \
-    --json "$OUT/bench.json"
+run bench 130 ranks "$PY" -m metrale.cli bench --preset "$BENCH_PRESET" "${DEV[@]}" \
+    "${BENCH_SIZE[@]}" "${TP_ARGS[@]}" --json "$OUT/bench.json"
 run compare_hf 120 "$PY" benchmarks/compare_hf.py --preset "$PRESET" "${DEV[@]}" \
     "${HF_SIZE[@]}" --json "$OUT/compare_hf.json"
 # Mixture of experts (issue 25): weights generated and uploaded take ~1 minute of these.

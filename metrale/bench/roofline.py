@@ -51,6 +51,15 @@ def decode_step_bytes(meta, kv_lens: Iterable[int]) -> int:
     return weight_read_bytes(meta, len(lens)) + sum(lens) * kv_bytes_per_token(meta)
 
 
+def model_step_bytes(model, kv_lens: Iterable[int]) -> int:
+    """`decode_step_bytes` of a loaded model on its device: a tensor-parallel rank reads its
+    own weight slices and KV heads only."""
+    if model._tp is None:
+        return decode_step_bytes(model.metadata(), kv_lens)
+    return int(model._weights.nbytes) + \
+        sum(int(x) for x in kv_lens) * kv_bytes_per_token(model._layer_meta)
+
+
 def _time_events(backend, fn, reps: int) -> list[float]:
     """Milliseconds of each of `reps` calls of fn(stream), timed with events."""
     stream = backend.default_stream()

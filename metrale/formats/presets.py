@@ -20,6 +20,10 @@ _LLAMA_31_8B = {
     "torch_dtype": "bfloat16", "hidden_act": "silu",
 }
 
+# Llama-3.1-70B's shapes (the tensor-parallel benchmark: it needs 4 or 8 GPUs)
+_LLAMA_31_70B = dict(_LLAMA_31_8B, hidden_size=8192, intermediate_size=28672,
+                     num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8)
+
 _QWEN25_7B = {
     "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
     "vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
@@ -148,6 +152,7 @@ _TINY_MOE = {  # a small qwen3_moe for CPU benchmarks of the MoE path
 PRESETS: dict[str, dict] = {
     "tiny": _TINY,
     "llama-3.1-8b": _LLAMA_31_8B,
+    "llama-3.1-70b": _LLAMA_31_70B,
     "qwen2.5-0.5b": _QWEN25_05B,
     "qwen2.5-0.5b-fp8": _quantized(_QWEN25_05B, _FP8_BLOCK),
     "qwen2.5-0.5b-gptq": _quantized(_QWEN25_05B, _GPTQ_4BIT),

@@ -77,14 +77,14 @@ def _neutralise(name, m):
     elif "mlp_bias" in name:
         for L in m._weights.layers:
             L.gate_up_bias = L.down_bias = NULL
-    elif "window" in name:
-        m._meta = replace(m._meta, layer_windows=(0,) * m._meta.num_layers)
+    elif "window" in name:   # the layer passes read _layer_meta (a rank's own counts)
+        m._meta = m._layer_meta = replace(m._meta, layer_windows=(0,) * m._meta.num_layers)
     elif "stored_head" in name:
         m._weights.lm_head = m._weights.embed_tokens
     elif "norm_topk_prob" in name:
         m._meta = replace(m._meta, moe=replace(m._meta.moe, norm_topk_prob=False))
     else:   # an activation
-        m._meta = replace(m._meta, hidden_act="silu")
+        m._meta = m._layer_meta = replace(m._meta, hidden_act="silu")
 
 
 # dynamic rope below its limit IS the default rope (in HF too): nothing to ignore there;
