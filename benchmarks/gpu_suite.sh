@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# GPU tests and benchmarks, one JSON per tool in OUTDIR (within 8 minutes on an H200 without
-# the MoE tools, METRALE_SUITE_MOE=0; they add up to 600 s worst case):
+# GPU tests and benchmarks, one JSON per tool in OUTDIR. Each invocation fits one device
+# call (10 minutes): the default set within 8 minutes on an H200 (455 s of tool limits),
+# --moe the mixture-of-experts set alone (600 s of limits) as a second call:
 #   gpu_tests.json      pytest -m gpu (passed/failed counted from its junit xml)
 #   bench_kernels.json  benchmarks/bench_kernels.py at Llama-3.1-8B shapes
 #   bench.json          metrale bench --preset llama-3.1-8b --batch 1,8,64
 #   compare_hf.json     benchmarks/compare_hf.py (metrale bench --compare-hf: metrale vs
 #                       transformers on the same weights, plus HF torch.compile)
+# with --moe instead:
 #   bench_moe.json      metrale bench --preset qwen3-30b-a3b --batch 1,64 (roofline from the
 #                       active experts' bytes; 61 GB of weights)
 #   compare_hf_moe.json the same against transformers bf16 in one run (needs ~125 GB: run
@@ -22,12 +24,12 @@
 # RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT variables torchrun sets), at
 # the Llama-3.1-70B shape by default, and bench.json gains each step's all-reduce time.
 #
-# usage: benchmarks/gpu_suite.sh OUTDIR [--tensor-parallel N] [--preset NAME]
+# usage: benchmarks/gpu_suite.sh OUTDIR [--moe | --tensor-parallel N] [--preset NAME]
 #        (env: PYTHON, default python3)
 set -uo pipefail
 
 usage() {
-    echo "usage: $0 OUTDIR [--tensor-parallel N] [--preset NAME]" >&2
+    echo "usage: $0 OUTDIR [--moe | --tensor-parallel N] [--preset NAME]" >&2
     exit 2
 }
 [ $# -ge 1 ] || usage
@@ -35,14 +37,17 @@ OUTARG=$1
 shift
 TP=1
 PRESET_ARG=
+MOE=0
 while [ $# -gt 0 ]; do
     case $1 in
+        --moe) MOE=1; shift ;;
         --tensor-parallel) [ $# -ge 2 ] || usage; TP=$2; shift 2 ;;
         --preset) [ $# -ge 2 ] || usage; PRESET_ARG=$2; shift 2 ;;
         *) usage ;;
     esac
 done
 case $TP in ''|*[!0-9]*|0) echo "--tensor-parallel wants a positive integer" >&2; exit 2 ;; esac
+[ "$MOE" = 1 ] && [ "$TP" -gt 1 ] && { echo "--moe runs on one GPU (no --tensor-parallel)" >&2; exit 2; }
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$OUTARG" || exit 2
 OUT=$(cd "$OUTARG" && pwd)
@@ -99,10 +104,13 @@ run() {
 if [ "${METRALE_SUITE_SMOKE:-0}" = 1 ]; then
     PRESET=tiny; DEV=(--device cpu); KSMALL=(--small); BENCH_SIZE=(--batch 1,2 --prompt-len 16
         --gen-len 4); HF_SIZE=(--batch 1 --prompt-len 16 --gen-len 4)
+    TEST_DEVICE=emu; TESTS=(tests/ops/test_argmax.py)   # the flow, not the kernels
     MOE_PRESET=tiny-moe; MIXTRAL_PRESET=tiny-moe; MOE_SIZE=(--batch 1,2 --prompt-len 16
         --gen-len 4); MOE_HF_SIZE=(--batch 1 --prompt-len 16 --gen-len 4); GPU_GIB=1000
 else
     PRESET=llama-3.1-8b; DEV=(); KSMALL=(); BENCH_SIZE=(--batch 1,8,64 --max-seconds 120)
+    # the kernels on the GPU only: their emulated runs are CI's (minutes on 16 cores)
+    TEST_DEVICE=cuda; TESTS=(tests)
     HF_SIZE=(--batch 1,8 --gen-len 64 --compile-batches 1)
     MOE_PRESET=qwen3-30b-a3b; MIXTRAL_PRESET=mixtral-8x7b
     MOE_SIZE=(--batch 1,64 --prompt-len 256 --gen-len 64 --max-seconds 90)
@@ -127,19 +135,21 @@ skip() {
     echo "== $name skipped: $*" >&2
 }
 
-# Budget (seconds; 455 worst case, leaving room for start-up and the merge below).
-run gpu_tests 150 "$PY" -m pytest -m gpu -q -p no:cacheprovider \
-    --junitxml "$OUT/pytest_gpu.xml" tests
-run bench_kernels 55 "$PY" benchmarks/bench_kernels.py "${DEV[@]}" "${KSMALL[@]}" \
-    --json "$OUT/bench_kernels.json"
-run bench 130 ranks "$PY" -m metrale.cli bench --preset "$BENCH_PRESET" "${DEV[@]}" \
-    "${BENCH_SIZE[@]}" "${TP_ARGS[@]}" --json "$OUT/bench.json"
-run compare_hf 120 "$PY" benchmarks/compare_hf.py --preset "$PRESET" "${DEV[@]}" \
-    "${HF_SIZE[@]}" --json "$OUT/compare_hf.json"
-# Mixture of experts (issue 25): weights generated and uploaded take ~1 minute of these.
-if [ "${METRALE_SUITE_MOE:-1}" = 0 ]; then
-    for t in bench_moe compare_hf_moe bench_mixtral; do skip "$t" "METRALE_SUITE_MOE=0"; done
+if [ "$MOE" = 0 ]; then
+    # Budget (seconds; 455 worst case, leaving room for start-up and the merge below).
+    run gpu_tests 150 env METRALE_DEVICE="$TEST_DEVICE" "$PY" -m pytest -m gpu -q \
+        -p no:cacheprovider --junitxml "$OUT/pytest_gpu.xml" "${TESTS[@]}"
+    run bench_kernels 55 "$PY" benchmarks/bench_kernels.py "${DEV[@]}" "${KSMALL[@]}" \
+        --json "$OUT/bench_kernels.json"
+    run bench 130 ranks "$PY" -m metrale.cli bench --preset "$BENCH_PRESET" "${DEV[@]}" \
+        "${BENCH_SIZE[@]}" "${TP_ARGS[@]}" --json "$OUT/bench.json"
+    run compare_hf 120 "$PY" benchmarks/compare_hf.py --preset "$PRESET" "${DEV[@]}" \
+        "${HF_SIZE[@]}" --json "$OUT/compare_hf.json"
+    for t in bench_moe compare_hf_moe bench_mixtral; do skip "$t" "run with --moe"; done
 else
+    # Mixture of experts (issue 25), 600 s worst case: generating and uploading the weights
+    # takes ~1 minute of each tool.
+    for t in gpu_tests bench_kernels bench compare_hf; do skip "$t" "run without --moe"; done
     run bench_moe 180 "$PY" -m metrale.cli bench --preset "$MOE_PRESET" "${DEV[@]}" \
         "${MOE_SIZE[@]}" --json "$OUT/bench_moe.json"
     if [ "$GPU_GIB" -ge 135 ]; then
