@@ -4,9 +4,16 @@ Pure bookkeeping on the host; the blocks' bytes live in the model's KV buffers. 
 (tests/kv/test_block_pool.py): every block is either free (refcount 0, on the stack) or held
 (refcount >= 1); `num_free() + held == num_total()`; an operation that cannot complete raises
 `CacheFull` before changing anything.
+
+The prefix cache is a forest: a cached block-aligned prefix's parent is the prefix one block
+shorter. Eviction takes least-recently-used LEAVES first, as the original's prefix cache does
+(`PrefixCache::evict`, used by `model/prefix_reclaim.rs`), so a chain is shortened from its
+end and its head stays reusable; evicting a head first would orphan every longer prefix
+below it (a lookup walks from the head), holding blocks that no prompt can reuse.
 """
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 
 from ..errors import CacheFull, InvalidArgument
@@ -28,6 +35,8 @@ class BlockPool:
         # cache holds one reference on each of its blocks.
         self._prefix: OrderedDict[bytes, int] = OrderedDict()
         self._prefix_of_block: dict[int, bytes] = {}
+        self._parent: dict[bytes, bytes | None] = {}   # cached key -> its cached parent key
+        self._children: dict[bytes, int] = {}          # cached key -> cached children
 
     # queries --------------------------------------------------------------------------
     def num_total(self) -> int:
@@ -51,7 +60,7 @@ class BlockPool:
         from_reservation = min(n, reserved)
         fresh = n - from_reservation
         if fresh > self.num_free():
-            evictable = self._evictable()
+            evictable = self.num_evictable()
             if fresh > self.num_free() + evictable:
                 raise CacheFull(f"KV cache exhausted: need {fresh} more block(s), "
                                 f"{self.num_free()} free of {self.num_blocks} "
@@ -67,7 +76,7 @@ class BlockPool:
     def reserve(self, n: int) -> None:
         """Promise `n` blocks to one caller; they leave `num_free()` until used or returned."""
         if n > self.num_free():
-            evictable = self._evictable()
+            evictable = self.num_evictable()
             if n > self.num_free() + evictable:
                 raise CacheFull(f"KV cache exhausted: cannot reserve {n} block(s), "
                                 f"{self.num_free()} free of {self.num_blocks}")
@@ -98,8 +107,10 @@ class BlockPool:
                 self._free.append(b)
 
     # prefix cache ---------------------------------------------------------------------
-    def cache_prefix(self, key: bytes, block: int) -> bool:
-        """Register `block` as holding the prefix with chain hash `key` (cache takes a ref)."""
+    def cache_prefix(self, key: bytes, block: int, parent: bytes | None = None) -> bool:
+        """Register `block` as holding the prefix with chain hash `key` (cache takes a ref).
+        `parent`: the key of the prefix one block shorter (None for a first block); it makes
+        `key` a child that `reclaim` evicts before its parent."""
         if key in self._prefix:
             self._prefix.move_to_end(key)
             return False
@@ -108,6 +119,11 @@ class BlockPool:
         self._ref[block] += 1
         self._prefix[key] = block
         self._prefix_of_block[block] = key
+        parent = parent if parent in self._prefix else None
+        self._parent[key] = parent
+        self._children[key] = 0
+        if parent is not None:
+            self._children[parent] += 1
         return True
 
     def lookup_prefix(self, key: bytes) -> int | None:
@@ -120,19 +136,36 @@ class BlockPool:
         """The block cached under `key`, without touching the LRU order."""
         return self._prefix.get(key)
 
-    def _evictable(self) -> int:
-        return sum(1 for b in self._prefix.values() if self._ref[b] == 1)
+    def num_evictable(self) -> int:
+        """Cached blocks that repeated leaf eviction can free: held only by the cache, with
+        no descendant that a sequence holds."""
+        blocked: set[bytes] = set()
+        for key, b in self._prefix.items():
+            if self._ref[b] > 1:
+                k = key
+                while k is not None and k not in blocked:
+                    blocked.add(k)
+                    k = self._parent[k]
+        return len(self._prefix) - len(blocked)
 
     def reclaim(self, n: int) -> int:
-        """Evict up to `n` least recently used prefix blocks no sequence holds; returns count."""
+        """Evict up to `n` prefix blocks no sequence holds, least recently used leaf first
+        (a parent becomes a leaf once its last cached child is gone); returns the count."""
+        rank = {key: i for i, key in enumerate(self._prefix)}   # LRU order, oldest first
+        leaves = [(rank[k], k) for k, b in self._prefix.items()
+                  if self._children[k] == 0 and self._ref[b] == 1]
+        heapq.heapify(leaves)
         freed = 0
-        for key in list(self._prefix):
-            if freed >= n:
-                break
-            b = self._prefix[key]
-            if self._ref[b] == 1:
-                del self._prefix[key]
-                del self._prefix_of_block[b]
-                self.release([b])
-                freed += 1
+        while freed < n and leaves:
+            _, key = heapq.heappop(leaves)
+            b = self._prefix.pop(key)
+            del self._prefix_of_block[b]
+            del self._children[key]
+            parent = self._parent.pop(key)
+            self.release([b])
+            freed += 1
+            if parent is not None:
+                self._children[parent] -= 1
+                if self._children[parent] == 0 and self._ref[self._prefix[parent]] == 1:
+                    heapq.heappush(leaves, (rank[parent], parent))
         return freed

@@ -49,7 +49,8 @@ class ModelLifecycle:
             return 0   # a dense cache owns all its blocks already
         (_, _, _, total), = self._growth_plan([(seq, n_tokens)])
         more = max(0, total - seq.reserved_blocks)
-        if more > self._pool.num_free() + self._pool._evictable():
+        free = self._pool.num_free()
+        if more > free and more > free + self._pool.num_evictable():
             raise CacheFull(f"KV cache exhausted: reserving {more} block(s) for sequence "
                             f"{seq.seq_id} with {self._pool.num_free()} free of "
                             f"{self._pool.num_total()} (block_size {self._pool.block_size})")
@@ -113,7 +114,9 @@ class ModelLifecycle:
         if seq.arena is not None or any(t < 0 for t in seq.tokens):
             return 0  # dense caches and embedding-fed sequences have no token prefix to share
         keys = prefix_keys(seq.tokens, self._pool.block_size)
-        return sum(self._pool.cache_prefix(k, b) for k, b in zip(keys, seq.block_table))
+        parents = [None] + keys[:-1]
+        return sum(self._pool.cache_prefix(k, b, parent)
+                   for k, b, parent in zip(keys, seq.block_table, parents))
 
     def num_free_blocks(self) -> int:
         return self._pool.num_free()
@@ -185,7 +188,8 @@ class ModelLifecycle:
         """The growth plan of `items`, or CacheFull if the pool cannot hold it all."""
         plans = self._growth_plan(items)
         fresh = sum(max(0, total - seq.reserved_blocks) for seq, _, _, total in plans)
-        if fresh > self._pool.num_free() + self._pool._evictable():
+        free = self._pool.num_free()
+        if fresh > free and fresh > free + self._pool.num_evictable():
             raise CacheFull(f"KV cache exhausted: this step needs {fresh} new block(s), "
                             f"{self._pool.num_free()} free of {self._pool.num_total()} "
                             f"(block_size {self._pool.block_size})")

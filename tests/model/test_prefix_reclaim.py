@@ -19,8 +19,9 @@ def cache_finished(pool, tokens):
     """A finished sequence over `tokens`, as cache_sequence then free_sequence leave it:
     the cache holds the only reference on each of its blocks."""
     blocks = pool.allocate(len(tokens) // BS)
-    for k, b in zip(prefix_keys(tokens, BS), blocks):
-        pool.cache_prefix(k, b)
+    keys = prefix_keys(tokens, BS)
+    for i, (k, b) in enumerate(zip(keys, blocks)):
+        pool.cache_prefix(k, b, keys[i - 1] if i else None)
     pool.release(blocks)
     return blocks
 
@@ -92,3 +93,19 @@ def test_resuming_a_sequence_whose_history_is_cached_reuses_it():
     m = fresh()
     assert ModelLifecycle.reclaim_prefix_blocks_for(m, history, 0, 2) == PrefixReclaim(2, 2)
     assert m.reuse_prefix(m.alloc_sequence(), history) == 0
+
+
+def test_eviction_shortens_a_cached_history_from_its_end():
+    """reclaim_prefix_blocks takes least-recently-used leaves, as the original's prefix cache
+    does: after one block of a 3-block cached history is evicted, a prompt repeating that
+    history still reuses its first two blocks (evicting the head first, as metrale did,
+    orphaned the whole chain: 0 tokens reused and two blocks held for nothing)."""
+    ids = golden("llama_gqa")["input_ids"][0].tolist()
+    history = (ids * 8)[:50]                                  # 3 full blocks + 2 tokens
+    m = load("llama_gqa", HostBackend(), kv_blocks=8, block_size=BS)
+    a = m.alloc_sequence()
+    m.prefill(history, a, 0)                                   # caches the 3 full blocks
+    m.free_sequence(a)
+    assert m.num_free_blocks() == 8 - 3
+    assert m.reclaim_prefix_blocks(1) == 1 and m.num_free_blocks() == 8 - 2
+    assert m.reuse_prefix(m.alloc_sequence(), history) == 2 * BS
