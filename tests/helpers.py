@@ -57,7 +57,7 @@ GEMM_PATHS = ("dp", "fma", "avx2", "portable", "numpy")
 def gemm_twin_path(path: str):
     """The GEMM twin implementation `path` of GEMM_PATHS for `ops.gemm_tc.dot_f32`'s
     `native` argument: the native library with VDPBF16PS ("dp") or float32 FMAs ("fma"),
-    built without AVX-512 ("avx2": 2x2 tiles of two-register vectors), built with
+    built without AVX-512 ("avx2": gemm_avx2.h's 8-lane tiles), built with
     -DMD_PORTABLE (float64 steps, the non-x86 path), or None (numpy).
     Skips where this machine cannot run it; restores the library's default."""
     if path == "numpy":

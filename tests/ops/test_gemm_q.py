@@ -216,6 +216,29 @@ def test_twin_is_gemm_tc_on_the_dequantized_bits(rng, monkeypatch, fmt, m, n, k,
         assert np.array_equal(w.launch(be, x, False), f32_to_bf16(want))
 
 
+@pytest.mark.parametrize("fmt", ["bf16", "q4", "q4_g8", "fp8"])
+@pytest.mark.parametrize("k", [184, 200])
+@pytest.mark.parametrize("path", GEMM_PATHS)
+def test_every_row_count_and_tile_edge_gives_the_same_bits(rng, fmt, k, path):
+    """m = 1..14 (every direct tile of the native AVX2 build, R = 1..8, and the panel
+    path's full and leftover row groups), n = 29 (full and single-column tiles), k with a
+    partial last block in either lane half (k % 32 = 24, 8): every row equals numpy's."""
+    from metrale.gpu_runtime import HostBackend
+    n = 29
+    w = {"bf16": None, "q4": lambda: Q4(rng, n, k, 32),
+         "q4_g8": lambda: Q4(rng, n, k, 8), "fp8": lambda: F8(rng, n, k, (128, 16))}[fmt]
+    w = w() if w else f32_to_bf16(rng.standard_normal((n, k), dtype=np.float32))
+    wb = w if fmt == "bf16" else w.dequant()
+    x = xs(rng, 14, k)
+    want = T.dot_f32(x, wb)
+    with gemm_twin_path(path) as nat:
+        be = HostBackend(native=False)
+        be.native = nat
+        for m in range(1, 15):
+            got = T.dot_f32(x[:m], wb, nat) if fmt == "bf16" else w.launch(be, x[:m], True)
+            assert np.array_equal(bits(got), bits(want[:m])), m
+
+
 @pytest.mark.parametrize("fmt", ["q4", "fp8"])
 def test_twin_is_batch_invariant(host, rng, fmt):
     w = Q4(rng, 45, 4104, 8) if fmt == "q4" else F8(rng, 45, 4104)

@@ -18,6 +18,9 @@
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #define MD_DP 1
 #endif
+#if defined(__FMA__) && defined(__AVX2__) && defined(__F16C__) && !defined(__AVX512F__)
+#define MD_AVX2 1   // float32 FMAs in gemm_avx2.h's tiles for 16 ymm registers
+#endif
 #endif
 
 #include "pool.h"
@@ -38,8 +41,18 @@ typedef double v16d __attribute__((vector_size(128)));
 constexpr int MR = 6, NR = 4;
 constexpr int kDirectRows = 8;  // up to 8 rows of x: R x direct_cols(R) tiles from W
 constexpr int direct_cols(int r) { return r <= 2 ? 8 : r <= 4 ? 4 : 3; }   // <= 28 regs
+#elif defined(MD_AVX2)
+// gemm_avx2.h: 8-lane tiles of R x C ymm accumulators (<= 12 of the 16 registers, with
+// the W operands, an x row and a constant); a 4 x 3 tile reads 7 ymm per 12 FMAs.
+#ifndef MD_MR
+#define MD_MR 3
+#define MD_NR 3
+#endif
+constexpr int MR = MD_MR, NR = MD_NR;
+constexpr int kDirectRows = 8;
+constexpr int direct_cols(int r) { return r == 1 ? 8 : r == 2 ? 4 : r == 3 ? 3 : r <= 6 ? 2 : 1; }
 #else
-constexpr int MR = 2, NR = 2;   // AVX2: a 16-float vector is two of the 16 registers
+constexpr int MR = 2, NR = 2;   // generic vectors elsewhere (the float64 step)
 constexpr int kDirectRows = 2;
 constexpr int direct_cols(int) { return 2; }
 #endif
@@ -260,27 +273,13 @@ inline void tile(const v16f *x, int64_t steps, const W &w, const Out &out, int64
     store_tile<R, C>(acc, out, i0, j);
 }
 
-// A W source may bring its own tile for step S (W::own_tile<S>: the dequantizing sources
-// on AVX2, whose W operands are built in 8-lane halves); any other gets `tile`.
-template <class W, class S, class = void>
-struct has_own_tile : std::false_type {};
-template <class W, class S>
-struct has_own_tile<W, S, std::enable_if_t<W::template own_tile<S>::value>> : std::true_type {};
-
-template <class S, int R, int C, class W>
-inline void tile_of(const v16f *x, int64_t steps, const W &w, const Out &out, int64_t i0,
-                    int64_t j) {
-    if constexpr (has_own_tile<W, S>::value) w.template tile<R, C>(x, steps, out, i0, j);
-    else tile<S, R, C>(x, steps, w, out, i0, j);
-}
-
 // Rows [i0, i0 + R) over columns [j0, j1) in R x C tiles (w holds W's rows from j0).
 template <class S, int R, int C, class W>
 void row_group(const v16f *x, int64_t steps, const W &w, const Out &out, int64_t i0,
                int64_t j0, int64_t j1) {
     int64_t j = j0;
-    for (; j + C <= j1; j += C) tile_of<S, R, C>(x, steps, w.rows(j - j0), out, i0, j);
-    for (; j < j1; j++) tile_of<S, R, 1>(x, steps, w.rows(j - j0), out, i0, j);
+    for (; j + C <= j1; j += C) tile<S, R, C>(x, steps, w.rows(j - j0), out, i0, j);
+    for (; j < j1; j++) tile<S, R, 1>(x, steps, w.rows(j - j0), out, i0, j);
 }
 
 // Every row of a small x (m <= kDirectRows) in one R x direct_cols(R) tile pass over W,
@@ -336,14 +335,9 @@ __attribute__((noinline)) void columns(const Job<W> &job, int64_t j_lo, int64_t 
     std::vector<v16f> panel(size_t(jb * job.steps));
     for (int64_t j0 = j_lo; j0 < j_hi; j0 += jb) {
         const int64_t j1 = std::min(j_hi, j0 + jb);
-        for (int64_t r = 0; r < j1 - j0; r++) {
-            if constexpr (has_own_tile<W, S>::value) {   // the source's own row writer
-                job.w.panel_row(j0 + r, panel.data() + r * job.steps, job.steps);
-            } else {
-                for (int64_t s = 0; s < job.steps; s++)
-                    panel[size_t(r * job.steps + s)] = job.w.load(j0 + r, s);
-            }
-        }
+        for (int64_t r = 0; r < j1 - j0; r++)
+            for (int64_t s = 0; s < job.steps; s++)
+                panel[size_t(r * job.steps + s)] = job.w.load(j0 + r, s);
         all_rows<S>(job.x, job.m, job.steps, WPanel{panel.data(), job.steps}, job.out, j0, j1);
     }
 }
@@ -358,10 +352,22 @@ std::vector<v16f> prepare_x(const uint16_t *x, int64_t m, int64_t k, int64_t ste
     return xs;
 }
 
+}  // namespace
+}  // namespace md
+
+#include "gemm_avx2.h"
+
+namespace md {
+namespace {
+
 template <class S, class W>
 void gemm(const uint16_t *x, const W &w, int64_t m, int64_t n, int64_t k, Out out) {
     const int64_t steps = (k + 31) / 32 * S::kPerBlock;
+#if defined(MD_AVX2)   // FmaStep, the only step of this build, in 8-lane tiles
+    const std::vector<v16f> xs = prepare_x8(x, m, k, steps);
+#else
     const std::vector<v16f> xs = prepare_x<S>(x, m, k, steps);
+#endif
     // Threads only when each gets at least ~256K multiply-adds; ranges in multiples of NR.
     const int64_t k32 = (k + 31) / 32 * 32;
     int nt = int(std::min<int64_t>(g_threads.load(), (m * n * k32) >> 18));
@@ -379,7 +385,11 @@ void gemm(const uint16_t *x, const W &w, int64_t m, int64_t n, int64_t k, Out ou
         std::function<void(int)> run = [&](int t) {
             const int64_t lo = std::min(n, t * per), hi = std::min(n, lo + per);
             [[maybe_unused]] FlushScope flush;
+#if defined(MD_AVX2)
+            if (lo < hi) columns8(job, lo, hi);
+#else
             if (lo < hi) columns<S>(job, lo, hi);
+#endif
         };
         pool().run(nt, run);
     }

@@ -36,6 +36,9 @@
 // in blocks copied once into a panel in step order (DpStep: the bits, zero-padded; the
 // float32 steps: widened), which stays in L2 while every MR-row group passes over it (a
 // panel, not W in place: 1.7x faster, no tail checks or prefetches in the inner loop).
+// With AVX2 but no AVX-512 (16 registers of 8 lanes) FmaStep runs gemm_avx2.h's tiles
+// instead: lanes 0-7 then 8-15 in two passes with one register per accumulator, the same
+// FMAs in the same order per lane (64-byte generic vectors spill there: ~1 GMAC/s).
 // Threads split the n columns into contiguous ranges (pool.h). Built without -ffast-math.
 // Restrictions: m, n, k >= 1; y must not overlap x or w.
 #include "gemm_core.h"

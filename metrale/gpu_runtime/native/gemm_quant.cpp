@@ -61,8 +61,8 @@ inline v8u widen8_u16(const uint8_t *p) {
 #endif
 }
 
-// FP16 bits -> float32, exactly.
-inline float half_to_f32(uint16_t h) {
+// FP16 bits -> float32, exactly (inlined: a call inside a tile would spill its registers).
+__attribute__((always_inline)) inline float half_to_f32(uint16_t h) {
     const uint32_t sign = uint32_t(h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu, bits;
     if (exp == 0x1Fu) {
@@ -109,14 +109,11 @@ inline v16u mask_past_k(v16u hb, int64_t blk, int64_t k) {
 }
 
 
-#if defined(MD_MXCSR) && defined(__FMA__) && defined(__AVX2__) && defined(__F16C__) && \
-    !defined(__AVX512F__)
-// AVX2 + FMA: each dequantizing source brings its own tile for the FMA step, whose W
-// operands are built as two 8-lane halves and never joined into 16-lane vectors (GCC moves
-// those through the stack on AVX2), with the 4-bit values read from a 16-entry table per
-// (row, group) instead of computed. Each lane step is the same FMA on the same operands as
-// in `tile`, so the bits are the same (the tests compare this build with numpy).
-#define MD_Q_AVX2 1
+#if defined(MD_AVX2)
+// AVX2 + FMA: gemm_avx2.h's tiles take W through a view of each source (Q4x8, F8x8 below)
+// that gives the 8 float32 lanes of one step and lane half, dequantized in registers. Each
+// lane step is the same FMA on the same operands as in `tile`, so the bits are the same
+// (the tests compare this build with numpy).
 
 inline __m256 bf16_round8(__m256 v) {   // nearest even, float32 bit pattern; NaN stays NaN
     const __m256i u = _mm256_castps_si256(v);
@@ -130,52 +127,6 @@ inline __m256 zero_past_k(__m256 v, int64_t pos0, int64_t k) {
     const __m256i pos = _mm256_add_epi32(_mm256_set1_epi32(int(pos0)),
                                          _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
     return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(int(k)), pos)));
-}
-
-// The shared tile: Src::halves<H>(row, blk, state, lo, hi) gives step 2 blk + H of a row.
-template <int R, int C, class Src>
-inline void tile_halves(const Src &w, const v16f *x, int64_t steps, const Out &out,
-                        int64_t i0, int64_t j) {
-    __m256 acc[R * C][2];
-    for (int e = 0; e < R * C; e++) acc[e][0] = acc[e][1] = _mm256_setzero_ps();
-    typename Src::State st[C];
-    for (int64_t blk = 0; blk < steps / 2; blk++) {
-        for (int b = 0; b < C; b++) w.prefetch(b + 2 * C, 2 * blk);   // the tile after next
-        auto step = [&](auto h) {
-            __m256 wl[C], wh[C];
-            for (int b = 0; b < C; b++) w.template halves<decltype(h)::value>(b, blk, st[b], wl[b], wh[b]);
-            for (int a = 0; a < R; a++) {
-                const float *xp = reinterpret_cast<const float *>(x + a * steps + 2 * blk +
-                                                                  decltype(h)::value);
-                const __m256 xl = _mm256_loadu_ps(xp), xh = _mm256_loadu_ps(xp + 8);
-                for (int b = 0; b < C; b++) {
-                    acc[a * C + b][0] = _mm256_fmadd_ps(xl, wl[b], acc[a * C + b][0]);
-                    acc[a * C + b][1] = _mm256_fmadd_ps(xh, wh[b], acc[a * C + b][1]);
-                }
-            }
-        };
-        step(std::integral_constant<int, 0>{});   // the odd positions, then the even ones
-        step(std::integral_constant<int, 1>{});
-    }
-    alignas(64) v16f a16[R * C];
-    std::memcpy(a16, acc, sizeof a16);
-    store_tile<R, C>(a16, out, i0, j);
-}
-
-// A row's steps in the panel's order (the panel path of gemm_core.h), written as halves.
-template <class Src>
-inline void panel_halves(const Src &w, int64_t row, v16f *dst, int64_t steps) {
-    typename Src::State st;
-    for (int64_t blk = 0; blk < steps / 2; blk++) {
-        __m256 lo, hi;
-        float *d = reinterpret_cast<float *>(dst + 2 * blk);
-        w.template halves<0>(row, blk, st, lo, hi);
-        _mm256_storeu_ps(d, lo);
-        _mm256_storeu_ps(d + 8, hi);
-        w.template halves<1>(row, blk, st, lo, hi);
-        _mm256_storeu_ps(d + 16, lo);
-        _mm256_storeu_ps(d + 24, hi);
-    }
 }
 #endif
 
@@ -251,63 +202,6 @@ struct WQ4 {
     }
     v16f load(int64_t row, int64_t s) const { return step_of<S>(*this, row, s); }
 
-#if defined(MD_Q_AVX2)
-    template <class S2>
-    struct own_tile : std::bool_constant<std::is_same_v<S2, FmaStep>> {};
-    struct State {   // the values of codes 0..7 and 8..15 in group g (of this tile's row)
-        int64_t g = -1;
-        __m256 lo, hi;
-    };
-    static __m256 lookup(const State &st, __m256i codes) {   // codes: 4 bits (higher ignored)
-        const __m256 a = _mm256_permutevar8x32_ps(st.lo, codes);
-        const __m256 b = _mm256_permutevar8x32_ps(st.hi, codes);
-        return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(_mm256_slli_epi32(codes, 28)));
-    }
-    template <int H>
-    void halves(int64_t row, int64_t blk, State &st, __m256 &lo, __m256 &hi) const {
-        const uint8_t *p = q + row * row_bytes + 16 * blk;
-        __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p)));
-        __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p + 8)));
-        if (H == 0) b0 = _mm256_srli_epi32(b0, 4), b1 = _mm256_srli_epi32(b1, 4);
-        if (gidx == nullptr && group_size % 32 == 0) {
-            const int64_t g = 32 * blk / group_size;
-            if (g != st.g) {   // (c - z) * s for c = 0..15, exact, rounded to BF16 once
-                const __m256 sc = _mm256_set1_ps(half_to_f32(scales[row * groups + g]));
-                const __m256 c = _mm256_sub_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7),
-                                               _mm256_set1_ps(float(zeros[row * groups + g])));
-                st.lo = bf16_round8(_mm256_mul_ps(c, sc));
-                st.hi = bf16_round8(_mm256_mul_ps(_mm256_add_ps(c, _mm256_set1_ps(8.f)), sc));
-                st.g = g;
-            }
-            lo = lookup(st, b0);
-            hi = lookup(st, b1);
-        } else {   // a group per lane: (c - z) * s computed
-            alignas(32) float sc[16], z[16];
-            for (int l = 0; l < 16; l++) {
-                const int64_t pos = std::min(32 * blk + 2 * l + (H == 0), k - 1);
-                const int64_t g = gidx ? int64_t(table(row)[pos]) : pos / group_size;
-                sc[l] = half_to_f32(scales[row * groups + g]);
-                z[l] = float(zeros[row * groups + g]);
-            }
-            const __m256i m15 = _mm256_set1_epi32(15);
-            lo = bf16_round8(_mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b0, m15)),
-                                                         _mm256_load_ps(z)), _mm256_load_ps(sc)));
-            hi = bf16_round8(_mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b1, m15)),
-                                                         _mm256_load_ps(z + 8)), _mm256_load_ps(sc + 8)));
-        }
-        if (32 * blk + 32 > k) {
-            lo = zero_past_k(lo, 32 * blk + (H == 0), k);
-            hi = zero_past_k(hi, 32 * blk + 16 + (H == 0), k);
-        }
-    }
-    template <int R, int C>
-    void tile(const v16f *x, int64_t steps, const Out &out, int64_t i0, int64_t j) const {
-        tile_halves<R, C>(*this, x, steps, out, i0, j);
-    }
-    void panel_row(int64_t row, v16f *dst, int64_t steps) const {
-        panel_halves(*this, row, dst, steps);
-    }
-#endif
 };
 
 // float8_e4m3fn W: q [n, row_bytes] (32 codes per 32 bytes), scales float32 [rows,
@@ -358,54 +252,144 @@ struct WF8 {
     }
     v16f load(int64_t row, int64_t s) const { return step_of<S>(*this, row, s); }
 
-#if defined(MD_Q_AVX2)
-    template <class S2>
-    struct own_tile : std::bool_constant<std::is_same_v<S2, FmaStep>> {};
-    struct State {};
-    // e4m3 -> FP16 bits in place (sign, then the 7 bits below it as FP16 exponent and
-    // mantissa: 2^-8 times the value, subnormals included), widened exactly by vcvtph2ps,
-    // times 256 (exact), times s (the one FP32 rounding), to BF16.
-    template <int H>
-    void halves(int64_t row, int64_t blk, State &, __m256 &lo, __m256 &hi) const {
-        const __m256i pr = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(
-            q + row * row_bytes + 32 * blk));
-        const __m256i c = H == 0 ? _mm256_srli_epi16(pr, 8)
-                                 : _mm256_and_si256(pr, _mm256_set1_epi16(0xFF));
-        __m256i h = _mm256_or_si256(
-            _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x7F)), 7),
-            _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x80)), 8));
-        const __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x7F)),
-                                               _mm256_set1_epi16(0x7F));
-        h = _mm256_blendv_epi8(h, _mm256_set1_epi16(0x7E00), nan);
-        __m256 f0 = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
-        __m256 f1 = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
-        const float *srow = scales + int64_t(scale_row[row]) * k_blocks;
-        __m256 s0, s1;
-        if (block_k % 32 == 0) {
-            s0 = s1 = _mm256_set1_ps(srow[32 * blk / block_k]);
-        } else {
-            alignas(32) float sc[16];
-            for (int l = 0; l < 16; l++) sc[l] = srow[std::min(32 * blk + 2 * l, k - 1) / block_k];
-            s0 = _mm256_load_ps(sc);
-            s1 = _mm256_load_ps(sc + 8);
-        }
-        const __m256 k256 = _mm256_set1_ps(256.f);
-        lo = bf16_round8(_mm256_mul_ps(_mm256_mul_ps(f0, k256), s0));
-        hi = bf16_round8(_mm256_mul_ps(_mm256_mul_ps(f1, k256), s1));
-        if (32 * blk + 32 > k) {
-            lo = zero_past_k(lo, 32 * blk + (H == 0), k);
-            hi = zero_past_k(hi, 32 * blk + 16 + (H == 0), k);
-        }
-    }
-    template <int R, int C>
-    void tile(const v16f *x, int64_t steps, const Out &out, int64_t i0, int64_t j) const {
-        tile_halves<R, C>(*this, x, steps, out, i0, j);
-    }
-    void panel_row(int64_t row, v16f *dst, int64_t steps) const {
-        panel_halves(*this, row, dst, steps);
-    }
-#endif
 };
+
+#if defined(MD_AVX2)
+// gemm_avx2.h's view of 4-bit W. kTable (no act-order, group_size % 32 == 0): the 16
+// values of a (row, group), (c - z) * s exact, rounded to BF16 once, kept as two vpshufb
+// tables (their low and high bytes); a block's lane half becomes BF16 word pairs (lane i:
+// position 2i low, 2i + 1 high, as W's own BF16 bits) in 10 operations for 16 weights,
+// and each step takes its half as Bits8 does. Otherwise (act-order, other group sizes)
+// the values are computed per lane. A view per path, so the tile's loop carries no
+// branch to the other.
+template <bool kTable>
+struct Q4x8 {
+    WQ4<FmaStep> w;
+    struct State {
+        __m256i tl, th;   // kTable: low and high bytes of the 16 values, in both 128-bit lanes
+        __m256i pairs;    // the word pairs of the (blk, L) of the last half8<0, L>
+    };
+    Q4x8 rows(int64_t r0) const { return {w.rows(r0)}; }
+    int64_t full_blocks() const { return w.k / 32; }
+    void prefetch(int64_t row, int64_t s) const { w.prefetch(row, s); }
+    // the blocks from blk that share one group (kTable), else all of them
+    int64_t chunk_end(int64_t blk, int64_t b1) const {
+        return kTable ? std::min(b1, (32 * blk / w.group_size + 1) * w.group_size / 32) : b1;
+    }
+    __attribute__((always_inline)) void refresh(int64_t row, int64_t blk, State &st) const {
+        if constexpr (kTable) {
+            const int64_t g = row * w.groups + 32 * blk / w.group_size;
+            const __m256 sc = _mm256_set1_ps(half_to_f32(w.scales[g]));
+            const __m256 cz = _mm256_sub_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7),
+                                            _mm256_set1_ps(float(w.zeros[g])));
+            const __m256i lo = _mm256_castps_si256(bf16_round8(_mm256_mul_ps(cz, sc)));
+            const __m256i hi = _mm256_castps_si256(
+                bf16_round8(_mm256_mul_ps(_mm256_add_ps(cz, _mm256_set1_ps(8.f)), sc)));
+            // BF16 words of codes 0-3, 8-11 | 4-7, 12-15 -> 0-7 | 8-15 -> bytes: low bytes
+            // of 0-7, high bytes of 0-7 | the same of 8-15 -> [low 0-15 | high 0-15]
+            __m256i words = _mm256_packus_epi32(_mm256_srli_epi32(lo, 16), _mm256_srli_epi32(hi, 16));
+            words = _mm256_permute4x64_epi64(words, 0xD8);
+            const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                                   0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+            const __m256i bytes = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(words, split), 0xD8);
+            st.tl = _mm256_permute2x128_si256(bytes, bytes, 0x00);
+            st.th = _mm256_permute2x128_si256(bytes, bytes, 0x11);
+        }
+    }
+    // lanes 8L..8L+7 of step 2 blk + P: bytes 8L..8L+7 of the block, high nibbles (P = 0)
+    // or low. half8<0, L> before half8<1, L> of the same block (the tile's order).
+    template <int P, int L, bool kTail>
+    __attribute__((always_inline)) __m256 half8(int64_t row, int64_t blk, State &st) const {
+        const uint8_t *p = w.q + row * w.row_bytes + 16 * blk + 8 * L;
+        const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p)));
+        __m256 v;
+        if constexpr (kTable) {
+            if constexpr (P == 0) {   // vpshufb indices [lo, -, hi, -] and [-, lo, -, hi]
+                const __m256i t = _mm256_or_si256(b, _mm256_slli_epi32(b, 12));
+                const __m256i il = _mm256_or_si256(_mm256_and_si256(t, _mm256_set1_epi32(0x000F000F)),
+                                                   _mm256_set1_epi32(int(0x80008000u)));
+                const __m256i ih = _mm256_or_si256(_mm256_slli_epi32(il, 8), _mm256_set1_epi32(0x80));
+                st.pairs = _mm256_or_si256(_mm256_shuffle_epi8(st.tl, il), _mm256_shuffle_epi8(st.th, ih));
+            }
+            v = widen_words<P>(st.pairs);
+        } else {   // a group per lane: (c - z) * s computed
+            const __m256i c = P == 0 ? _mm256_srli_epi32(b, 4) : b;
+            alignas(32) float sc[8], z[8];
+            for (int l = 0; l < 8; l++) {
+                const int64_t pos = std::min(32 * blk + 16 * L + 2 * l + (P == 0), w.k - 1);
+                const int64_t g = w.gidx ? int64_t(w.table(row)[pos]) : pos / w.group_size;
+                sc[l] = half_to_f32(w.scales[row * w.groups + g]);
+                z[l] = float(w.zeros[row * w.groups + g]);
+            }
+            const __m256 cf = _mm256_cvtepi32_ps(_mm256_and_si256(c, _mm256_set1_epi32(15)));
+            v = bf16_round8(_mm256_mul_ps(_mm256_sub_ps(cf, _mm256_load_ps(z)), _mm256_load_ps(sc)));
+        }
+        if constexpr (kTail) v = zero_past_k(v, 32 * blk + 16 * L + (P == 0), w.k);
+        return v;
+    }
+};
+
+template <class F>
+void visit8(const WQ4<FmaStep> &w, F &&f) {
+    if (w.gidx == nullptr && w.group_size % 32 == 0) f(Q4x8<true>{w});
+    else f(Q4x8<false>{w});
+}
+
+// gemm_avx2.h's view of FP8 W. e4m3 -> FP16 bits in place (sign, then the 7 bits below it
+// as FP16 exponent and mantissa: 2^-8 times the value, subnormals included), widened
+// exactly by vcvtph2ps, times 256 (exact), times s (the one FP32 rounding), to BF16.
+// kBlock (block_k % 32 == 0): one scale per chunk of blocks, else one per lane.
+template <bool kBlock>
+struct F8x8 {
+    WF8<FmaStep> w;
+    struct State {
+        __m256 s;
+    };
+    F8x8 rows(int64_t r0) const { return {w.rows(r0)}; }
+    int64_t full_blocks() const { return w.k / 32; }
+    void prefetch(int64_t row, int64_t s) const { w.prefetch(row, s); }
+    int64_t chunk_end(int64_t blk, int64_t b1) const {
+        return kBlock ? std::min(b1, (32 * blk / w.block_k + 1) * w.block_k / 32) : b1;
+    }
+    __attribute__((always_inline)) void refresh(int64_t row, int64_t blk, State &st) const {
+        if constexpr (kBlock)
+            st.s = _mm256_set1_ps(
+                w.scales[int64_t(w.scale_row[row]) * w.k_blocks + 32 * blk / w.block_k]);
+    }
+    // lanes 8L..8L+7 of step 2 blk + P: byte pairs 8L..8L+7 of the block, high bytes
+    // (P = 0) or low
+    template <int P, int L, bool kTail>
+    __attribute__((always_inline)) __m256 half8(int64_t row, int64_t blk, State &st) const {
+        const __m128i pr = _mm_loadu_si128(reinterpret_cast<const __m128i *>(
+            w.q + row * w.row_bytes + 32 * blk + 16 * L));
+        const __m128i c = P == 0 ? _mm_srli_epi16(pr, 8) : _mm_and_si128(pr, _mm_set1_epi16(0xFF));
+        const __m128i mag = _mm_and_si128(c, _mm_set1_epi16(0x7F));
+        __m128i h = _mm_or_si128(_mm_slli_epi16(mag, 7),
+                                 _mm_slli_epi16(_mm_and_si128(c, _mm_set1_epi16(0x80)), 8));
+        h = _mm_blendv_epi8(h, _mm_set1_epi16(0x7E00), _mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7F)));
+        __m256 sc;
+        if constexpr (kBlock) {
+            sc = st.s;
+        } else {
+            const float *srow = w.scales + int64_t(w.scale_row[row]) * w.k_blocks;
+            alignas(32) float s8[8];
+            for (int l = 0; l < 8; l++)
+                s8[l] = srow[std::min(32 * blk + 16 * L + 2 * l, w.k - 1) / w.block_k];
+            sc = _mm256_load_ps(s8);
+        }
+        __m256 v = bf16_round8(_mm256_mul_ps(_mm256_mul_ps(_mm256_cvtph_ps(h),
+                                                           _mm256_set1_ps(256.f)), sc));
+        if constexpr (kTail) v = zero_past_k(v, 32 * blk + 16 * L + (P == 0), w.k);
+        return v;
+    }
+};
+
+template <class F>
+void visit8(const WF8<FmaStep> &w, F &&f) {
+    if (w.block_k % 32 == 0) f(F8x8<true>{w});
+    else f(F8x8<false>{w});
+}
+#endif
 
 Out out_of(float *y32, uint16_t *ybf16, int64_t n) { return Out{y32, ybf16, n}; }
 
