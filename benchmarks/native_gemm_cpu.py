@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""The CPU backend's native GEMM (gpu_runtime/native) at the linears of real models, this
+tree's library against the library built from another git revision, interleaved.
+
+    python benchmarks/native_gemm_cpu.py [--baseline-rev REV] [--m 1 128]
+                                         [--formats bf16 q4 fp8] [--json FILE]
+
+Shapes (n, k) are the linears of SmolLM2-135M (hidden 576, intermediate 1536, 9 heads / 3
+KV heads of 64, vocab 49152) and Qwen2.5-0.5B (896, 4864, 14 / 2 heads of 64, vocab
+151936), q/k/v and gate/up fused as the model path runs them; the LM head only at m = 1
+(prefill computes the last row's logits). W is random: BF16 bits, 4-bit (group 128, FP16
+scales, uint8 zeros) or FP8 e4m3 with 128x128 block scales, as ops.gemm_q passes them.
+Every measurement is the median of `--reps` calls (at least ~0.2 s of calls each), rounds
+alternate the libraries so a busy machine slows both alike; the library threads are the
+process's usable CPUs. Reported: ms per call, GMAC/s and GB/s of W read. The 1-minute load
+average is recorded before and after: on a shared machine numbers are indicative only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from metrale.gpu_runtime import native  # noqa: E402
+from metrale.ops.bf16 import f32_to_bf16  # noqa: E402
+
+# model -> [(linear, n, k)]
+SHAPES = {
+    "smollm2-135m": [("qkv", 960, 576), ("o", 576, 576), ("gate_up", 3072, 576),
+                     ("down", 576, 1536), ("lm_head", 49152, 576)],
+    "qwen2.5-0.5b": [("qkv", 1152, 896), ("o", 896, 896), ("gate_up", 9728, 896),
+                     ("down", 896, 4864), ("lm_head", 151936, 896)],
+}
+GROUP, BLOCK = 128, 128
+
+
+def build_revision(rev: str, out_dir: Path) -> Path:
+    """The native library of git revision `rev`, built with this tree's flags."""
+    root = Path(__file__).resolve().parents[1]
+    src_dir = "metrale/gpu_runtime/native"
+    names = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:{src_dir}"], cwd=root,
+                           capture_output=True, text=True, check=True).stdout.split()
+    for name in names:
+        blob = subprocess.run(["git", "show", f"{rev}:{src_dir}/{name}"], cwd=root,
+                              capture_output=True, check=True).stdout
+        (out_dir / name).write_bytes(blob)
+    sources = [str(out_dir / n) for n in names if n.endswith(".cpp")]
+    lib = out_dir / "baseline.so"
+    subprocess.run([native.compiler(), *native.FLAGS, *native.TUNE, *sources, "-o", str(lib)],
+                   check=True, capture_output=True)
+    return lib
+
+
+def make_call(lib, fmt: str, x: np.ndarray, n: int, k: int, rng):
+    """(a zero-argument GEMM call, bytes of W it reads)."""
+    m = len(x)
+    out = np.empty((m, n), np.float32)
+    if fmt == "bf16":
+        w = f32_to_bf16(rng.standard_normal((n, k), dtype=np.float32))
+        return (lambda: lib.gemm(x, w, out)), w.nbytes
+    if fmt == "q4":   # [n, ceil(k / 32) * 4] uint32 words, FP16 scales, uint8 zeros
+        q = rng.integers(0, 2**32, (n, (k + 31) // 32 * 4), dtype=np.uint32)
+        groups = -(-k // GROUP)
+        scales = (rng.uniform(0.005, 0.02, (n, groups)).astype(np.float16)).view(np.uint16)
+        zeros = rng.integers(0, 16, (n, groups), dtype=np.uint8)
+        nbytes = q.nbytes + scales.nbytes + zeros.nbytes
+        return (lambda: lib.gemm_q4(x, q, scales, zeros, None, None, k, GROUP, out)), nbytes
+    # fp8: e4m3 codes without the NaN ones, float32 scales per 128 x 128 block
+    q = rng.integers(0, 256, (n, (k + 31) // 32 * 32), dtype=np.uint8)
+    q[(q & 0x7F) == 0x7F] = 0x3C
+    scales = rng.uniform(0.001, 0.01, (-(-n // BLOCK), -(-k // BLOCK))).astype(np.float32)
+    scale_row = (np.arange(n) // BLOCK).astype(np.int32)
+    nbytes = q.nbytes + scales.nbytes
+    return (lambda: lib.gemm_fp8(x, q, scales, scale_row, k, BLOCK, out)), nbytes
+
+
+def median_call_s(call, reps: int, min_s: float = 0.2) -> float:
+    call()   # warm: W and the library's pool
+    times = []
+    t_end = time.perf_counter() + min_s
+    while len(times) < reps or time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def loadavg() -> list[float]:
+    return [round(v, 2) for v in os.getloadavg()]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--baseline-rev", help="git revision whose native library to compare")
+    ap.add_argument("--models", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--m", nargs="+", type=int, default=[1, 128])
+    ap.add_argument("--formats", nargs="+", default=["bf16"], choices=["bf16", "q4", "fp8"])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+
+    libs = {"this": native.load()}
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.baseline_rev:
+            libs[args.baseline_rev] = native.NativeKernels(build_revision(args.baseline_rev,
+                                                                          Path(tmp)))
+        before = loadavg()
+        rng = np.random.default_rng(0)
+        cases = []   # (model, linear, fmt, m, n, k, {lib: call}, bytes)
+        for model in args.models:
+            for linear, n, k in SHAPES[model]:
+                for m in args.m:
+                    if linear == "lm_head" and m > 1:
+                        continue
+                    x = f32_to_bf16(rng.standard_normal((m, k), dtype=np.float32))
+                    for fmt in args.formats:
+                        calls, nbytes = {}, 0
+                        for name, lib in libs.items():
+                            calls[name], nbytes = make_call(lib, fmt, x, n, k,
+                                                            np.random.default_rng(1))
+                        cases.append((model, linear, fmt, m, n, k, calls, nbytes))
+        times = {(i, name): [] for i in range(len(cases)) for name in libs}
+        for _ in range(args.rounds):
+            for i, case in enumerate(cases):
+                for name, call in case[6].items():
+                    times[i, name].append(median_call_s(call, args.reps))
+        rows = []
+        for i, (model, linear, fmt, m, n, k, _, nbytes) in enumerate(cases):
+            row = {"model": model, "linear": linear, "format": fmt, "m": m, "n": n, "k": k,
+                   "w_bytes": nbytes}
+            for name in libs:
+                t = statistics.median(times[i, name])
+                row[name] = {"ms": round(t * 1e3, 4), "gmac_s": round(m * n * k / t / 1e9, 2),
+                             "w_gb_s": round(nbytes / t / 1e9, 2)}
+            if args.baseline_rev:
+                row["speedup"] = round(row[args.baseline_rev]["ms"] / row["this"]["ms"], 2)
+            rows.append(row)
+            line = f"{model:13s} {linear:8s} {fmt:5s} m={m:<4d} n={n:<6d} k={k:<5d}"
+            for name in libs:
+                line += f" | {name}: {row[name]['ms']:9.3f} ms {row[name]['gmac_s']:6.2f} GMAC/s"
+            if args.baseline_rev:
+                line += f" | x{row['speedup']}"
+            print(line, flush=True)
+    report = {"benchmark": "native_gemm_cpu", "gemm_kind": libs["this"].kind,
+              "threads": native.usable_cpus(), "baseline_rev": args.baseline_rev,
+              "rounds": args.rounds, "loadavg_before": before, "loadavg_after": loadavg(),
+              "rows": rows}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"load average before {before}, after {report['loadavg_after']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
