@@ -85,8 +85,14 @@ class Metrale:
         self.name = "metrale"
         self.model = metrale.load(path, "cpu", progress=False, max_batch=1)
 
+    def _cold(self) -> None:
+        """Forget cached prompts: prefill inserts every prompt into the prefix cache, and a
+        repeated prompt would be a cache hit (llama.cpp's reset() clears its cache too)."""
+        self.model.reclaim_prefix_blocks(self.model.num_total_blocks())
+
     def prefill(self, ids) -> float:
         m = self.model
+        self._cold()
         seq = m.alloc_sequence()
         t = time.perf_counter()
         m.prefill(ids, seq, 0)
@@ -97,6 +103,7 @@ class Metrale:
     def last_logits(self, ids) -> np.ndarray:
         from metrale.ops.bf16 import bf16_to_f32
         m = self.model
+        self._cold()
         seq = m.alloc_sequence()
         p = m.prefill(ids, seq, 0)
         bits = np.empty(m.vocab_size(), np.uint16)
@@ -106,6 +113,7 @@ class Metrale:
 
     def decode(self, ids, n: int) -> float:
         m = self.model
+        self._cold()
         seq = m.alloc_sequence()
         p = m.prefill(ids, seq, 0)
         t = time.perf_counter()
