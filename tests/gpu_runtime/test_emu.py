@@ -211,8 +211,9 @@ def test_build_is_cached_by_content(tmp_path, monkeypatch):
     monkeypatch.setenv("METRALE_CACHE_DIR", str(tmp_path))
     src = tmp_path / "k.cu"
     src.write_text('extern "C" __global__ void k(int *o) { o[threadIdx.x] = 1; }\n')
-    so1, names = build_library(src)
-    assert names == ["k"] and so1.parent == tmp_path / "emu"
+    so1, entries = build_library(src)
+    assert [e.name for e in entries] == ["k"] and so1.parent == tmp_path / "emu"
+    assert (entries[0].file, entries[0].line, entries[0].max_threads) == ("k.cu", 1, None)
     assert build_library(src)[0] == so1
     src.write_text('extern "C" __global__ void k(int *o) { o[threadIdx.x] = 2; }\n')
     assert build_library(src)[0] != so1
