@@ -222,11 +222,18 @@ def test_global_sectors_per_request(counting, stride, sectors):
         c = counters_of(counting, "strided_copy", (2,), (64,), (y, x, np.int32(stride)))
     assert c["blocks"] == 2 and c["gld_requests"] == 4 and c["gst_requests"] == 4
     assert c["gld_sectors"] == 4 * sectors and c["gst_sectors"] == 16
-    assert c["gld_bytes"] == c["gld_unique"] == 4 * 128
+    assert c["gld_bytes"] == c["gld_unique"] == 4 * 128 and c["gld_ideal"] == 16
     load = next(p for p in c["pcs"] if p["kind"] == "global load")
     assert load["where"].startswith("detectors.cu:") and load["units"] == 4 * sectors
     x_range = next(r for r in c["ranges"] if not r["writable"])
     assert (x_range["ld_bytes"], x_range["ld_sectors"]) == (512, 16 * stride)
+
+
+def test_a_broadcast_is_one_sector(counting):
+    with Buffers(counting[0]) as b:
+        y, x = b.empty((64,), np.float32), b.put(np.zeros(2, np.float32))
+        c = counters_of(counting, "broadcast_load", (2,), (32,), (y, x))
+    assert (c["gld_requests"], c["gld_sectors"], c["gld_ideal"], c["gld_bytes"]) == (2, 2, 2, 256)
 
 
 def test_vector_accesses_are_one_request(counting):

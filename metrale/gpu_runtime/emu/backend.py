@@ -217,7 +217,7 @@ class EmuBackend(HostBackend):
             try:
                 out = impl.run(packed, grid3, block3, shared_mem, self.order, seed,
                                self.block_order, block_seed, self.checks,
-                               self.sample_blocks, [tuple(r) for r in ranges.values()],
+                               self.blocks_to_run(grid3), [tuple(r) for r in ranges.values()],
                                count=self.count)
                 if record is not None:
                     record["counters"] = out
@@ -234,6 +234,10 @@ class EmuBackend(HostBackend):
             check = self._twin_check
             args = tuple(args)
             self._run(lambda: check.launch(self, kernel, args, grid3, block3, shared_mem, run))
+
+    def blocks_to_run(self, grid3) -> int:
+        """How many blocks of this grid run (evenly spaced); 0: all."""
+        return self.sample_blocks
 
     def _check_launch_rules(self, impl: EmuKernel, block3, shared_mem: int) -> None:
         """The device's launch rules that the CPU would not enforce (module docstring)."""

@@ -5,9 +5,11 @@
 // n-th execution of an instruction (pc) by each lane, n counted per lane since the last
 // block barrier (where every thread is at the same point). That is how the lanes of a
 // converged warp execute it together; lanes that diverged form partial requests.
-//   global (an allocation a pointer argument points into): a request's 32-byte sectors and
-//     its unique bytes (sector efficiency = unique bytes / (32 x sectors)); per allocation
-//     the unique bytes and sectors touched by the whole launch (bitmaps per 64 KiB page);
+//   global (an allocation a pointer argument points into): a request's 32-byte sectors, its
+//     unique bytes and the fewest sectors those could take, ceil(unique / 32) (sector
+//     efficiency = that / sectors: 100% for coalesced and for broadcast requests); per
+//     allocation the unique bytes and sectors touched by the whole launch (bitmaps per 64
+//     KiB page);
 //   shared: 32 banks of 4 bytes. A request is served in phases (accesses of <= 4 bytes: the
 //     whole warp; 8 bytes: half-warps; 16 bytes: quarter-warps); a phase takes as many
 //     wavefronts as the most distinct 4-byte words any one bank holds (the same word is a
@@ -32,12 +34,13 @@ struct Counters {  // per launch, summed over the blocks run (library.py mirrors
     unsigned long long sst_requests, sst_wavefronts, sst_ideal;
     unsigned long long ldsm_requests, ldsm_wavefronts, ldsm_ideal;
     unsigned long long cp_async, mma, barriers, syncwarps, warp_ops, atomics;
+    unsigned long long gld_ideal, gst_ideal;  // fewest sectors the requests' bytes need
 };
 
 enum ReqKind : unsigned int { GLD = 0, GST = 1, SLD = 2, SST = 3, LDSM = 4 };
 
-struct PcStat {  // per instruction: requests, sectors (global) or wavefronts (shared), ideal
-    unsigned int pc, kind;  // ideal: unique bytes (global) or ideal wavefronts (shared)
+struct PcStat {  // per instruction: requests, sectors (global) or wavefronts (shared), and
+    unsigned int pc, kind;  // the fewest sectors / wavefronts the same bytes need
     unsigned long long requests, units, ideal, bytes;
 };
 
@@ -111,14 +114,17 @@ EMU_NOINST inline void finish_global(const Group &g, unsigned int pc) {
         last_sector = s1;
         hi = iv[i].second;
     }
+    const unsigned long long ideal = (unique + 31) / 32;
     Counters &c = *cnt.out;
     if (g.kind == GLD) {
         ++c.gld_requests; c.gld_sectors += sectors; c.gld_bytes += bytes; c.gld_unique += unique;
+        c.gld_ideal += ideal;
     } else {
         ++c.gst_requests; c.gst_sectors += sectors; c.gst_bytes += bytes; c.gst_unique += unique;
+        c.gst_ideal += ideal;
     }
     if (PcStat *p = pc_stat(g.kind, pc)) {
-        ++p->requests; p->units += sectors; p->ideal += unique; p->bytes += bytes;
+        ++p->requests; p->units += sectors; p->ideal += ideal; p->bytes += bytes;
     }
 }
 

@@ -28,7 +28,7 @@ COUNTER_FIELDS = (
     "gst_requests", "gst_sectors", "gst_bytes", "gst_unique",
     "sld_requests", "sld_wavefronts", "sld_ideal", "sst_requests", "sst_wavefronts", "sst_ideal",
     "ldsm_requests", "ldsm_wavefronts", "ldsm_ideal",
-    "cp_async", "mma", "barriers", "syncwarps", "warp_ops", "atomics")
+    "cp_async", "mma", "barriers", "syncwarps", "warp_ops", "atomics", "gld_ideal", "gst_ideal")
 
 
 class Counters(ctypes.Structure):

@@ -113,6 +113,11 @@ extern "C" __global__ void strided_copy(float *y, const float *x, int stride) {
     y[t] = x[(long long)stride * t];
 }
 
+// Every lane reads the same float: one sector per request, as efficient as it gets.
+extern "C" __global__ void broadcast_load(float *y, const float *x) {
+    y[blockIdx.x * blockDim.x + threadIdx.x] = x[blockIdx.x];
+}
+
 // 16-byte loads and stores: 16 sectors per warp request, 100% efficient.
 extern "C" __global__ void vector_copy(uint4 *y, const uint4 *x) {
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
