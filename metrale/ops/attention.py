@@ -255,7 +255,9 @@ def _decode_variant(num_heads, num_kv_heads, head_dim, ptrs) -> tuple[str, int, 
 
 
 def decode_smem_bytes(gt: int, head_dim: int) -> int:
-    return (gt * DECODE_SPLIT_TOKENS + WARPS * gt * head_dim) * 4
+    """[gt, 256] logits, then [WARPS, gt, head_dim + head_dim / 32] partial sums (one pad
+    float per 32 against bank conflicts, kernels/attention.cu)."""
+    return (gt * DECODE_SPLIT_TOKENS + WARPS * gt * (head_dim + head_dim // 32)) * 4
 
 
 def decode_attention(backend, stream: int, out_ptr, qkv_ptr, k_cache_ptr, v_cache_ptr,
