@@ -39,8 +39,13 @@ EMU_NOINST __attribute__((noinline)) inline void on_access_checked(
         return;
     }
     const unsigned int pc = code_offset(ret);
-    if ((chk.flags & CHECK_ALIGN) && may_check_alignment && n > 1 && (a & (n - 1)))
+    if ((chk.flags & CHECK_ALIGN) && may_check_alignment && n > 1 && (a & (n - 1))) {
         report_misaligned(f, a, n, write, sidx, range, pc);
+        // never execute it: g++ may have emitted an aligned SSE move, which faults on x86
+        hook_busy = false;
+        yield(f, true);
+        __builtin_trap();
+    }
     if (chk.flags & CHECK_RACE) {
         if (sidx >= 0) race_shared(f->lin, sidx, n, write, pc);
         else race_global(f->lin, range, a, n, write, pc);
