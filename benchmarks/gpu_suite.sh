@@ -6,6 +6,10 @@
 #   compare_hf.json     benchmarks/compare_hf.py (metrale bench --compare-hf: metrale vs
 #                       transformers on the same weights, plus HF torch.compile)
 #   suite.json          every tool's rc and wall time
+#   estimate_vs_measured.json  the EmuBackend's committed ESTIMATE
+#                       (benchmarks/results/emu_profile.json) next to bench.json's decode
+#                       step and bench_kernels.json's GEMMs (benchmarks/estimate_vs_measured.py),
+#                       also printed
 # Each JSON carries the command, GPU name, driver, CuPy/CUDA versions and
 # "gpu_tests": {"passed", "failed"}. Works from a checkout with no pip install (the repo
 # goes on PYTHONPATH; the CLI runs as `python -m metrale.cli`). A failing or timed-out tool
@@ -134,3 +138,7 @@ summary["wall_s"] = time.time() - start
 print(json.dumps(summary["tools"]), file=sys.stderr)
 print(f"gpu tests: {tests['passed']} passed, {tests['failed']} failed", file=sys.stderr)
 PY
+
+# The emulator's estimate next to what this GPU measured (printed and kept as JSON).
+"$PY" benchmarks/estimate_vs_measured.py --bench "$OUT/bench.json" \
+    --kernels "$OUT/bench_kernels.json" --json "$OUT/estimate_vs_measured.json" >&2 || true

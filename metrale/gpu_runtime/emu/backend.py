@@ -211,7 +211,9 @@ class EmuBackend(HostBackend):
                 r = ranges.setdefault(int(base), [int(base), max(int(size), 1), False])
                 r[2] = r[2] or not p.c_type.startswith("const")
         record = {"kernel": kernel.name, "grid": grid3, "block": block3,
-                  "shared_mem": shared_mem} if self.count else None
+                  "shared_mem": shared_mem,
+                  "scalars": [a.item() for a in args if not isinstance(a, DevicePtr)]
+                  } if self.count else None
 
         def run() -> None:
             try:

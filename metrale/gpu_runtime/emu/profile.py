@@ -158,6 +158,14 @@ def profile_step(recs, meta, step: str, n_tokens: int, kv_lens, figures) -> dict
             row["occupancy_h100"] = est.occupancy(
                 est.H100, threads, fig["registers"], fig["shared_bytes"] + rs[0]["shared_mem"])
         row["hot_spots"] = _hot_spots(rs)[:6]
+        # per distinct scalar arguments (e.g. a GEMM's m, n, k): what one launch costs
+        variants: dict[tuple, list] = defaultdict(list)
+        for i in idx:
+            variants[tuple(recs[i].get("scalars", ()))].append(i)
+        row["variants"] = [{"scalars": list(sc), "launches": len(ii),
+                            **{dev.name: per_launch[dev.name][ii[0]]["us"]
+                               for dev in est.DEVICES}}
+                           for sc, ii in variants.items()]
         kernels.append(row)
     kernels.sort(key=lambda k: -k[est.H200.name]["estimated_us"])
     return {"launches": len(recs), "tokens": n_tokens, "devices": devices, "kernels": kernels}
@@ -165,15 +173,19 @@ def profile_step(recs, meta, step: str, n_tokens: int, kv_lens, figures) -> dict
 
 def profile_preset(preset: str, *, batch: int = 1, context: int = 1024,
                    prefill_len: int = 512, sample_blocks: int = 16, full_grid: int = 512,
-                   figures=None) -> dict:
-    """Counters and estimates of a decode and a prefill step of `preset` (see module doc)."""
+                   prefill_sample_blocks: int = 4, figures=None) -> dict:
+    """Counters and estimates of a decode and a prefill step of `preset` (see module doc).
+    A prefill block does a whole tile's tensor-core work (seconds on the emulator), so fewer
+    of its blocks are sampled."""
     t0 = time.perf_counter()
     trace, meta = record(preset, batch=batch, context=context, prefill_len=prefill_len)
     figures = nvrtc_figures() if figures is None else figures
     out = {"preset": preset, "batch": batch, "context": context, "prefill_len": prefill_len,
-           "sample_blocks": sample_blocks, "full_grid": full_grid, "steps": {}}
+           "sample_blocks": sample_blocks, "prefill_sample_blocks": prefill_sample_blocks,
+           "full_grid": full_grid, "steps": {}}
     for step in ("decode", "prefill"):
-        be = ProfileEmuBackend(sample_blocks, full_grid)
+        be = (ProfileEmuBackend(sample_blocks, full_grid) if step == "decode"
+              else ProfileEmuBackend(prefill_sample_blocks, 0))
         recs = [r for r in replay(trace, step, be) if "counters" in r]
         n_tokens = batch if step == "decode" else prefill_len
         out["steps"][step] = profile_step(recs, meta, step, n_tokens, [context + 1] * batch,
