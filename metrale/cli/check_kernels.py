@@ -42,6 +42,9 @@ def run_profile(args) -> int:
     presets = args.preset or ["llama-3.1-8b", "qwen2.5-7b"]
     figures = profile.nvrtc_figures()
     rep = profile.report([profile.profile_preset(p, figures=figures) for p in presets])
+    rep["command"] = "metrale check-kernels --profile" + "".join(f" --preset {p}"
+                                                                 for p in args.preset or [])
+    rep["nvrtc_figures"] = bool(figures)
     print(json.dumps(rep, indent=1) if args.json else profile.format_report(rep))
     if args.profile_json:
         Path(args.profile_json).write_text(json.dumps(rep, indent=1) + "\n")
