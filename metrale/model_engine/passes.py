@@ -219,7 +219,7 @@ class DecoderPasses:
             padded = self._graph_rows(n) if graphs else n
             for r in range(n, padded):  # padding rows read the sink block's first slot,
                 ws.h_tokens[r] = 0        # which the first of them writes: only one, as
-                ws.h_positions[r] = 0     # several blocks of write_kv writing one slot race
+                ws.h_positions[r] = 0     # several blocks writing one cache slot race
                 ws.h_slots[r] = ws.pad_block * bs if r == n else -1
                 self._fill_table_row(r, [ws.pad_block])
                 ws.h_kv_lens[r] = 1

@@ -27,7 +27,7 @@ def test_a_trace_records_launches_and_small_copies_only(recorded):
     dec = trace.segments[1]
     kernels = {f"{o.args[0]}.{o.args[1]}" for o in trace.ops[dec.start:dec.end]
                if o.kind == "launch"}
-    assert {"gemm_tc.gemm_tc_bf16_16x16", "rmsnorm.rmsnorm", "kv_cache.write_kv"} <= kernels
+    assert {"gemm_tc.gemm_tc_bf16_16x16", "rmsnorm.rmsnorm", "rope.rope_write_kv"} <= kernels
     assert any(k.startswith("attention.decode_attention") for k in kernels)
     copies = [o for o in trace.ops[dec.start:dec.end] if o.kind == "h2d"]
     assert copies and all(o.data is not None for o in copies)   # step metadata kept
