@@ -10,7 +10,9 @@ Launch checks against the device's rules, always: the block size against the ker
 `__launch_bounds__` (which the shim defines away, so the CPU would run it) and the device
 limit of 1024 threads, and dynamic shared memory against 48 KiB (the CudaBackend never sets
 cudaFuncAttributeMaxDynamicSharedMemorySize, so that is every kernel's limit on the GPU;
-the opt-in limit would be 227 KiB per block on H100/H200), each naming kernel and line.
+the opt-in limit would be 227 KiB per block on H100/H200; the GPU adds the kernel's static
+__shared__, which the emulator does not know per kernel: NVRTC's figure is in
+`metrale check-kernels`), each naming kernel and line.
 Guard bytes: every allocation has GUARD_BYTES of slack after it (and its alignment
 padding before) filled with GUARD_PATTERN; after every launch the slack of each allocation
 its pointers point into is compared, and at free the allocation's own; a changed byte
