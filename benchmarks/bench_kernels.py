@@ -5,7 +5,8 @@
 
 Shapes are Llama-3.1-8B's (hidden 4096, intermediate 14336, 32 heads / 8 kv heads x 128,
 vocab 128256; 2048-token prefill chunks; decode batches 1, 8, 64 at 4096 cached tokens),
-Whisper-small's conv stem and a CLIP ViT-L/14-336 patch embed. Every linear shape (qkv, o,
+Whisper-small's conv stem and a CLIP ViT-L/14-336 patch embed; the MoE kernels at
+Qwen3-30B-A3B's (128 experts, top-8, hidden 2048, expert width 768). Every linear shape (qkv, o,
 gate_up, down, lm_head) runs through the tensor-core GEMM the model uses (`gemm_tc`, its
 tile in the shape) and cuBLAS at m = 1, 8, 64, 2048, and the CUDA-core GEMV at 1, 8, 64; the
 dequantizing GEMM (`gemm_q`: 4-bit and FP8 weights) at the same shapes and rows.
@@ -42,10 +43,11 @@ from metrale.gpu_runtime import backend as pick_backend  # noqa: E402
 
 FULL = dict(hidden=4096, inter=14336, H=32, KV=8, D=128, vocab=128256, tokens=2048,
             rows=(1, 8, 64), kv_len=4096, block=16, mel=80, d_model=768, frames=3000,
-            image=336, patch=14, vit_hidden=1024, cast_n=1 << 26, enc_len=1500, enc_heads=12)
+            image=336, patch=14, vit_hidden=1024, cast_n=1 << 26, enc_len=1500, enc_heads=12,
+            moe=(128, 8, 2048, 768))   # experts, top-k, hidden, expert width: Qwen3-30B-A3B
 SMALL = dict(hidden=256, inter=512, H=4, KV=2, D=64, vocab=2048, tokens=64, rows=(1, 4),
              kv_len=256, block=16, mel=16, d_model=64, frames=64, image=56, patch=14,
-             vit_hidden=64, cast_n=1 << 14, enc_len=64, enc_heads=4)
+             vit_hidden=64, cast_n=1 << 14, enc_len=64, enc_heads=4, moe=(16, 4, 256, 128))
 
 
 class Bench:
@@ -171,6 +173,31 @@ def bench_elementwise(B, S):
     n = T * hid
     B.run("elementwise", "add_inplace", dict(n=n),
           lambda s: elementwise.add_inplace(B.be, s, a, b, n), nbytes=3 * n * 2)
+
+
+def bench_tensor_parallel(B, S):
+    """The combines of a TP=8 rank at the preset's shapes: the rank-order sum of 8 partials of a
+    decode batch and of a prefill chunk, the logits-shard concat, the vocabulary-shard
+    embedding."""
+    from metrale.ops import tensor_parallel as tp
+    R, hid, V = 8, S["hidden"], S["vocab"]
+    for rows in (S["rows"][-1], S["tokens"]):
+        n = rows * hid
+        parts, out = B.buf(R * n * 4), B.buf(n * 2)
+        B.run("tensor_parallel", "tp_sum_partials", dict(count=n, n_ranks=R),
+              lambda s, o=out, p=parts, n=n: tp.tp_sum_partials(B.be, s, o, p, n, R),
+              nbytes=R * n * 4 + n * 2)
+    rows, vs = S["rows"][-1], -(-V // R)
+    shards, logits = B.buf(R * rows * vs * 2), B.buf(rows * V * 2)
+    B.run("tensor_parallel", "tp_concat_shards", dict(n_rows=rows, vocab=V, n_ranks=R),
+          lambda s: tp.tp_concat_shards(B.be, s, logits, shards, rows, V * 2, vs * 2, R),
+          nbytes=2 * rows * V * 2)
+    T = S["tokens"]
+    table, out = B.buf(vs * hid * 2), B.buf(T * hid * 4)
+    ids = B.upload(np.random.default_rng(0).integers(0, V, T).astype(np.int32))
+    B.run("tensor_parallel", "tp_embedding_shard", dict(n_tokens=T, hidden=hid, shard_rows=vs),
+          lambda s: tp.tp_embedding_shard(B.be, s, out, table, ids, T, hid, 0, vs),
+          nbytes=T * hid * 4 + T * hid * 2 // R + T * 4)
 
 
 def linear_shapes(S) -> list[tuple[str, int, int]]:
@@ -449,6 +476,73 @@ def bench_vision(B, S):
           nbytes=3 * (n + 1) * hid * 2)
 
 
+def _moe_routing(B, tokens, E, k):
+    """Device row lists of a random routing (distinct experts per token) for the tile the
+    model would pick: (pairs, offsets, tiles pointers, tile, distinct experts hit)."""
+    from metrale.ops import moe_gemm
+    from metrale.ops.moe_router import route
+    rng = np.random.default_rng(tokens)
+    ids = np.argsort(rng.random((tokens, E)), axis=1)[:, :k]
+    tile = moe_gemm.pick_tile(tokens * k, E)
+    pairs, offsets, tiles = route(ids.reshape(-1), E, tile.bm)
+    return (B.upload(pairs), B.upload(offsets), B.upload(tiles), tile,
+            len(np.unique(ids)), ids.astype(np.int32))
+
+
+def bench_moe_router(B, S):
+    from metrale.ops import moe_router
+    E, k, _, _ = S["moe"]
+    for n in (*S["rows"], S["tokens"]):
+        logits, ids, w = B.buf(n * E * 4), B.buf(n * k * 4), B.buf(n * k * 4)
+        B.run("moe_router", "moe_topk_softmax", dict(n_tokens=n, num_experts=E, top_k=k),
+              lambda s, n=n, logits=logits, ids=ids, w=w: moe_router.moe_topk_softmax(
+                  B.be, s, ids, w, logits, n, E, k, True), nbytes=n * E * 4 + n * k * 8)
+        *_, routed = _moe_routing(B, n, E, k)
+        idp = B.upload(routed)
+        sp, op, tp = B.buf(n * k * 4), B.buf((E + 1) * 4), B.buf((E + 1) * 4)
+        B.run("moe_router", "moe_route", dict(n_pairs=n * k, num_experts=E, block_m=16),
+              lambda s, n=n, idp=idp, sp=sp, op=op, tp=tp: moe_router.moe_route(
+                  B.be, s, sp, op, tp, idp, n * k, E, 16), nbytes=n * k * 8)
+
+
+def bench_moe_gemm(B, S):
+    """gate_up (x gathered per token) and down (per pair, FP32 out) at decode batches and a
+    prefill chunk; bytes = the hit experts' weights + activations."""
+    from metrale.ops import moe_gemm
+    E, k, hid, inter = S["moe"]
+    for n in (*S["rows"], S["tokens"]):
+        sp, op, tp, tile, hit, _ = _moe_routing(B, n, E, k)
+        pairs = n * k
+        x, act = B.buf(n * hid * 2), B.buf(pairs * inter * 2)
+        gu, y = B.buf(pairs * 2 * inter * 2), B.buf(pairs * hid * 4)
+        for name, w_rows, w_k, xp, yp, div, fp32, out_b in (
+                ("gate_up", 2 * inter, hid, x, gu, k, False, 2),
+                ("down", hid, inter, act, y, 1, True, 4)):
+            w = B.buf(E * w_rows * w_k * 2)
+            B.run("moe_gemm", f"moe_gemm {name} {tile.name}",
+                  dict(tokens=n, top_k=k, experts=E, n=w_rows, k=w_k),
+                  lambda s, w=w, w_rows=w_rows, w_k=w_k, xp=xp, yp=yp, div=div, fp32=fp32:
+                  moe_gemm.moe_gemm(B.be, s, yp, xp, w, sp, op, tp, pairs, E, w_rows, w_k, div,
+                                    fp32, tile.name),
+                  nbytes=hit * w_rows * w_k * 2 + pairs * (w_k * 2 + w_rows * out_b),
+                  flops=2 * pairs * w_rows * w_k, bound="compute" if n >= 256 else "memory")
+
+
+def bench_moe_combine(B, S):
+    from metrale.ops import moe_combine
+    E, k, hid, _ = S["moe"]
+    for n in (*S["rows"], S["tokens"]):
+        y, w, sh, g, out = (B.buf(n * k * hid * 4), B.buf(n * k * 4), B.buf(n * hid * 4),
+                            B.buf(n * 4), B.buf(n * hid * 2))
+        B.run("moe_combine", "moe_combine", dict(n_tokens=n, top_k=k, hidden=hid),
+              lambda s, n=n, y=y, w=w, out=out: moe_combine.moe_combine(
+                  B.be, s, out, y, w, n, hid, k), nbytes=n * k * (hid + 1) * 4 + n * hid * 2)
+        B.run("moe_combine", "moe_combine+shared", dict(n_tokens=n, top_k=k, hidden=hid),
+              lambda s, n=n, y=y, w=w, out=out, sh=sh, g=g: moe_combine.moe_combine(
+                  B.be, s, out, y, w, n, hid, k, sh, g),
+              nbytes=n * k * (hid + 1) * 4 + n * (hid + 1) * 4 + n * hid * 2)
+
+
 # ops module -> its benchmark (the gemm module's kernels are "gemv"; cuBLAS is "gemm")
 FAMILIES = {
     "embedding": [bench_embedding], "rmsnorm": [bench_rmsnorm],
@@ -461,6 +555,9 @@ FAMILIES = {
     "dense_attention": [bench_dense_attention],
     "vision": [bench_vision],
     "attention_tc": [bench_attention_tc],
+    "moe_router": [bench_moe_router], "moe_gemm": [bench_moe_gemm],
+    "moe_combine": [bench_moe_combine],
+    "tensor_parallel": [bench_tensor_parallel],
 }
 # helpers of metrale/ops with no kernel of their own (attention_tile: the twin of a header
 # that attention.cu and dense_attention.cu share, benchmarked through them)

@@ -13,6 +13,11 @@
 // k16 steps in the same order, so the batch-invariance argument of gemm_tc.cu holds for
 // every policy, and a quantized GEMM gives exactly the bits of the BF16 GEMM run on the
 // dequantized weights.
+//
+// The CTA's rows come from a policy R (gemm_tc_tile_rows): DenseRows, rows blockIdx.x * BM
+// + [0, BM) of X and of Y (gemm_tc_tile: gemm_tc.cu, gemm_q.cu); moe_gemm.cu's ExpertRows
+// gathers X rows through a routed pair list and scatters Y rows by pair. Which row a value
+// sits in never enters its arithmetic, so that argument holds for every row policy too.
 #pragma once
 #include "mma.cuh"
 
@@ -87,17 +92,25 @@ struct BF16Rows {
     __device__ __forceinline__ void dequant(bf16 *, const Ring *, int, int) {}
 };
 
+// The CTA's `rows` (<= BM) tile rows r: X row x_row(r) in, Y row y_row(r) out.
+struct DenseRows {
+    int row0, rows;
+    __device__ __forceinline__ long long x_row(int r) const { return row0 + r; }
+    __device__ __forceinline__ long long y_row(int r) const { return row0 + r; }
+};
+
 // sa: [STAGES][BM * BK] shared, sw: [STAGES][W::STAGE_ELEMS] shared (the weight ring), sd:
 // [BN * BK] shared (the dequantized stage; unused without W::kDequant), all 128-byte
 // aligned and declared by the entry point (a static local of a function template is not
-// where the emulator's shared memory lives).
-template <class T, class W>
-__device__ __forceinline__ void gemm_tc_tile(bf16 *sa, typename W::Ring *sw, bf16 *sd,
-                                             bf16 *yb, float *yf, const bf16 *x, W &wsrc,
-                                             int m, int n, int k) {
+// where the emulator's shared memory lives). rmap: the CTA's rows (DenseRows or a policy
+// with the same members); columns blockIdx.y * BN + [0, BN) of n.
+template <class T, class W, class R>
+__device__ __forceinline__ void gemm_tc_tile_rows(bf16 *sa, typename W::Ring *sw, bf16 *sd,
+                                                  bf16 *yb, float *yf, const bf16 *x,
+                                                  W &wsrc, const R &rmap, int n, int k) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int row0 = blockIdx.x * T::BM, col0 = blockIdx.y * T::BN;
-    const int rows = min(T::BM, m - row0), cols = min(T::BN, n - col0);
+    const int col0 = blockIdx.y * T::BN;
+    const int rows = rmap.rows, cols = min(T::BN, n - col0);
     const bool vec = (k & 7) == 0 && aligned16(x) && wsrc.aligned();
     const int kt_count = (k + T::BK - 1) / T::BK;
 
@@ -109,7 +122,7 @@ __device__ __forceinline__ void gemm_tc_tile(bf16 *sa, typename W::Ring *sw, bf1
     for (int i = 0; i < T::A_PER_THREAD; ++i) {
         const int c = tid + i * T::THREADS, r = c / T::CH;
         a_ch[i] = r < rows ? c % T::CH : -1;
-        a_src[i] = x + (long long)(row0 + min(r, rows - 1)) * k;
+        a_src[i] = x + rmap.x_row(min(r, rows - 1)) * k;
         a_dst[i] = smem_off<T>(r, c % T::CH);
     }
     wsrc.setup(tid, col0, cols, k);
@@ -208,13 +221,14 @@ __device__ __forceinline__ void gemm_tc_tile(bf16 *sa, typename W::Ring *sw, bf1
     for (int mt = 0; mt < T::MT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int r = row0 + wr0 + mt * 16 + g + 8 * h;
-            if (r >= m) continue;
+            const int r = wr0 + mt * 16 + g + 8 * h;
+            if (r >= rows) continue;
+            const long long yrow = rmap.y_row(r) * n;
 #pragma unroll
             for (int nt = 0; nt < T::NT; ++nt) {
                 const int c = col0 + wc0 + nt * 8 + 2 * t;
                 const float v0 = acc[mt][nt][2 * h], v1 = acc[mt][nt][2 * h + 1];
-                const long long o = (long long)r * n + c;
+                const long long o = yrow + c;
                 if (c + 1 < n && pairs) {
                     if (yf) *reinterpret_cast<float2 *>(yf + o) = make_float2(v0, v1);
                     else *reinterpret_cast<unsigned int *>(yb + o) = pack_bf2(v0, v1);
@@ -230,4 +244,14 @@ __device__ __forceinline__ void gemm_tc_tile(bf16 *sa, typename W::Ring *sw, bf1
                 }
             }
         }
+}
+
+// Rows blockIdx.x * BM + [0, BM) of X [m, k] and Y [m, n] (gemm_tc.cu, gemm_q.cu).
+template <class T, class W>
+__device__ __forceinline__ void gemm_tc_tile(bf16 *sa, typename W::Ring *sw, bf16 *sd,
+                                             bf16 *yb, float *yf, const bf16 *x, W &wsrc,
+                                             int m, int n, int k) {
+    const int row0 = blockIdx.x * T::BM;
+    gemm_tc_tile_rows<T>(sa, sw, sd, yb, yf, x, wsrc, DenseRows{row0, min(T::BM, m - row0)},
+                         n, k);
 }

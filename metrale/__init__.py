@@ -7,15 +7,15 @@ access through the module `__getattr__` below, so the import stays fast and torc
 import importlib
 
 from .errors import (CacheFull, ConcurrentUse, DeviceError, FormatError, InvalidArgument,
-                     KernelError, MetraleError, NonFiniteLogits, Unsupported,
-                     UnsupportedMedia)
+                     KernelError, MetraleError, NonFiniteLogits, TensorParallelError,
+                     Unsupported, UnsupportedMedia)
 
 from .kv.config import CacheConfig
 
 __version__ = "0.1.0"
 __all__ = ["MetraleError", "FormatError", "Unsupported", "UnsupportedMedia", "CacheFull",
            "InvalidArgument", "DeviceError", "KernelError", "ConcurrentUse", "NonFiniteLogits",
-           "CacheConfig",
+           "TensorParallelError", "CacheConfig",
            "to_numpy", "load", "load_generative", "device_array"]
 
 # Subpackages and modules `metrale.X` reaches after a plain `import metrale`: every layer up

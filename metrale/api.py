@@ -10,15 +10,27 @@ from .gpu_runtime import backend_for
 
 
 def load(path_or_source, device="auto", *, kv_blocks=None, block_size=16, max_batch=64,
-         fp32_logits=False, **options):
+         fp32_logits=False, tensor_parallel_size=1, **options):
     """Load a checkpoint directory, `.safetensors` file or `ModelSource`.
 
     Returns a `TransformerModel` (llama, mistral, qwen2, qwen3), a `WhisperModel`
     (whisper) or a multimodal `LlavaModel` (llava). `device`: "auto" | "cpu" | "cuda[:N]"
     or a backend instance.
+
+    `tensor_parallel_size=N > 1`: this process is one of N ranks started by a launcher
+    (mpiexec, torchrun, srun), each calling `load` alike; returns this rank's
+    `TensorParallelModel` (decoder-only architectures). "cuda" / "auto" then mean the GPU of
+    the rank's local rank. Options of the group: `tp_timeout_s` (default 300: how long a rank
+    waits for the others before TensorParallelError) and `tp_rendezvous` ("host:port" where
+    NCCL's id is handed out when no MPI launcher started the ranks).
     """
     from .formats import open_source
     source = open_source(path_or_source)
+    if not (type(tensor_parallel_size) is int and tensor_parallel_size == 1):
+        from .model_engine.tp_model import load_rank   # checks the size itself
+        return load_rank(device, source, tensor_parallel_size=tensor_parallel_size,
+                         kv_blocks=kv_blocks, block_size=block_size, max_batch=max_batch,
+                         fp32_logits=fp32_logits, **options)
     meta = source.metadata()
     be = backend_for(device)
     if meta.architecture == "whisper":
@@ -43,6 +55,10 @@ def load_generative(path_or_source, device="auto", **load_options):
     """Load a checkpoint behind the tensor contract: a `GenerativeModel` adapter over
     `TransformerModel` for decoder-only checkpoints, `LlavaGenerativeModel` (with
     `embed_multimodal`) for llava, the `SpeechToTextModel` for whisper."""
+    if load_options.get("tensor_parallel_size", 1) != 1:
+        raise Unsupported("load_generative: tensor parallelism is served through the pointer "
+                          "API (metrale.load(..., tensor_parallel_size=N)); the tensor "
+                          "contract runs on one device")
     model = load(path_or_source, device, **load_options)
     from .generative import DecoderGenerativeModel, GenerativeModel, SpeechToTextModel
     if isinstance(model, (GenerativeModel, SpeechToTextModel)):

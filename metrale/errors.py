@@ -45,3 +45,9 @@ class NonFiniteLogits(MetraleError):
     """A forward pass gave NaN or infinite logits (weights that hold NaN/Inf, an overflow),
     or a result computed from them is not finite: generation stops instead of picking a
     token from them, perplexity instead of reporting NaN."""
+
+
+class TensorParallelError(MetraleError):
+    """A tensor-parallel group cannot go on: a peer died, hung or stopped calling the model
+    (no answer within the group's timeout), the ranks made different calls, or a launcher's
+    ranks do not match `tensor_parallel_size`. The message names the rank and the call."""

@@ -18,6 +18,8 @@ An HTML comment right before a fence marks a block that cannot run here:
                                      (tests/real_model.py) is laid in first, so pip finds it
                                      there; skipped only when the package index cannot be
                                      reached
+  <!-- readme-test: mpi -->          needs mpiexec and mpi4py (metrale[mpi], which CI
+                                     installs; METRALE_REQUIRE_MPI=1 fails instead of skips)
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 FIXTURES = ROOT / "tests" / "fixtures"
 
 FENCE = re.compile(r"^```(?P<lang>[\w+-]*)[^\n]*\n(?P<body>.*?)^```[ \t]*$", re.M | re.S)
-MARK = re.compile(r"<!--\s*readme-test:\s*(?P<kind>skip|gpu|install|real-model)\b"
+MARK = re.compile(r"<!--\s*readme-test:\s*(?P<kind>skip|gpu|install|real-model|mpi)\b"
                   r"(?P<why>[^>]*)-->\s*$")
 RUN = {"python": "python", "py": "python", "bash": "bash", "sh": "bash", "shell": "bash",
        "json": "json"}
@@ -122,6 +124,9 @@ def test_readme_block_runs(block, scratch):
         ok, why = cuda_available()
         if not ok:
             pytest.skip(f"needs a GPU ({why})")
+    if block["mark"] == "mpi":
+        from tests.tp.launch import require_mpi
+        require_mpi()
     if block["mark"] == "install" and os.environ.get("CI") != "true":
         pytest.skip("creates a venv and installs the checkout: run in CI (CI=true)")
     if kind == "json":

@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from ..errors import Unsupported
+from .hf_moe_state import hf_state_renames
 
 DTYPES = ("float32", "bfloat16")
 PREFILL_MODE = "one batched forward of the B prompts, logits_to_keep=1"
@@ -66,14 +67,19 @@ def build_hf_model(torch, transformers, source, device: str, dtype_name: str):
         model = _from_config(transformers, config, dtype)
     model.eval()
     state = model.state_dict()
-    names = source.tensor_names()
+    # MoE experts: one tensor per expert in the checkpoint, stacked in transformers 5
+    moe_state, moe_used = hf_state_renames(source)
+    reads = {n: (lambda n=n: source.read_bf16(n)) for n in source.tensor_names()
+             if n not in moe_used}
+    reads.update(moe_state)
+    names = list(reads)
     missing = [n for n in names if n not in state]
     if missing:
         raise Unsupported(f"{source.description}: transformers' {type(model).__name__} has no "
                           f"parameter for {missing[:5]} ({len(missing)} in all)")
     with torch.no_grad():
         for name in names:
-            bits = np.ascontiguousarray(source.read_bf16(name))
+            bits = np.ascontiguousarray(reads[name]())
             t = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
             dst = state[name]
             if tuple(dst.shape) != tuple(t.shape):

@@ -24,6 +24,8 @@ On a GPU, `hbm_gb_s` = bytes the decode steps had to read (`roofline.decode_step
 their time, and `roofline_fraction` = that / the device copy bandwidth measured in the same
 run. Both are None on the host backend.
 
+Tensor parallelism (`tensor_parallel` N > 1): bench/tensor_parallel.py.
+
 Time budget (`max_seconds`, default 40 s on the CPU, none on a GPU): the CPU twins are slow,
 so when a batch size's share of the budget runs out the remaining prompts of that batch are
 copies of the first prefilled sequence (`fork_sequence`, or a copy of its dense cache rows)
@@ -45,7 +47,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..errors import InvalidArgument
-from . import roofline
+from . import roofline, tensor_parallel
 from .env import environment, peak_rss_bytes
 
 CPU_DEFAULT_SECONDS = 40.0
@@ -67,6 +69,7 @@ class BenchConfig:
     max_seconds: float | None = None    # None: 40 s on the CPU, unlimited on a GPU
     seed: int = 0
     progress: bool | None = None        # None: a bar when stderr is a terminal
+    tensor_parallel: int = 1            # ranks (one process each, started by a launcher)
     extra: dict = field(default_factory=dict)
 
     def check(self) -> None:
@@ -87,6 +90,7 @@ class BenchConfig:
             raise InvalidArgument(f"warmup must be an int >= 0, got {self.warmup!r}")
         if self.max_seconds is not None and not self.max_seconds > 0:
             raise InvalidArgument(f"max_seconds must be > 0, got {self.max_seconds!r}")
+        tensor_parallel.check(self.tensor_parallel, self.max_seconds)
 
 
 class BenchInterrupted(KeyboardInterrupt):
@@ -164,18 +168,19 @@ def run_bench(cfg: BenchConfig, backend=None, peer=None, on_row=None) -> dict:
     rows so far). Ctrl-C raises `BenchInterrupted` carrying the report of the rows
     finished (`"interrupted": true`, no "hf" section)."""
     cfg.check()
-    from ..formats import num_parameters, open_source
-    from ..gpu_runtime import backend as pick_backend
-    from ..model_engine import TransformerModel
+    from ..formats import DECODER_ARCHS, num_parameters, open_source
+    from ..formats.moe_config import inactive_parameters
     t_start = time.perf_counter()
-    be = backend if backend is not None else pick_backend(cfg.device)
+    tp = cfg.tensor_parallel
+    tensor_parallel.check(tp, cfg.max_seconds, peer)
+    be = backend if backend is not None else tensor_parallel.rank_backend(cfg.device, tp)
     on_gpu = roofline.is_device(be)
     reps = cfg.reps if cfg.reps is not None else (3 if on_gpu else 1 if peer is None else 2)
     budget = cfg.max_seconds if cfg.max_seconds is not None else \
-        (None if on_gpu or peer is not None else CPU_DEFAULT_SECONDS)
+        (None if on_gpu or peer is not None or tp > 1 else CPU_DEFAULT_SECONDS)
     source = open_source(cfg.model)
     meta = source.metadata()
-    if meta.architecture not in ("llama", "mistral", "qwen2", "qwen3"):
+    if meta.architecture not in DECODER_ARCHS:
         raise InvalidArgument(f"{source.description}: bench runs decoder-only models, not "
                               f"{meta.architecture!r}")
     warm_len = min(cfg.prompt_len, 32)
@@ -197,12 +202,14 @@ def run_bench(cfg: BenchConfig, backend=None, peer=None, on_row=None) -> dict:
     env = environment(be)
     copy_gb_s = roofline.copy_bandwidth(be)
     t0 = time.perf_counter()
-    model = TransformerModel(be, source, kv_blocks=kv_blocks, block_size=block_size,
-                             max_batch=bmax, max_prefill_tokens=max_prefill,
-                             max_seq_len=per_seq * block_size, graphs=cfg.graphs,
-                             progress=bool(cfg.progress) if cfg.progress is not None
-                             else sys.stderr.isatty())
+    model = tensor_parallel.load_model(be, source, tp, kv_blocks=kv_blocks,
+                                       block_size=block_size, max_batch=bmax,
+                                       max_prefill_tokens=max_prefill,
+                                       max_seq_len=per_seq * block_size, graphs=cfg.graphs,
+                                       progress=bool(cfg.progress) if cfg.progress is not None
+                                       else sys.stderr.isatty())
     load_s = time.perf_counter() - t0
+    weights_per_rank = int(model._weights.nbytes)
     results = []
     label = _source_label(source)
     report = dict(env)
@@ -211,6 +218,7 @@ def run_bench(cfg: BenchConfig, backend=None, peer=None, on_row=None) -> dict:
         "results": results,
         "architecture": meta.architecture,
         "parameters": int(num_parameters(meta)),
+        "active_parameters": int(num_parameters(meta) - inactive_parameters(meta, 1)),
         "copy_bandwidth_gb_s": copy_gb_s,
         "settings": {"batches": list(cfg.batches), "prompt_len": cfg.prompt_len,
                      "gen_len": cfg.gen_len, "cache": cfg.cache,
@@ -218,6 +226,8 @@ def run_bench(cfg: BenchConfig, backend=None, peer=None, on_row=None) -> dict:
                      "graphs": bool(model._use_graphs), "reps": reps, "warmup": cfg.warmup,
                      "max_seconds": budget, "seed": cfg.seed},
         "load_s": load_s,
+        "tensor_parallel": tp,
+        "weight_bytes_per_rank": weights_per_rank,
         "measure_s": None,
         "wall_s": None,
         "peak_rss_bytes": None,
@@ -265,7 +275,6 @@ def run_bench(cfg: BenchConfig, backend=None, peer=None, on_row=None) -> dict:
             bar.close()
         model.teardown()
     return finish(interrupted=False)
-
 
 
 def _run_batch(model, cfg, label, batch, reps, warm_len, seq_cap, share, copy_gb_s, bar,
@@ -343,7 +352,7 @@ def _run_batch(model, cfg, label, batch, reps, warm_len, seq_cap, share, copy_gb
                 ptr = model.decode_batch(toks, rows.seqs, stream)
                 toks = model.argmax_batch(ptr, batch, stream)
                 step_times.append(time.perf_counter() - t0)
-                step_bytes += roofline.decode_step_bytes(meta, [s.seq_len for s in rows.seqs])
+                step_bytes += roofline.model_step_bytes(model, [s.seq_len for s in rows.seqs])
                 if bar is not None:
                     bar.update(1)
                 if per_rep is not None and step + 1 >= _MIN_DECODE_STEPS and \
@@ -362,6 +371,7 @@ def _run_batch(model, cfg, label, batch, reps, warm_len, seq_cap, share, copy_gb
         if peer is not None:
             peer.after_rep(batch, prompts, len(step_times))
     hbm_gb_s = roofline.median(hbm) if on_gpu else None
+    comm = tensor_parallel.comm_columns(model, stream, batch)
     return {
         "preset": label,
         "batch": batch,
@@ -379,7 +389,9 @@ def _run_batch(model, cfg, label, batch, reps, warm_len, seq_cap, share, copy_gb
         "reps": reps,
         "prefill_seqs_timed": int(min(timed_seqs)),
         "decode_steps": int(min(steps_done)),
+        **comm,
     }
+
 
 
 def config_dict(cfg: BenchConfig) -> dict:

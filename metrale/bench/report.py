@@ -92,6 +92,14 @@ def table_foot(report: dict) -> list[str]:
     """The lines after the rows: time-budget notes, the HF comparison, the settings."""
     lines = []
     notes = []
+    tp = report.get("tensor_parallel", 1)
+    if tp and tp > 1:
+        notes.append(f"tensor parallel {tp}: {_mib(report.get('weight_bytes_per_rank'))} MiB "
+                     "of weights per rank; per decode step, all-reduce time alone (and bytes "
+                     "each rank receives): " + ", ".join(
+                         f"batch {r['batch']}: {_fmt(r.get('allreduce_ms_per_step'), ',.3f')} ms"
+                         f" ({_fmt((r.get('allreduce_bytes_per_step') or 0) / 1024, ',.1f')} KiB)"
+                         for r in report.get("results", [])))
     for r in report.get("results", []):
         if r.get("decode_steps", r["gen_len"]) < r["gen_len"] or \
                 r.get("prefill_seqs_timed", r["batch"]) < r["batch"]:

@@ -8,7 +8,10 @@
 - `decode_step_bytes(meta, kv_lens)`: the bytes one decode step must read from device memory:
   every weight matrix the step multiplies by, plus the K and V of every cached position of
   every sequence. The embedding table is counted only for the rows gathered unless it is
-  tied to the LM head (then the LM head reads all of it); every other weight is read whole.
+  tied to the LM head (then the LM head reads all of it); every other weight is read whole,
+  except a mixture-of-experts layer's routed experts: only those the step's tokens chose
+  (the active bytes: top_k experts per layer at batch 1; for n rows the number expected
+  under uniform routing, formats/moe_config.inactive_parameters).
 
 `roofline_fraction = decode_step_bytes / step time / copy bandwidth`: 1.0 means the step ran
 at the speed of a plain copy of the bytes it had to read.
@@ -32,8 +35,9 @@ def kv_bytes_per_token(meta) -> int:
 
 def weight_read_bytes(meta, n_rows: int) -> int:
     """Weight bytes one decode step over `n_rows` rows reads (see the module docstring)."""
+    from ..formats.moe_config import inactive_parameters
     from ..model_engine.memory_plan import weight_bytes
-    total = weight_bytes(meta)
+    total = weight_bytes(meta) - 2 * inactive_parameters(meta, n_rows)
     if not meta.tie_word_embeddings:
         table = meta.vocab_size * meta.hidden_size * 2
         total -= table - min(n_rows, meta.vocab_size) * meta.hidden_size * 2
@@ -45,6 +49,15 @@ def decode_step_bytes(meta, kv_lens: Iterable[int]) -> int:
     lengths after the step, i.e. including the position being written)."""
     lens = [int(x) for x in kv_lens]
     return weight_read_bytes(meta, len(lens)) + sum(lens) * kv_bytes_per_token(meta)
+
+
+def model_step_bytes(model, kv_lens: Iterable[int]) -> int:
+    """`decode_step_bytes` of a loaded model on its device: a tensor-parallel rank reads its
+    own weight slices and KV heads only."""
+    if model._tp is None:
+        return decode_step_bytes(model.metadata(), kv_lens)
+    return int(model._weights.nbytes) + \
+        sum(int(x) for x in kv_lens) * kv_bytes_per_token(model._layer_meta)
 
 
 def _time_events(backend, fn, reps: int) -> list[float]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 
@@ -54,6 +55,11 @@ def register(sub) -> None:
                    help="soft time budget for the whole run (default 40 on CPU, none on "
                         "a GPU)")
     b.add_argument("--seed", type=nonneg_int, default=0, help="prompt RNG seed (default 0)")
+    b.add_argument("--tensor-parallel", type=positive_int, default=1, metavar="N",
+                   help="split the model over N ranks, one process each, every one running "
+                        "this command under a launcher (mpiexec -n N / torchrun "
+                        "--nproc-per-node N); rank 0 reports, with each step's all-reduce "
+                        "time and bytes (default 1)")
     b.add_argument("--json", type=json_out, metavar="FILE",
                    help="write the report as JSON to FILE (- for stdout; the table then goes "
                         "to stderr); an interrupted run writes the rows finished")
@@ -143,8 +149,8 @@ def run(args) -> int:
     from .checkpoint import open_checkpoint
     meta = open_checkpoint(model).metadata()
     # other architectures get the harness's own refusal
-    positions = meta.max_position_embeddings if meta.architecture in \
-        ("llama", "mistral", "qwen2", "qwen3") else None
+    from ..formats import DECODER_ARCHS
+    positions = meta.max_position_embeddings if meta.architecture in DECODER_ARCHS else None
     prompt_len, gen_len, note = fit_lengths(args.prompt_len, args.gen_len, positions, model)
     if note:
         print(note, file=sys.stderr)
@@ -153,8 +159,13 @@ def run(args) -> int:
                       prefill=args.prefill,
                       graphs=None if args.graphs is None else args.graphs == "on",
                       reps=args.reps, warmup=args.warmup, max_seconds=args.max_seconds,
-                      seed=args.seed,
+                      seed=args.seed, tensor_parallel=args.tensor_parallel,
                       extra={"command": "metrale " + shlex.join(args.argv)})
+    # with --tensor-parallel every rank runs this; rank 0 reports for the group
+    lead = args.tensor_parallel == 1 or _rank() == 0
+    if not lead:
+        with open(os.devnull, "w") as devnull:
+            return 130 if run_rows(cfg, peer, devnull, quiet=True)[1] else 0
     report, interrupted = run_rows(cfg, peer, sys.stderr if args.json == "-" else sys.stdout)
     if args.json == "-":
         json.dump(report, sys.stdout, indent=1)
@@ -169,14 +180,20 @@ def run(args) -> int:
     return 130 if interrupted else 0
 
 
-def run_rows(cfg, peer, out) -> tuple[dict, bool]:
+def _rank() -> int:
+    from ..gpu_runtime.ranks import launcher_ranks
+    return launcher_ranks().rank
+
+
+def run_rows(cfg, peer, out, quiet: bool = False) -> tuple[dict, bool]:
     """Run the bench printing the table to `out` a row at a time, as each batch size
     finishes, with a progress line on stderr when neither a progress bar nor the table is
-    shown there; on Ctrl-C, the rows finished. Returns (report, interrupted)."""
+    shown there (nor `quiet`: a tensor-parallel rank other than 0); on Ctrl-C, the rows
+    finished. Returns (report, interrupted)."""
     from ..bench import BenchInterrupted, run_bench
     from ..bench.report import table_foot, table_head, table_row
     from .notes import Progress, note
-    progress = None if sys.stderr.isatty() or out is sys.stderr else \
+    progress = None if quiet or sys.stderr.isatty() or out is sys.stderr else \
         Progress("bench", len(cfg.batches))
 
     def on_row(report, row):

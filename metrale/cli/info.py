@@ -62,9 +62,10 @@ def human_bytes(n: float) -> str:
 def run(args) -> int:
     import math
 
-    from ..bench.roofline import decode_step_bytes
-    from ..formats import expected_tensors
+    from ..bench.roofline import decode_step_bytes, weight_read_bytes
+    from ..formats import DECODER_ARCHS, expected_tensors
     from ..formats.layout import head_name
+    from ..formats.moe_config import inactive_parameters
     from ..model_engine.memory_plan import weight_bytes
     from .info_math import math_fields
     source = open_checkpoint(args.model)
@@ -81,7 +82,7 @@ def run(args) -> int:
     kv_tok = meta.num_layers * 2 * meta.num_kv_heads * meta.head_dim * 2
     kv = kv_tok * context * args.batch
     kv_and_ws = kv
-    if meta.architecture in ("llama", "mistral", "qwen2", "qwen3"):
+    if meta.architecture in DECODER_ARCHS:
         # The decoder's own estimate: KV pool (+1 padding block) and every workspace.
         from ..model_engine.workspace import Workspace
         bs = 16
@@ -104,11 +105,17 @@ def run(args) -> int:
         "math": fields,
         "weight_bytes": w, "kv_bytes_per_token": kv_tok,
         # what one batch-1 decode step reads: every weight (the embedding's one row unless
-        # tied to the head) and the KV cache of `context` positions (bench/roofline.py)
+        # tied to the head; a MoE layer's chosen experts only) and the KV cache of `context`
+        # positions (bench/roofline.py)
         "decode_step_bytes": decode_step_bytes(meta, [context]) if meta.architecture in
-        ("llama", "mistral", "qwen2", "qwen3") else None,
+        DECODER_ARCHS else None,
         "quantization": None if getattr(meta, "quantization", None) is None else
         meta.quantization.method,
+        # a token reads all weights but the routed experts it did not choose (MoE); a decode
+        # step of `batch` rows reads the weights its rows need (bench/roofline.py)
+        "active_parameters": n_params - inactive_parameters(meta, 1),
+        "decode_step_weight_bytes": weight_read_bytes(meta, args.batch) if meta.architecture
+        in DECODER_ARCHS else None,
         "context": context, "batch": args.batch,
         "memory_needed_bytes": w + kv_and_ws,
         "tokenizer": str(source.tokenizer_path()) if source.tokenizer_path() else
@@ -121,6 +128,10 @@ def run(args) -> int:
     print(f"model          {info['model']}")
     print(f"architecture   {meta.architecture}")
     print(f"parameters     {n_params:,} ({human_count(n_params)})")
+    if meta.moe is not None:
+        act = info["active_parameters"]
+        print(f"active         {act:,} ({human_count(act)}) per token: "
+              f"{meta.moe.top_k} of {meta.moe.num_experts} experts in each sparse layer")
     print(f"shape          {meta.num_layers} layers, hidden {meta.hidden_size}, "
           f"intermediate {meta.intermediate_size}, {meta.num_heads} heads / "
           f"{meta.num_kv_heads} kv heads x {meta.head_dim}, vocab {meta.vocab_size}")
@@ -134,6 +145,10 @@ def run(args) -> int:
     if info["decode_step_bytes"] is not None:
         print(f"decode step    {human_bytes(info['decode_step_bytes'])} read per batch-1 step "
               f"at {context:,} tokens (weights + KV cache)")
+    if meta.moe is not None:
+        print(f"step weights   {human_bytes(info['decode_step_weight_bytes'])} read per decode "
+              f"step at batch {args.batch} (the experts the rows choose, expected under "
+              "uniform routing past batch 1)")
     print(f"KV cache       {human_bytes(kv_tok)} per token")
     print(f"memory needed  {human_bytes(info['memory_needed_bytes'])} for batch {args.batch} "
           f"x {context:,} tokens (weights + KV cache + workspaces)")

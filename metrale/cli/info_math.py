@@ -39,6 +39,23 @@ def rope_text(meta) -> str:
             f"{'' if rs.truncate else ', untruncated'}, {theta}")
 
 
+def experts_text(meta) -> str:
+    """The mixture-of-experts block as metrale computes it."""
+    moe = meta.moe
+    sparse = [i for i, s in enumerate(moe.sparse_layers) if s]
+    dense = [i for i, s in enumerate(moe.sparse_layers) if not s]
+    text = (f"{moe.num_experts} experts of width {moe.expert_intermediate_size}, top-"
+            f"{moe.top_k} of a float32 softmax"
+            f"{', renormalised' if moe.norm_topk_prob else ''}")
+    if moe.shared_expert_intermediate_size:
+        text += (f", plus a shared expert of width {moe.shared_expert_intermediate_size} "
+                 "times sigmoid(shared_expert_gate)")
+    text += f"; sparse on {len(sparse)} of {len(moe.sparse_layers)} layers"
+    if dense:
+        text += f" (dense MLP {meta.intermediate_size} on layers {dense})"
+    return text
+
+
 def biases_text(meta) -> str:
     if meta.architecture == "whisper":
         return "q/v/out projections, MLP, layer norms (Whisper)"
@@ -76,6 +93,8 @@ def math_fields(meta, source, head_stored: bool) -> dict[str, str]:
                             f"{w.max_target_positions}")
         out["activation"] = (f"{w.activation_function} (MLP); embedding scale none "
                              "(transformers never applies scale_embedding)")
+    if meta.moe is not None:
+        out["experts"] = experts_text(meta)
     out["biases"] = biases_text(meta)
     out["embeddings"] = ("lm_head separate (untied)" if not meta.tie_word_embeddings else
                          "tied, but the checkpoint stores its own head, which is used (as "

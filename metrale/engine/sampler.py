@@ -88,14 +88,14 @@ class DeviceSampler:
         argmax_ops.count_nonfinite(b, stream, logits_ptr, out, n, m.vocab_size(),
                                    fp32=m.logits_ptr_is_fp32(logits_ptr))
         counts = np.empty(n, np.uint32)
-        b.synchronize(stream)
+        m.synchronize(stream)   # the model's wait: a tensor-parallel rank's is bounded
         b.copy_d2h(out, counts)
         check_finite(counts.tolist(), m.vocab_size(), where)
 
     def _read(self, out: DevicePtr, n: int, stream: int) -> tuple[list[int], list[int]]:
         """(ids, counts) from the `[ids n | counts n]` buffer, after `stream`'s work."""
         host = np.empty(2 * n, np.uint32)
-        self.backend.synchronize(stream)
+        self.model.synchronize(stream)   # the model's wait: a tensor-parallel rank's is bounded
         self.backend.copy_d2h(out, host)
         return [int(x) for x in host[:n]], [int(x) for x in host[n:]]
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..errors import FormatError, Unsupported
+from . import moe_config as moe
 from .config_fields import KERNEL_MAX_HEAD_DIM, _Cfg
 from .field_table import HF_ACTIVATIONS
 
 # HF class defaults of keys a config.json may leave out
 KV_HEADS_DEFAULT = {"llama": None, "mistral": 8, "qwen2": 32, "qwen3": 32}  # None: = heads
-MAX_POSITIONS_DEFAULT = {"llama": 2048, "mistral": 131072, "qwen2": 32768, "qwen3": 32768}
+MAX_POSITIONS_DEFAULT = {"llama": 2048, "mistral": 131072, "qwen2": 32768, "qwen3": 32768,
+                         **moe.MAX_POSITIONS_DEFAULT}
 QWEN3_HEAD_DIM_DEFAULT = 128
 WINDOW_DEFAULT = 4096
 MAX_WINDOW_LAYERS_DEFAULT = 28
@@ -31,6 +33,8 @@ def _present(config: dict, key: str) -> bool:
 
 def kv_heads(c: _Cfg, arch: str, heads: int) -> int:
     """num_key_value_heads: absent -> the family's class default; null -> heads."""
+    if arch in moe.MOE_ARCHS:
+        return moe.kv_heads(c, arch)
     if _present(c.d, "num_key_value_heads") and c.d.get("num_key_value_heads") is None:
         return heads
     default = KV_HEADS_DEFAULT[arch]
@@ -42,7 +46,8 @@ def head_dim(c: _Cfg, arch: str, hidden: int, heads: int) -> int:
     if arch == "qwen3" and _present(c.d, "head_dim") and c.d.get("head_dim") is None:
         raise FormatError(f"{c.source}: head_dim is null (transformers' qwen3 cannot run "
                           "it either)")
-    d = c.int("head_dim")
+    # the MoE families' defaults: moe_config.py; the checks below apply to them too
+    d = moe.head_dim(c, arch, hidden, heads) if arch in moe.MOE_ARCHS else c.int("head_dim")
     if d is None and arch == "qwen3":
         d = QWEN3_HEAD_DIM_DEFAULT
     elif d is None:
@@ -64,6 +69,8 @@ def head_dim(c: _Cfg, arch: str, hidden: int, heads: int) -> int:
 def biases(c: _Cfg, arch: str) -> Biases:
     """Which projections carry biases: llama / qwen3 `attention_bias` covers q/k/v and o;
     qwen2 always biases q/k/v and never o; mistral never; `mlp_bias` is llama's only."""
+    if arch in moe.MOE_ARCHS:
+        return Biases(*moe.biases(c, arch))
     if arch == "qwen2":
         return Biases(True, False, False)
     if arch == "mistral":
@@ -87,8 +94,11 @@ def layer_windows(c: _Cfg, arch: str, n_layers: int) -> tuple[int | None, tuple[
     mistral: `sliding_window` (absent: 4096, null: none) on every layer. qwen2/qwen3: the
     window is on only with `use_sliding_window`; then the layers typed
     "sliding_attention" in `layer_types` use it, or, without layer_types, the layers with
-    index >= `max_window_layers`. llama: no window.
+    index >= `max_window_layers`. llama: no window. The MoE families: moe_config.py.
     """
+    qwen2_moe_types = arch == "qwen2_moe" and c.d.get("layer_types") is not None
+    if arch in moe.MOE_ARCHS and not qwen2_moe_types:   # those read as qwen2's below
+        return moe.layer_windows(c, arch, n_layers)
     if arch == "llama":
         return None, (0,) * n_layers
     if arch == "mistral":

@@ -11,15 +11,16 @@ fixture and preset with a config that records each key the parsers touch and fai
 one is not listed here. An HONOURED field may still refuse some values (e.g. an activation
 the kernels lack); `why` says which.
 
-Scopes: the four decoder `model_type`s, "rope" (keys inside `rope_parameters` /
-`rope_scaling`), "whisper", "llava", "clip_vision_model" (llava's `vision_config`) and
-"generation_config" (generation_config.json) and "gguf" (GGUF metadata keys, see GGUF), and
-"quantization_config.<method>" (quant_fields.py).
+Scopes: the seven decoder `model_type`s (the MoE ones: moe_config.py), "rope" (keys inside
+`rope_parameters` / `rope_scaling`), "whisper", "llava", "clip_vision_model" (llava's
+`vision_config`), "generation_config" (generation_config.json), "gguf" (GGUF metadata keys,
+see GGUF) and "quantization_config.<method>" (quant_fields.py).
 """
 from __future__ import annotations
 
 from .field_status import HONOURED, IRRELEVANT, REFUSED, Field  # noqa: F401 (re-exported)
 from .field_status import honoured as _h, irrelevant as _i, refused as _r
+from .moe_fields import MOE_SCOPES
 from .quant_fields import QUANT_SCOPES
 
 
@@ -314,6 +315,8 @@ GGUF = {
 
 FIELD_TABLE: dict[str, dict[str, Field]] = {
     "llama": LLAMA, "mistral": MISTRAL, "qwen2": QWEN2, "qwen3": QWEN3, "rope": ROPE,
+    # mixture-of-experts families: the decoder fields, then their own (moe_fields.py)
+    **{arch: {**_DECODER, **fields} for arch, fields in MOE_SCOPES.items()},
     "whisper": WHISPER, "llava": LLAVA, "clip_vision_model": CLIP_VISION,
     "generation_config": GENERATION_CONFIG, "gguf": GGUF,
     **QUANT_SCOPES,   # quantization_config.<method> (quant_fields.py)

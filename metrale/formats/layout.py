@@ -9,12 +9,14 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from .moe_config import moe_layer_tensors
+
 if TYPE_CHECKING:
     from .metadata import ModelMetadata
 
 
 def decoder_tensors(m: "ModelMetadata", prefix: str = "") -> dict[str, tuple[int, ...]]:
-    """Llama/Mistral/Qwen2/Qwen3 tensors -> shape ([out, in] for linear weights)."""
+    """Decoder tensors (DECODER_ARCHS) -> shape ([out, in] for linear weights)."""
     h, hd, i = m.hidden_size, m.head_dim, m.intermediate_size
     q, kv = m.num_heads * hd, m.num_kv_heads * hd
     t: dict[str, tuple[int, ...]] = {f"{prefix}model.embed_tokens.weight": (m.vocab_size, h)}
@@ -35,6 +37,9 @@ def decoder_tensors(m: "ModelMetadata", prefix: str = "") -> dict[str, tuple[int
             t[p + "self_attn.q_norm.weight"] = (hd,)
             t[p + "self_attn.k_norm.weight"] = (hd,)
         t[p + "post_attention_layernorm.weight"] = (h,)
+        if m.moe is not None and m.moe.sparse_layers[n]:   # a MoE block instead of the MLP
+            t.update(moe_layer_tensors(m, p))
+            continue
         t[p + "mlp.gate_proj.weight"] = (i, h)
         t[p + "mlp.up_proj.weight"] = (i, h)
         t[p + "mlp.down_proj.weight"] = (h, i)

@@ -1,9 +1,10 @@
 """`ModelMetadata`: the facts metrale needs from a Hugging Face `config.json`.
 
-Architectures: llama, mistral, qwen2, qwen3 (decoder-only), whisper (encoder-decoder) and
-llava (a CLIP tower + projector in front of a decoder-only text model). Rope settings come
-either from the older `rope_scaling` + top-level `rope_theta` keys or from the newer
-`rope_parameters` key (transformers >= 5), which holds `rope_theta` inside.
+Architectures: llama, mistral, qwen2, qwen3 and the mixture-of-experts qwen2_moe, qwen3_moe,
+mixtral (decoder-only; moe_config.py), whisper (encoder-decoder) and llava (a CLIP tower +
+projector in front of a dense decoder-only text model). Rope settings come either from the
+older `rope_scaling` + top-level `rope_theta` keys or from the newer `rope_parameters` key
+(transformers >= 5), which holds `rope_theta` inside.
 """
 from __future__ import annotations
 
@@ -15,13 +16,16 @@ from typing import Any, Mapping
 from ..errors import FormatError, Unsupported
 from . import decoder_fields as df
 from .config_fields import _Cfg, _pick, _token_ids
+from .moe_config import MOE_ARCHS, MoeConfig, moe_config, rope_theta
+from .moe_config import refuse_quantized as refuse_moe_quantized
 from .multimodal import VisionConfig, WhisperConfig, vision_config, whisper_config
 from .quant import parse_quantization
 from .rope_config import RopeScaling, context_length, parse_rope
 
 __all__ = ["ModelMetadata", "RopeScaling", "parse_rope", "ARCHITECTURES", "DECODER_ARCHS"]
 
-DECODER_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+DENSE_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+DECODER_ARCHS = DENSE_ARCHS + MOE_ARCHS   # mixture-of-experts: moe_config.py
 ARCHITECTURES = DECODER_ARCHS + ("whisper", "llava")
 _DTYPES = ("bfloat16", "float16", "float32")
 
@@ -58,6 +62,7 @@ class ModelMetadata:
     whisper: WhisperConfig | None = None  # multimodal.py
     vision: VisionConfig | None = None    # multimodal.py
     quantization: Any = None              # quant.py: the quantization_config (None: floats)
+    moe: MoeConfig | None = None          # qwen2_moe / qwen3_moe / mixtral (moe_config.py)
     config: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False,
                                       repr=False)
     generation_config: Mapping[str, Any] | None = field(default=None, compare=False,
@@ -94,8 +99,10 @@ def _frozen(d: dict) -> Mapping:
 
 
 def _decoder(config: dict, gen: dict | None, source: str, arch: str) -> ModelMetadata:
-    """A llama/mistral/qwen2/qwen3 config, field by field as field_table.py says."""
+    """A decoder config (DECODER_ARCHS), field by field as field_table.py says."""
     c = _Cfg(config, source)
+    if arch in MOE_ARCHS:   # before the dense families' parser: quantized experts by name
+        refuse_moe_quantized(config, arch, source)
     quantization = parse_quantization(config, source)
     hidden = c.int("hidden_size", required=True)
     heads = c.int("num_attention_heads", required=True)
@@ -109,6 +116,8 @@ def _decoder(config: dict, gen: dict | None, source: str, arch: str) -> ModelMet
     theta, scaling = parse_rope(config, source, max_pos, head_dim)
     bias = df.biases(c, arch)
     sliding, windows = df.layer_windows(c, arch, layers)
+    if arch in MOE_ARCHS:
+        theta = rope_theta(config, arch, theta)
     return ModelMetadata(
         architecture=arch,
         vocab_size=c.int("vocab_size", required=True),
@@ -120,7 +129,7 @@ def _decoder(config: dict, gen: dict | None, source: str, arch: str) -> ModelMet
         rms_norm_eps=c.float("rms_norm_eps", 1e-6, ge=0, f32=True),   # rsqrt(mean(x^2) + eps)
         attention_bias=bias.qkv, o_proj_bias=bias.o, mlp_bias=bias.mlp,
         hidden_act=df.activation(c),
-        qk_norm=arch == "qwen3",
+        qk_norm=arch in ("qwen3", "qwen3_moe"),
         tie_word_embeddings=c.bool("tie_word_embeddings", False),
         sliding_window=sliding, layer_windows=windows,
         max_position_embeddings=max_pos,
@@ -129,6 +138,8 @@ def _decoder(config: dict, gen: dict | None, source: str, arch: str) -> ModelMet
         eos_token_ids=_eos(config, gen, source),
         dtype=_dtype(config, source),
         quantization=quantization,
+        moe=(moe_config(c, arch, layers, c.int("intermediate_size", required=True))
+             if arch in MOE_ARCHS else None),
     )
 
 
@@ -159,9 +170,9 @@ def _llava(config: dict, gen: dict | None, source: str) -> ModelMetadata:
         raise FormatError(f"{source}: llava needs text_config and vision_config objects")
     df.refuse_quantized(config, source)
     text_arch = text_cfg.get("model_type", "llama")   # HF's default text model
-    if text_arch not in DECODER_ARCHS:
+    if text_arch not in DENSE_ARCHS:
         raise Unsupported(f"{source}: llava text model {text_arch!r} is not "
-                          f"supported (supported: {', '.join(DECODER_ARCHS)})")
+                          f"supported (supported: {', '.join(DENSE_ARCHS)})")
     text = _decoder(text_cfg, None, f"{source} (text_config)", text_arch)
     # LlavaConfig: the head is tied when either the top level or the text model says so
     if _Cfg(config, source).bool("tie_word_embeddings", False):

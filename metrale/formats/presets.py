@@ -20,6 +20,10 @@ _LLAMA_31_8B = {
     "torch_dtype": "bfloat16", "hidden_act": "silu",
 }
 
+# Llama-3.1-70B's shapes (the tensor-parallel benchmark: it needs 4 or 8 GPUs)
+_LLAMA_31_70B = dict(_LLAMA_31_8B, hidden_size=8192, intermediate_size=28672,
+                     num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8)
+
 _QWEN25_7B = {
     "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
     "vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
@@ -62,6 +66,44 @@ _MISTRAL_7B = {  # Mistral-7B-Instruct-v0.3
     "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16", "hidden_act": "silu",
 }
 
+_QWEN3_30B_A3B = {  # Qwen3-30B-A3B: 128 experts, 8 active, ~3.3B active parameters
+    "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],
+    "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+    "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+    "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
+    "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+    "head_dim": 128, "max_position_embeddings": 40960, "max_window_layers": 48,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_scaling": None,
+    "attention_bias": False, "sliding_window": None, "use_sliding_window": False,
+    "tie_word_embeddings": False, "output_router_logits": False,
+    "router_aux_loss_coef": 0.001, "bos_token_id": 151643, "eos_token_id": 151645,
+    "torch_dtype": "bfloat16", "hidden_act": "silu",
+}
+
+_MIXTRAL_8X7B = {  # Mixtral-8x7B-v0.1: 8 experts, 2 active
+    "model_type": "mixtral", "architectures": ["MixtralForCausalLM"],
+    "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
+    "num_local_experts": 8, "num_experts_per_tok": 2, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "sliding_window": None,
+    "router_aux_loss_coef": 0.02, "output_router_logits": False,
+    "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
+    "torch_dtype": "bfloat16", "hidden_act": "silu",
+}
+
+_QWEN15_MOE_A27B = {  # Qwen1.5-MoE-A2.7B (model_type qwen2_moe): 60 experts, 4 active, shared
+    "model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"],
+    "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632,
+    "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+    "num_experts": 60, "num_experts_per_tok": 4, "norm_topk_prob": False,
+    "decoder_sparse_step": 1, "num_hidden_layers": 24, "num_attention_heads": 16,
+    "num_key_value_heads": 16, "max_position_embeddings": 8192, "max_window_layers": 21,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "sliding_window": 32768,
+    "use_sliding_window": False, "tie_word_embeddings": False,
+    "bos_token_id": 151643, "eos_token_id": 151643, "torch_dtype": "bfloat16",
+    "hidden_act": "silu",
+}
+
 _WHISPER_SMALL = {
     "model_type": "whisper", "architectures": ["WhisperForConditionalGeneration"],
     "vocab_size": 51865, "d_model": 768, "num_mel_bins": 80,
@@ -97,9 +139,20 @@ def _quantized(base: dict, qconfig: dict) -> dict:
     return {**copy.deepcopy(base), "quantization_config": dict(qconfig)}
 
 
+_TINY_MOE = {  # a small qwen3_moe for CPU benchmarks of the MoE path
+    "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],
+    "vocab_size": 512, "hidden_size": 128, "intermediate_size": 344,
+    "moe_intermediate_size": 96, "num_experts": 16, "num_experts_per_tok": 4,
+    "norm_topk_prob": True, "num_hidden_layers": 4, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
+    "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16", "hidden_act": "silu",
+}
+
 PRESETS: dict[str, dict] = {
     "tiny": _TINY,
     "llama-3.1-8b": _LLAMA_31_8B,
+    "llama-3.1-70b": _LLAMA_31_70B,
     "qwen2.5-0.5b": _QWEN25_05B,
     "qwen2.5-0.5b-fp8": _quantized(_QWEN25_05B, _FP8_BLOCK),
     "qwen2.5-0.5b-gptq": _quantized(_QWEN25_05B, _GPTQ_4BIT),
@@ -108,6 +161,10 @@ PRESETS: dict[str, dict] = {
     "qwen2.5-7b": _QWEN25_7B,
     "qwen3-8b": _QWEN3_8B,
     "mistral-7b": _MISTRAL_7B,
+    "tiny-moe": _TINY_MOE,
+    "qwen3-30b-a3b": _QWEN3_30B_A3B,
+    "mixtral-8x7b": _MIXTRAL_8X7B,
+    "qwen1.5-moe-a2.7b": _QWEN15_MOE_A27B,
     "whisper-small": _WHISPER_SMALL,
 }
 

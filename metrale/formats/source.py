@@ -256,9 +256,10 @@ class DirectorySource:
             f.close()
 
 
-# Tensors above this many elements repeat a per-name random block of _BLOCK elements (a
-# prime, so rows of power-of-two length do not line up): real-shape presets hold ~8e9
-# parameters, and drawing each one from a normal distribution takes minutes.
+# Tensors above this many elements repeat a random block of _BLOCK elements (a prime, so
+# rows of power-of-two length do not line up), drawn once per source and started at a
+# per-name offset: real-shape presets hold ~8e9 parameters (a MoE ~3e10 in ~2e4 expert
+# tensors), and drawing each one from a normal distribution takes minutes.
 _FULL_RANDOM_MAX = 1 << 20
 _BLOCK = 1_048_573
 
@@ -267,7 +268,8 @@ class MemorySource:
     """Random BF16 weights at a config's shapes, generated lazily and deterministically.
 
     Tensor `name` is drawn from a generator seeded by `(seed, crc32(name))`: std-0.02 normal
-    values, norm weights `1 + 0.02 * normal`. Nothing is held in memory between reads.
+    values, norm weights `1 + 0.02 * normal`; tensors over 2^20 elements tile one block per
+    source (see _BLOCK). Nothing but that block is held in memory between reads.
     """
 
     def __init__(self, config: dict, generation_config: dict | None = None, seed: int = 0,
@@ -343,6 +345,9 @@ class MemorySource:
         """uint16 BF16 bits of tensor `name`, shaped; the same bits on every call."""
         shape = self.tensor_shape(name)
         n = int(np.prod(shape, dtype=np.int64))
+        if n > _FULL_RANDOM_MAX and not _is_norm_weight(name):
+            start = zlib.crc32(name.encode()) % _BLOCK
+            return np.resize(self._block()[start:start + _BLOCK], n).reshape(shape)
         rng = np.random.default_rng([self.seed, zlib.crc32(name.encode())])
         x = rng.standard_normal(min(n, _BLOCK) if n > _FULL_RANDOM_MAX else n,
                                 dtype=np.float32)
@@ -353,6 +358,14 @@ class MemorySource:
         if bits.size != n:
             bits = np.resize(bits, n)  # tiles the block
         return bits.reshape(shape)
+
+    def _block(self) -> np.ndarray:
+        """The big tensors' random block, twice over (a per-name window is one slice)."""
+        if getattr(self, "_big_block", None) is None:
+            rng = np.random.default_rng([self.seed, _BLOCK])
+            bits = f32_to_bf16(rng.standard_normal(_BLOCK, dtype=np.float32) * 0.02)
+            self._big_block = np.concatenate([bits, bits])
+        return self._big_block
 
     def tokenizer_path(self) -> Path | None:
         return None

@@ -36,8 +36,10 @@ class KVCache:
             if cfg.max_seq_len > limit:
                 raise InvalidArgument(f"CacheConfig.max_seq_len {cfg.max_seq_len} exceeds the "
                                       f"model's max_seq_len {limit}")
-            a = ContiguousArena(m.backend, meta.num_layers, meta.num_kv_heads, meta.head_dim,
-                                cfg.max_seq_len, cfg.block_size, n_seqs=self.batch)
+            # a tensor-parallel rank's arena holds its own KV heads (model._layer_meta)
+            a = ContiguousArena(m.backend, meta.num_layers, m._layer_meta.num_kv_heads,
+                                meta.head_dim, cfg.max_seq_len, cfg.block_size,
+                                n_seqs=self.batch)
             self.arenas.append(a)
             for i, s in enumerate(self.seqs):
                 s.arena, s.block_table = a, a.block_table(i)

@@ -262,6 +262,16 @@ class CudaBackend:
         """The raw stream handle for a runtime call (0 -> the default stream)."""
         return int(self._stream(stream).ptr)
 
+    def stream_handle(self, stream: int) -> int:
+        """The `cudaStream_t` a library call on `stream` takes (0 -> the default stream)."""
+        return self._handle(stream)
+
+    def pinned_host(self, nbytes: int) -> np.ndarray:
+        """A page-locked host buffer of `nbytes` uint8 (asynchronous copies to and from it
+        never block the host); it lives as long as the array."""
+        mem = self.cp.cuda.alloc_pinned_memory(int(nbytes))
+        return np.frombuffer(mem, np.uint8, int(nbytes))
+
     def create_event(self) -> int:
         e = self.cp.cuda.Event()
         self._events[e.ptr] = e

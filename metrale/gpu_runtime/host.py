@@ -196,6 +196,12 @@ class HostBackend(HostMemory):
         if first is not None:
             raise first
 
+    def host_task(self, fn: Callable[[], None], stream: int) -> None:
+        """Run `fn()` in stream order as a launch would run: now, or at replay when a graph
+        is being captured; the views it takes with `view` count as the task's writes. What
+        a library call on a CUDA stream is (an MPI collective of `comm_mpi.py`)."""
+        self._run(lambda: self._tracked(fn))
+
     def _tracked(self, fn, *args) -> None:
         """Run a twin; every allocation it got a writable view of drops its conversions
         when it returns (a twin's writes all happen during its call)."""

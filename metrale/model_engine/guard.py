@@ -7,6 +7,7 @@ prefill_chunk).
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 
 from ..errors import ConcurrentUse
@@ -25,11 +26,18 @@ class CallGuard:
     def __exit__(self, *exc) -> None:
         self._lock.release()
 
+    def call(self, name: str, args: dict):
+        """The context one public call `name(**args)` runs in: this guard itself (a
+        tensor-parallel rank's guard adds its agreement step, agreement.py)."""
+        return self
+
 
 def exclusive(method):
     """Decorator: run `method` under `self._guard`."""
+    names = list(inspect.signature(method).parameters)[1:]
+
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
-        with self._guard:
+        with self._guard.call(method.__name__, {**dict(zip(names, args)), **kwargs}):
             return method(self, *args, **kwargs)
     return wrapper

@@ -1,4 +1,5 @@
-"""The decoder stack as a launch sequence over raw pointers (llama/mistral/qwen2/qwen3).
+"""The decoder stack as a launch sequence over raw pointers (llama/mistral/qwen2/qwen3, and
+the mixture-of-experts families, whose sparse layers run moe.moe_mlp for the MLP).
 
 Pre-norm residual blocks with the residual add fused into RMSNorm:
     residual = embed(ids)
@@ -13,6 +14,9 @@ graph-capturable), for decode, verify and prefill alike: a row's bits never depe
 many rows share the launch or which path runs it. `decode=True` uses split-K decode
 attention, one query row per sequence row; `decode=False` the causal prefill attention
 (tensor cores for the head dims attention_tc has).
+On a tensor-parallel rank (`model._tp`, tp_runtime.py) the same sequence runs over the rank's
+heads and intermediate slice (`model._layer_meta`); the embedding, o_proj, down_proj and the
+lm_head end with the ranks' fixed-order combines instead.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from ..gpu_runtime.types import NULL, DevicePtr
 from ..ops import activation, attention, elementwise, embedding, rmsnorm, rope
 from ..ops import attention_tc
 from .linear import run_linear
+from .moe import moe_mlp
 
 
 def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_len: int,
@@ -32,7 +37,8 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
     (k_cache(layer) / v_cache(layer)) is where K/V live: the model's pool by default, a
     dense `ContiguousArena` for the baseline cache.
     """
-    b, ws, m, W = model.backend, model._ws, model._meta, model._weights
+    b, ws, m, W = model.backend, model._ws, model._layer_meta, model._weights
+    tp = model._tp
     H, KV, D, hid = m.num_heads, m.num_kv_heads, m.head_dim, m.hidden_size
     inter, eps = m.intermediate_size, m.rms_norm_eps
     act = HF_ACTIVATIONS[m.hidden_act]
@@ -42,8 +48,11 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
     arena = ws if arena is None else arena
 
     if not embeds_uploaded:
-        embedding.embedding(b, stream, ws.residual, W.embed_tokens, ws.token_ids, n, hid,
-                            m.vocab_size)
+        if tp is None:
+            embedding.embedding(b, stream, ws.residual, W.embed_tokens, ws.token_ids, n, hid,
+                                m.vocab_size)
+        else:
+            tp.embedding(stream, ws.residual, ws.token_ids, W.embed_tokens, n)
     for i, L in enumerate(W.layers):
         if i == 0:
             rmsnorm.rmsnorm(b, stream, ws.normed, ws.residual, L.input_layernorm, n, hid, eps)
@@ -71,16 +80,25 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
                                                 n_seqs, n, max_q_len, H, KV, D,
                                                 model._block_size, ws.max_blocks_per_seq,
                                                 model._attn_scale, window)
-        linear(b, stream, ws.hidden, ws.attn_out, L.o_proj, n, hid, H * D)
+        if tp is None:
+            linear(b, stream, ws.hidden, ws.attn_out, L.o_proj, n, hid, H * D)
+        else:
+            tp.row_parallel(stream, ws.hidden, ws.attn_out, L.o_proj, n, hid, H * D)
         if not L.o_bias.is_null():
             elementwise.add_bias(b, stream, ws.hidden, L.o_bias, n, hid)
         rmsnorm.rmsnorm(b, stream, ws.normed, ws.hidden, L.post_attention_layernorm, n, hid,
                         eps, residual_ptr=ws.residual)
+        if L.moe is not None:   # a mixture-of-experts block instead of the MLP (moe.py)
+            moe_mlp(model, stream, n, L.moe)
+            continue
         linear(b, stream, ws.gate_up, ws.normed, L.gate_up, n, 2 * inter, hid)
         if not L.gate_up_bias.is_null():
             elementwise.add_bias(b, stream, ws.gate_up, L.gate_up_bias, n, 2 * inter)
         activation.act_mul(b, stream, ws.act, ws.gate_up, n, inter, act)
-        linear(b, stream, ws.hidden, ws.act, L.down_proj, n, hid, inter)
+        if tp is None:
+            linear(b, stream, ws.hidden, ws.act, L.down_proj, n, hid, inter)
+        else:
+            tp.row_parallel(stream, ws.hidden, ws.act, L.down_proj, n, hid, inter)
         if not L.down_bias.is_null():
             elementwise.add_bias(b, stream, ws.hidden, L.down_bias, n, hid)
     rmsnorm.rmsnorm(b, stream, out_ptr, ws.hidden, W.norm, n, hid, eps, residual_ptr=ws.residual)
@@ -93,6 +111,10 @@ def lm_head(model, stream: int, x_ptr: DevicePtr, n_rows: int, out_ptr: DevicePt
     on its neighbours, and FP32 output is its accumulator unrounded.
     """
     m = model._meta
+    if model._tp is not None:   # each rank's vocabulary slice, gathered into whole rows
+        model._tp.lm_head(stream, x_ptr, n_rows, out_ptr, model._weights.lm_head,
+                          model.use_fp32_logits)
+        return
     run_linear(model.backend, stream, out_ptr, x_ptr, model._weights.lm_head, n_rows,
                m.vocab_size, m.hidden_size, out_fp32=model.use_fp32_logits)
 

@@ -19,6 +19,7 @@ class MemoryPlan:
     max_blocks_per_seq: int
     weight_bytes: int
     total_bytes: int
+    active_weight_bytes: int = 0   # what one token reads (MoE: its top_k experts per layer)
 
 
 def weight_bytes(meta) -> int:
@@ -35,11 +36,21 @@ def weight_bytes(meta) -> int:
     return total
 
 
+def active_weight_bytes(meta) -> int:
+    """Weight bytes one token's forward pass reads: all of them for a dense model; for a
+    mixture of experts all but the routed experts it did not choose."""
+    from ..formats.moe_config import inactive_parameters
+    return weight_bytes(meta) - 2 * inactive_parameters(meta, 1)
+
+
 def plan_memory(backend, meta, *, kv_blocks, block_size, max_rows, max_tokens, max_seq_len,
-                fp32_logits, where: str) -> MemoryPlan:
+                fp32_logits, where: str, rank_weight_bytes: int | None = None,
+                extra_bytes: int = 0) -> MemoryPlan:
     """Size the pool (from free memory on a GPU when `kv_blocks` is None) and check that
-    weights + workspaces + pool fit; DeviceError naming bytes needed and free otherwise."""
-    w = weight_bytes(meta)
+    weights + workspaces + pool fit; DeviceError naming bytes needed and free otherwise.
+    A tensor-parallel rank passes the bytes of its weight slices (`rank_weight_bytes`) and of
+    its combine buffers (`extra_bytes`); `meta` then has its own head counts."""
+    w = weight_bytes(meta) if rank_weight_bytes is None else int(rank_weight_bytes)
     # the checkpoint's context (max_position_embeddings; yarn: its scaled length)
     context = meta.context_length or meta.max_position_embeddings
     limit = context if max_seq_len is None else min(max_seq_len, context)
@@ -47,10 +58,10 @@ def plan_memory(backend, meta, *, kv_blocks, block_size, max_rows, max_tokens, m
     free = backend.free_memory()
 
     def ws_bytes(nb, seq_len):
-        return Workspace.estimate_bytes(meta, max_tokens=max_tokens, max_rows=max_rows,
-                                        num_blocks=nb, block_size=block_size,
-                                        max_blocks_per_seq=-(-seq_len // block_size),
-                                        fp32_logits=fp32_logits)
+        return extra_bytes + Workspace.estimate_bytes(
+            meta, max_tokens=max_tokens, max_rows=max_rows, num_blocks=nb,
+            block_size=block_size, max_blocks_per_seq=-(-seq_len // block_size),
+            fp32_logits=fp32_logits)
 
     if kv_blocks is None:
         if backend.name.startswith("cuda"):
@@ -71,4 +82,4 @@ def plan_memory(backend, meta, *, kv_blocks, block_size, max_rows, max_tokens, m
                           "max_prefill_tokens")
     return MemoryPlan(num_blocks=int(kv_blocks), max_seq_len=int(seq_len),
                       max_blocks_per_seq=-(-seq_len // block_size), weight_bytes=w,
-                      total_bytes=int(total))
+                      total_bytes=int(total), active_weight_bytes=active_weight_bytes(meta))

@@ -43,7 +43,8 @@ from .verify import ModelVerify
 from .weights import DecoderWeights
 from .workspace import Workspace
 
-DECODER_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+DECODER_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe",
+                         "mixtral")
 MAX_VERIFY_ROWS = 16
 
 
@@ -56,7 +57,8 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
     def __init__(self, backend, source, *, kv_blocks: int | None = None, block_size: int = 16,
                  max_batch: int = 64, fp32_logits: bool = False,
                  max_prefill_tokens: int = 2048, max_seq_len: int | None = None,
-                 graphs: bool | None = None, progress: bool = True) -> None:
+                 graphs: bool | None = None, progress: bool = True, _shard=None) -> None:
+        # _shard: a tensor-parallel rank's slices and group (tp_model.py), else None
         meta = source.metadata()
         if meta.architecture not in DECODER_ARCHITECTURES:
             raise Unsupported(f"{source.description}: model_type {meta.architecture!r} is not "
@@ -72,22 +74,36 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
         self._max_batch = max_batch
         self._weights = self._ws = None
         self._rope_table = NULL
+        self._tp = None   # a rank's combines (tp_runtime.TensorParallel), or None
+        # the head / intermediate counts the layer passes run with (a rank's own slice)
+        self._layer_meta = meta if _shard is None else _shard.layer_metadata(meta)
         self._graphs: dict[int, int] = {}
         self._use_graphs = (backend.name.startswith("cuda")) if graphs is None else bool(graphs)
         from .memory_plan import plan_memory
-        plan = plan_memory(backend, meta, kv_blocks=kv_blocks, block_size=block_size,
-                           max_rows=max_rows, max_tokens=max_prefill_tokens,
-                           max_seq_len=max_seq_len, fp32_logits=self.use_fp32_logits,
-                           where=source.description)
+        plan = plan_memory(backend, self._layer_meta, kv_blocks=kv_blocks,
+                           block_size=block_size, max_rows=max_rows,
+                           max_tokens=max_prefill_tokens, max_seq_len=max_seq_len,
+                           fp32_logits=self.use_fp32_logits, where=source.description,
+                           **({} if _shard is None else dict(
+                               rank_weight_bytes=_shard.weight_bytes(meta, source),
+                               extra_bytes=_shard.buffer_bytes(
+                                   meta, max_tokens=max_prefill_tokens, logits_rows=2 * max_rows,
+                                   fp32_logits=self.use_fp32_logits))))
+        if _shard is not None:
+            plan = _shard.agree_plan(plan, block_size)
         self._max_seq_len = plan.max_seq_len
         self._max_positions = plan.max_seq_len
         try:
-            self._weights = DecoderWeights(backend, source, meta, progress=progress)
-            self._ws = Workspace(backend, meta, max_tokens=max_prefill_tokens,
+            self._weights = (DecoderWeights(backend, source, meta, progress=progress)
+                             if _shard is None else
+                             _shard.upload_weights(backend, source, meta, progress))
+            self._ws = Workspace(backend, self._layer_meta, max_tokens=max_prefill_tokens,
                                  max_rows=max_rows, num_blocks=plan.num_blocks,
                                  block_size=block_size,
                                  max_blocks_per_seq=plan.max_blocks_per_seq,
                                  fp32_logits=self.use_fp32_logits)
+            if _shard is not None:
+                self._tp = _shard.runtime(backend, meta, self._ws, self.use_fp32_logits)
             table = rope.rope_table(meta.head_dim, self._max_positions, meta.rope_theta,
                                     meta.rope_scaling)
             self._rope_table = backend.alloc(table.nbytes)
@@ -162,6 +178,8 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
         if self._order_event is not None:
             self.backend.destroy_event(self._order_event)
             self._order_event = None
+        if self._tp is not None:
+            self._tp.free()
         if not self._rope_table.is_null():
             self.backend.free(self._rope_table)
             self._rope_table = NULL

@@ -15,6 +15,7 @@ from ..formats.upload import WeightUploader
 from ..gpu_runtime.types import NULL, DevicePtr
 from .linear import upload_linear
 from .memory_plan import weight_bytes
+from .moe_weights import MoeLayerWeights, upload_moe_layer
 
 
 @dataclass
@@ -33,10 +34,12 @@ class LayerWeights:
     gate_up_bias: DevicePtr           # [2 * intermediate] or NULL (llama mlp_bias)
     down_proj: DevicePtr              # [hidden, intermediate]
     down_bias: DevicePtr              # [hidden] or NULL
+    moe: MoeLayerWeights | None = None  # a mixture-of-experts block instead of the MLP
 
 
 class DecoderWeights:
-    """Uploads a llama/mistral/qwen2/qwen3 checkpoint; `free()` returns every byte."""
+    """Uploads a decoder checkpoint (MoE blocks: moe_weights.py); `free()` returns every
+    byte."""
 
     def __init__(self, backend, source, meta, progress: bool = True) -> None:
         self.backend = backend
@@ -66,7 +69,9 @@ class DecoderWeights:
                     if meta.attention_bias:
                         bias = self._alloc(qkv_rows * 2)
                         up.upload_into([att + f"{x}_proj.bias" for x in "qkv"], bias)
-                    gate_up = lin(p + "mlp.gate_proj", p + "mlp.up_proj")
+                    moe = upload_moe_layer(self, up, meta, i)   # None: a dense MLP
+                    gate_up = (lin(p + "mlp.gate_proj", p + "mlp.up_proj") if moe is None
+                               else NULL)
                     gate_up_bias = down_bias = NULL
                     if meta.mlp_bias:
                         gate_up_bias = self._alloc(2 * meta.intermediate_size * 2)
@@ -85,8 +90,8 @@ class DecoderWeights:
                         post_attention_layernorm=self._own(
                             up.upload(p + "post_attention_layernorm.weight")),
                         gate_up=gate_up, gate_up_bias=gate_up_bias,
-                        down_proj=lin(p + "mlp.down_proj"),
-                        down_bias=down_bias,
+                        down_proj=lin(p + "mlp.down_proj") if moe is None else NULL,
+                        down_bias=down_bias, moe=moe,
                     ))
                 self.norm = self._own(up.upload("model.norm.weight"))
                 # tied: the embedding, unless the checkpoint stores a head (layout.py)

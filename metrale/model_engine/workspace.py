@@ -10,6 +10,7 @@ import numpy as np
 
 from ..gpu_runtime.types import DevicePtr
 from ..ops import attention
+from .moe import MoeBuffers, mlp_width
 
 
 class Workspace:
@@ -18,7 +19,7 @@ class Workspace:
         self.backend = backend
         self._owned: list[DevicePtr] = []
         H, KV, D = meta.num_heads, meta.num_kv_heads, meta.head_dim
-        hid, inter, V = meta.hidden_size, meta.intermediate_size, meta.vocab_size
+        hid, inter, V = meta.hidden_size, mlp_width(meta), meta.vocab_size
         T, R = max_tokens, max_rows
         self.max_tokens, self.max_rows = T, R
         self.max_blocks_per_seq = max_blocks_per_seq
@@ -60,6 +61,9 @@ class Workspace:
             self.pad_block = num_blocks
             self.kv = a(meta.num_layers * 2 * self.layer_kv_bytes)
             self.kv_bytes = meta.num_layers * 2 * self.layer_kv_bytes
+            # mixture-of-experts buffers (moe.py), for as many rows as the activations
+            self.moe = MoeBuffers(a, meta, max(T, R)) if MoeBuffers.estimate_bytes(
+                meta, 1) else None
         except BaseException:
             self.free()
             raise
@@ -114,7 +118,7 @@ class Workspace:
                        max_blocks_per_seq, fp32_logits) -> int:
         """Bytes `Workspace(...)` will allocate (for the fits-in-memory check)."""
         H, KV, D = meta.num_heads, meta.num_kv_heads, meta.head_dim
-        hid, inter, V = meta.hidden_size, meta.intermediate_size, meta.vocab_size
+        hid, inter, V = meta.hidden_size, mlp_width(meta), meta.vocab_size
         T, R = max_tokens, max_rows
         act = T * (3 * hid + (H + 2 * KV) * D + H * D + 3 * inter) * 2 + max(T, 2 * R) * hid * 2
         act += hid * 2   # mtp_hidden
@@ -124,4 +128,4 @@ class Workspace:
         lb = 4 if fp32_logits else 2
         logits = 2 * R * V * lb
         kv = meta.num_layers * 2 * (num_blocks + 1) * block_size * KV * D * 2
-        return act + md + dec + logits + kv
+        return act + md + dec + logits + kv + MoeBuffers.estimate_bytes(meta, max(T, R))

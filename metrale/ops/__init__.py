@@ -9,8 +9,10 @@ Importing this package imports every family, so every twin is in the device laye
 """
 from . import (activation, argmax, attention, attention_tc, cast, conv1d, dense_attention,
                elementwise, embedding, gemm, gemm_q, gemm_tc, kv_cache, rmsnorm, rope, sampling,
-               vision)
+               tensor_parallel, vision)
+from . import moe_combine, moe_gemm, moe_router  # mixture-of-experts layers
 
 __all__ = ["activation", "argmax", "attention", "attention_tc", "cast", "conv1d",
            "dense_attention", "elementwise", "embedding", "gemm", "gemm_q", "gemm_tc", "kv_cache",
-           "rmsnorm", "rope", "sampling", "vision"]
+           "rmsnorm", "rope", "sampling", "tensor_parallel", "vision", "moe_combine",
+           "moe_gemm", "moe_router"]

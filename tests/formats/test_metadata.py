@@ -235,7 +235,8 @@ def test_llava_config():
 
 @pytest.mark.parametrize("name, billions", [("llama-3.1-8b", 8.03), ("qwen2.5-7b", 7.62),
                                             ("qwen2.5-0.5b", 0.494),
-                                            ("qwen3-8b", 8.19), ("mistral-7b", 7.25)])
+                                            ("qwen3-8b", 8.19), ("mistral-7b", 7.25),
+                                            ("llama-3.1-70b", 70.55)])
 def test_real_preset_parameter_counts(name, billions):
     assert num_parameters(meta(PRESETS[name])) / 1e9 == pytest.approx(billions, abs=0.01)
 

@@ -10,12 +10,24 @@ from metrale.gpu_runtime import HostBackend
 from metrale.ops.bf16 import bf16_to_f32
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-DECODER_FIXTURES = ["llama_gqa", "llama_mqa_tied", "mistral", "qwen2", "qwen3"]
+# mixture-of-experts decoders (make_fixtures.py MOE_DECODERS)
+MOE_FIXTURES = ["qwen3_moe", "qwen2_moe", "mixtral"]
+DECODER_FIXTURES = ["llama_gqa", "llama_mqa_tied", "mistral", "qwen2", "qwen3"] + MOE_FIXTURES
 # one tiny checkpoint per honoured config field (make_fixtures.py FIELD_FIXTURES)
 FIELD_FIXTURES = ["llama_attention_bias", "llama_mlp_bias", "qwen3_attention_bias",
                   "llama_gelu", "llama_gelu_pytorch_tanh", "mistral_gelu_new", "qwen2_relu",
                   "llama_quick_gelu", "mistral_window", "qwen2_window_max_window_layers",
                   "qwen3_window_layer_types", "llama_dynamic_rope", "llama_tied_stored_head"]
+# ... of the mixture-of-experts families (make_fixtures.py MOE_FIELD_FIXTURES)
+MOE_FIELD_FIXTURES = ["qwen3_moe_norm_topk_prob", "qwen3_moe_decoder_sparse_step",
+                      "qwen3_moe_attention_bias", "qwen3_moe_window",
+                      "qwen2_moe_mlp_only_layers", "qwen2_moe_no_qkv_bias",
+                      "qwen2_moe_window_max_window_layers", "mixtral_window"]
+FIELD_FIXTURES = FIELD_FIXTURES + MOE_FIELD_FIXTURES
+# fields that change which tensors a layer has: ignoring one makes the checkpoint fail to
+# load (tests/model/test_moe.py), not compute another model
+MOE_STRUCTURAL = ["qwen3_moe_decoder_sparse_step", "qwen2_moe_mlp_only_layers",
+                  "qwen2_moe_no_qkv_bias"]
 
 
 def golden(name: str) -> dict:

@@ -1,0 +1,228 @@
+"""`TensorParallelModel`: one rank of a decoder model split over N devices, SPMD.
+
+`metrale.load(path, device=..., tensor_parallel_size=N)` in each of N processes (started by
+mpiexec, torchrun or srun; gpu_runtime/ranks.py) returns this rank's model. It is a
+`TransformerModel` with the pointer API unchanged: every rank makes the same calls with the
+same arguments and gets the same whole logits rows, so a scheduler written for one device
+runs unchanged on every rank. What differs, behind it:
+  - weights: the rank's Megatron slices (shard.py, sharded_weights.py); its KV pool holds
+    only its KV heads, its workspace only its heads and intermediate slice;
+  - the layer passes end with the fixed-order combines of tp_runtime.py (hooks in layers.py);
+  - every public call first agrees with the other ranks (agreement.py): an error on one
+    rank is raised on every rank, different calls are an error, a silent peer a timeout;
+  - the host waits for the device through the communicator, bounded by its timeout (a dead
+    peer ends a wait with TensorParallelError instead of a hang).
+Loading agrees too: every rank must load the same checkpoint with the same options, an error
+on one rank (a missing file, no memory) is raised on all, and the KV pool gets the smallest
+block count any rank can hold.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+
+from ..errors import InvalidArgument, TensorParallelError, Unsupported
+from ..gpu_runtime import backend_for
+from ..gpu_runtime.comm import DEFAULT_TIMEOUT_S
+from ..gpu_runtime.communicators import open_communicator
+from ..gpu_runtime.ranks import RankInfo, launcher_ranks
+from .agreement import AgreedGuard, error_record, is_agreed, ok_record, settle
+from .memory_plan import MemoryPlan
+from .shard import ShardPlan, plan_shards, rank_weight_bytes
+from .sharded_weights import ShardedDecoderWeights
+from .tp_runtime import TensorParallel
+from .transformer import TransformerModel
+
+class TensorParallelModel(TransformerModel):
+    """One rank of a tensor-parallel decoder model; see the module docstring."""
+
+    def __init__(self, backend, source, *, comm, plan: ShardPlan, **options) -> None:
+        self._comm = comm
+        self._shard_plan = plan
+        super().__init__(backend, source, _shard=_RankShard(self, comm, plan), **options)
+        self._guard = AgreedGuard(comm, self)
+
+    # the agreement comes before the pool changes (every check of a step is made by then)
+    def _check_room(self, items):
+        plans = super()._check_room(items)
+        self._guard.agree_now()
+        return plans
+
+    # host waits bounded by the group's timeout ---------------------------------------------
+    def synchronize(self, stream: int) -> None:
+        self._comm.wait(self._stream_of(stream))
+        super().synchronize(stream)
+
+    def _read_ids(self, k: int, stream: int) -> list[int]:
+        self._comm.wait(stream)
+        return super()._read_ids(k, stream)
+
+    def copy_logits_to_host(self, logits_ptr, dst) -> None:
+        self._comm.wait(self.default_stream())
+        return super().copy_logits_to_host(logits_ptr, dst)
+
+    # facts ----------------------------------------------------------------------------------
+    def tensor_parallel_rank(self) -> int:
+        """This process's rank in the group (additive: not in the original engine)."""
+        return self._shard_plan.rank
+
+    def tensor_parallel_size(self) -> int:
+        """Ranks in the group (additive)."""
+        return self._shard_plan.size
+
+    def weight_bytes(self) -> int:
+        """Device bytes of this rank's weights (about 1/N of the whole model's)."""
+        return self._weights.nbytes
+
+    def teardown(self) -> None:
+        """Free every device byte of this rank and close its communicator. Every rank
+        tears down together (closing a communicator is collective for NCCL)."""
+        super().teardown()
+        if self._comm is not None:
+            self._comm.close()
+
+
+class _RankShard:
+    """What `TransformerModel.__init__` asks of a rank (its `_shard` argument)."""
+
+    def __init__(self, model, comm, plan: ShardPlan) -> None:
+        self.model, self.comm, self.plan = model, comm, plan
+
+    def layer_metadata(self, meta):
+        return self.plan.layer_metadata(meta)
+
+    def weight_bytes(self, meta, source) -> int:
+        from ..formats import expected_tensors
+        tied = "lm_head.weight" not in expected_tensors(meta, source.tensor_names())
+        return rank_weight_bytes(meta, self.plan, tied)
+
+    def buffer_bytes(self, meta, *, max_tokens: int, logits_rows: int,
+                     fp32_logits: bool) -> int:
+        return TensorParallel.buffer_bytes(self.plan, meta, max_tokens=max_tokens,
+                                           logits_rows=logits_rows, fp32_logits=fp32_logits)
+
+    def agree_plan(self, plan: MemoryPlan, block_size: int) -> MemoryPlan:
+        """The pool every rank can hold: the smallest block count and context of any rank
+        (pools must match block for block, the sequences' block tables are shared)."""
+        text = f"{plan.num_blocks} {plan.max_seq_len}".encode()
+        records = agree_values(self.comm, text)
+        blocks = min(int(r.split()[0]) for r in records)
+        seq = min(int(r.split()[1]) for r in records)
+        return MemoryPlan(num_blocks=blocks, max_seq_len=seq,
+                          max_blocks_per_seq=-(-seq // block_size),
+                          weight_bytes=plan.weight_bytes, total_bytes=plan.total_bytes)
+
+    def upload_weights(self, backend, source, meta, progress: bool):
+        return ShardedDecoderWeights(backend, source, meta, self.plan, progress=progress)
+
+    def runtime(self, backend, meta, ws, fp32_logits: bool) -> TensorParallel:
+        return TensorParallel(backend, self.comm, self.plan, meta, max_tokens=ws.max_tokens,
+                              logits_rows=ws.logits_rows, fp32_logits=fp32_logits,
+                              before_collective=lambda: self.model._guard.agree_now())
+
+
+def agree_values(comm, value: bytes) -> list[bytes]:
+    """Every rank's `value`, or the error a failing rank sent instead (raised)."""
+    return [r[17:] for r in settle(comm, ok_record(bytes(16), value.decode()), None)]
+
+
+# What the shard plan knows how to split: dense decoders with BF16 (or float) weights.
+TP_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+# config.json keys of weights it does not split (quantized linears, expert layers)
+_UNSHARDED_KEYS = ("quantization_config", "num_experts", "num_local_experts",
+                   "moe_intermediate_size")
+
+
+def refuse_unsharded(source, n: int) -> None:
+    """Unsupported, by name, for a checkpoint tensor parallelism does not split: another
+    architecture (whisper, llava, mixture of experts) or quantized weights."""
+    cfg = source.config()
+    arch = cfg.get("model_type")
+    if arch not in TP_ARCHITECTURES:
+        raise Unsupported(f"{source.description}: tensor_parallel_size={n}: {arch} runs on one "
+                          f"device; tensor parallelism covers {', '.join(TP_ARCHITECTURES)}")
+    for key in _UNSHARDED_KEYS:
+        if cfg.get(key):
+            method = (f" (quant_method {cfg[key].get('quant_method')!r})"
+                      if isinstance(cfg[key], dict) and "quant_method" in cfg[key] else "")
+            raise Unsupported(f"{source.description}: tensor_parallel_size={n}: config.json "
+                              f"field {key!r}{method}: tensor parallelism splits BF16 dense "
+                              "layers only; load this checkpoint on one device")
+
+
+def check_tensor_parallel_size(n) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise InvalidArgument(f"tensor_parallel_size must be an int >= 1, got {n!r}")
+    return n
+
+
+def rank_device(device, ranks: RankInfo):
+    """The device of this rank: "cuda" / "auto" with a GPU -> cuda:<local rank> (cuda:0 when
+    each rank sees one GPU); anything else as given."""
+    if not isinstance(device, str):
+        return device
+    d = device.strip().lower()
+    if d in ("cuda", "auto"):
+        from ..gpu_runtime import cuda_available
+        ok, _ = cuda_available()
+        if not ok:
+            return device
+        import cupy
+        n = cupy.cuda.runtime.getDeviceCount()
+        if ranks.local_rank < n:
+            return f"cuda:{ranks.local_rank}"
+        if n == 1:
+            return "cuda:0"
+        raise TensorParallelError(f"rank {ranks.rank}: local rank {ranks.local_rank} has no "
+                                  f"GPU of its own ({n} visible)")
+    return device
+
+
+def load_rank(device, source, *, tensor_parallel_size: int, tp_timeout_s: float | None = None,
+              tp_rendezvous: str | None = None, ranks: RankInfo | None = None,
+              **options) -> TensorParallelModel:
+    """This process's rank of `source` split over `tensor_parallel_size` processes."""
+    N = check_tensor_parallel_size(tensor_parallel_size)
+    refuse_unsharded(source, N)
+    meta = source.metadata()
+    ranks = launcher_ranks() if ranks is None else ranks
+    if ranks.size != N:
+        raise TensorParallelError(
+            f"tensor_parallel_size={N} but this process is rank {ranks.rank} of {ranks.size} "
+            f"({ranks.launcher}): start one process per rank, e.g. mpiexec -n {N} python ... "
+            f"or torchrun --nproc-per-node {N} ...")
+    timeout = DEFAULT_TIMEOUT_S if tp_timeout_s is None else float(tp_timeout_s)
+    if not timeout > 0:
+        raise InvalidArgument(f"tp_timeout_s must be > 0, got {tp_timeout_s!r}")
+    plan = plan_shards(meta, ranks.rank, N, source.description)   # the same on every rank
+    backend = backend_for(rank_device(device, ranks))
+    comm = open_communicator(backend, ranks, timeout_s=timeout, rendezvous=tp_rendezvous)
+    model = None
+    try:
+        try:
+            settle(comm, ok_record(load_digest(source, N, options), source.description), None,
+                   mismatch="load different checkpoints or options")
+            model = TensorParallelModel(backend, source, comm=comm, plan=plan, **options)
+        except Exception as e:
+            if not is_agreed(e) and not isinstance(e, TensorParallelError):
+                settle(comm, error_record(e), e)   # tell the others, raise the first error
+            raise
+        agree_values(comm, b"loaded")
+    except BaseException:
+        if model is not None:
+            model._release_device()
+        comm.close()
+        raise
+    return model
+
+
+def load_digest(source, n: int, options: dict) -> bytes:
+    """What every rank must load alike: the config, the tensors' names and shapes, N and the
+    load options (the progress bar aside)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(json.dumps(source.config(), sort_keys=True, default=str).encode())
+    for name in sorted(source.tensor_names()):
+        h.update(f"{name}{tuple(source.tensor_shape(name))}".encode())
+    h.update(repr(n).encode())
+    h.update(repr(sorted((k, repr(v)) for k, v in options.items() if k != "progress")).encode())
+    return h.digest()

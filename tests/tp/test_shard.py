@@ -1,0 +1,329 @@
+"""Tensor parallelism in one process: launcher ranks, the shard plan and its refusals, the
+sharded weights against slices of the checkpoint, the agreement rules over a scripted
+communicator, and what `metrale.load` refuses before any rank talks to another."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import metrale
+from metrale import InvalidArgument, TensorParallelError, Unsupported
+from metrale.formats import open_source
+from metrale.gpu_runtime import HostBackend
+from metrale.gpu_runtime.comm import (EXCHANGE_BYTES, Deadline, check_collective, pack_payload,
+                                      unpack_payloads)
+from metrale.gpu_runtime.ranks import RankInfo, launcher_ranks
+from metrale.model_engine.agreement import (call_digest, error_record, ok_record, settle)
+from metrale.model_engine.shard import plan_shards, rank_weight_bytes
+from metrale.model_engine.sharded_weights import ShardedDecoderWeights
+from tests.model.common import FIXTURES
+
+META = open_source(FIXTURES / "llama_gqa").metadata()   # H 4, KV 2, I 128, hidden 64, V 256
+
+
+# launcher ranks -------------------------------------------------------------------------------
+@pytest.mark.parametrize("env,want", [
+    ({}, RankInfo(0, 1, 0, "single")),
+    ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3"}, RankInfo(3, 8, 3, "torchrun")),
+    ({"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8",
+      "OMPI_COMM_WORLD_LOCAL_RANK": "1"}, RankInfo(5, 8, 1, "openmpi")),
+    ({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1"}, RankInfo(1, 2, 1, "mpich")),
+    ({"PMI_RANK": "1", "PMI_SIZE": "2"}, RankInfo(1, 2, 0, "mpich")),
+    ({"SLURM_PROCID": "2", "SLURM_NTASKS": "4", "SLURM_LOCALID": "2"},
+     RankInfo(2, 4, 2, "slurm")),
+])
+def test_launcher_ranks(env, want):
+    assert launcher_ranks(env) == want
+    assert want.is_mpi == (want.launcher in ("openmpi", "mpich", "slurm"))
+
+
+@pytest.mark.parametrize("env,match", [
+    ({"RANK": "x", "WORLD_SIZE": "2"}, "not an integer"),
+    ({"RANK": "2", "WORLD_SIZE": "2"}, "is not a rank"),
+    ({"PMI_RANK": "0", "PMI_SIZE": "0"}, "is not a rank"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}, "not a local rank"),
+])
+def test_launcher_ranks_malformed(env, match):
+    with pytest.raises(TensorParallelError, match=match):
+        launcher_ranks(env)
+
+
+# the shard plan -------------------------------------------------------------------------------
+def test_plan_splits_heads_intermediate_vocabulary():
+    plans = [plan_shards(META, r, 2, "m") for r in range(2)]
+    assert [(p.head_start, p.num_heads) for p in plans] == [(0, 2), (2, 2)]
+    assert [(p.kv_head_start, p.num_kv_heads, p.kv_replicated) for p in plans] == \
+        [(0, 1, False), (1, 1, False)]
+    assert [(p.inter_start, p.intermediate) for p in plans] == [(0, 64), (64, 64)]
+    assert [(p.vocab_start, p.vocab_shard, p.vocab_rows) for p in plans] == \
+        [(0, 128, 128), (128, 128, 128)]
+    lm = plans[1].layer_metadata(META)
+    assert (lm.num_heads, lm.num_kv_heads, lm.intermediate_size, lm.vocab_size) == \
+        (2, 1, 64, 256)
+
+
+def test_plan_replicates_kv_heads_when_ranks_exceed_them():
+    meta = replace(META, num_heads=8, num_kv_heads=2, hidden_size=64)
+    plans = [plan_shards(meta, r, 4, "m") for r in range(4)]
+    # query heads 0-1 and 2-3 use KV head 0, 4-5 and 6-7 KV head 1 (group of 4)
+    assert [p.kv_head_start for p in plans] == [0, 0, 1, 1]
+    assert all(p.num_kv_heads == 1 and p.kv_replicated for p in plans)
+    for p in plans:
+        group = meta.num_heads // meta.num_kv_heads
+        assert {h // group for h in range(p.head_start, p.head_start + p.num_heads)} == \
+            {p.kv_head_start}
+
+
+def test_plan_pads_the_last_vocabulary_slice():
+    meta = replace(META, vocab_size=250)
+    p = [plan_shards(meta, r, 4, "m") for r in range(4)]
+    assert [(x.vocab_start, x.vocab_shard, x.vocab_rows) for x in p] == \
+        [(0, 63, 63), (63, 63, 63), (126, 63, 63), (189, 63, 61)]
+
+
+@pytest.mark.parametrize("changes,n,field", [
+    (dict(num_heads=6, num_kv_heads=2), 4, "num_attention_heads=6"),
+    (dict(intermediate_size=130), 4, "intermediate_size=130"),
+    (dict(hidden_size=66, num_heads=4), 4, "hidden_size=66"),
+    (dict(num_heads=12, num_kv_heads=3), 4, "num_key_value_heads=3"),
+    (dict(num_heads=12, num_kv_heads=6), 4, "num_key_value_heads=6"),
+])
+def test_plan_refusals_name_the_field(changes, n, field):
+    with pytest.raises(Unsupported, match=f"tensor_parallel_size={n} .*{field}"):
+        plan_shards(replace(META, **changes), 0, n, "m")
+    with pytest.raises(Unsupported, match="outside"):
+        plan_shards(META, 0, 65, "m")
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "llama_mqa_tied", "qwen2", "qwen3",
+                                  "llama_mlp_bias", "llama_attention_bias",
+                                  "llama_tied_stored_head"])
+def test_sharded_weights_are_the_checkpoint_slices(name):
+    src = open_source(FIXTURES / name)
+    meta = src.metadata()
+    be = HostBackend()
+    N = 2
+    D, hid = meta.head_dim, meta.hidden_size
+    for rank in range(N):
+        plan = plan_shards(meta, rank, N, name)
+        w = ShardedDecoderWeights(be, src, meta, plan, progress=False)
+
+        def dev(ptr, shape):
+            out = np.empty(shape, np.uint16)
+            be.copy_d2h(ptr, out)
+            return out
+        L = w.layers[1]
+        q = src.read_bf16("model.layers.1.self_attn.q_proj.weight")
+        k = src.read_bf16("model.layers.1.self_attn.k_proj.weight")
+        v = src.read_bf16("model.layers.1.self_attn.v_proj.weight")
+        qs = slice(plan.head_start * D, (plan.head_start + plan.num_heads) * D)
+        ks = slice(plan.kv_head_start * D, (plan.kv_head_start + plan.num_kv_heads) * D)
+        rows = (plan.num_heads + 2 * plan.num_kv_heads) * D
+        assert np.array_equal(dev(L.qkv, (rows, hid)), np.concatenate([q[qs], k[ks], v[ks]]))
+        o = src.read_bf16("model.layers.1.self_attn.o_proj.weight")
+        assert np.array_equal(dev(L.o_proj, (hid, plan.num_heads * D)), o[:, qs])
+        i = slice(plan.inter_start, plan.inter_start + plan.intermediate)
+        down = src.read_bf16("model.layers.1.mlp.down_proj.weight")
+        assert np.array_equal(dev(L.down_proj, (hid, plan.intermediate)), down[:, i])
+        gate = src.read_bf16("model.layers.1.mlp.gate_proj.weight")
+        up = src.read_bf16("model.layers.1.mlp.up_proj.weight")
+        assert np.array_equal(dev(L.gate_up, (2 * plan.intermediate, hid)),
+                              np.concatenate([gate[i], up[i]]))
+        if meta.mlp_bias:   # down's bias whole (added once, after the sum)
+            assert np.array_equal(dev(L.down_bias, (hid,)),
+                                  src.read_bf16("model.layers.1.mlp.down_proj.bias"))
+        emb = src.read_bf16("model.embed_tokens.weight")
+        vs = slice(plan.vocab_start, plan.vocab_start + plan.vocab_rows)
+        assert np.array_equal(dev(w.embed_tokens, (plan.vocab_shard, hid))[:plan.vocab_rows],
+                              emb[vs])
+        tied = "lm_head.weight" not in src.tensor_names()
+        assert (w.lm_head == w.embed_tokens) == tied
+        assert w.nbytes == rank_weight_bytes(meta, plan, tied)
+        assert be.live_bytes() == w.nbytes   # the estimate is what was allocated
+        w.free()
+        assert be.live_bytes() == 0
+
+
+def test_a_bad_checkpoint_fails_before_any_upload(tmp_path):
+    import shutil
+    d = tmp_path / "m"
+    shutil.copytree(FIXTURES / "llama_gqa", d)
+    cfg = (d / "config.json").read_text().replace('"intermediate_size": 128',
+                                                  '"intermediate_size": 192')
+    (d / "config.json").write_text(cfg)
+    src = open_source(d)
+    be = HostBackend()
+    with pytest.raises(metrale.FormatError, match="gate_proj"):
+        ShardedDecoderWeights(be, src, src.metadata(), plan_shards(src.metadata(), 0, 2, "m"),
+                              progress=False)
+    assert be.live_bytes() == 0
+
+
+# the agreement, over a scripted communicator ------------------------------------------------
+class Scripted:
+    """A communicator whose exchange answers with the other ranks' scripted records."""
+
+    def __init__(self, rank: int, others: dict) -> None:
+        self.rank, self.others = rank, others
+        self.sent = []
+
+    def exchange(self, record: bytes):
+        self.sent.append(record)
+        return [record if r == self.rank else self.others[r] for r in range(1 + len(self.others))]
+
+
+def test_settle_all_fine_returns_the_records():
+    d = bytes(range(16))
+    comm = Scripted(0, {1: ok_record(d, "x")})
+    assert len(settle(comm, ok_record(d, "x"), None)) == 2
+
+
+def test_settle_raises_the_first_failing_ranks_error():
+    d = bytes(16)
+    comm = Scripted(0, {1: error_record(metrale.CacheFull("KV cache exhausted: 3 free")),
+                        2: error_record(InvalidArgument("token 9 bad"))})
+    with pytest.raises(metrale.CacheFull, match="^KV cache exhausted: 3 free$") as e:
+        settle(comm, ok_record(d, "decode"), None)
+    assert e.value.tp_agreed
+    # the failing rank itself: its own exception is the one re-raised (settle returns)
+    own = InvalidArgument("mine")
+    comm = Scripted(1, {0: ok_record(d, "x")})
+    assert settle(comm, error_record(own), own)
+    # another rank failed first: its error, chained to this rank's own
+    comm = Scripted(1, {0: error_record(InvalidArgument("rank 0's"))})
+    with pytest.raises(InvalidArgument, match="rank 0's") as e:
+        settle(comm, error_record(own), own)
+    assert e.value.__cause__ is own
+
+
+def test_settle_foreign_exceptions_become_tensor_parallel_errors():
+    comm = Scripted(0, {1: error_record(KeyError("k"))})
+    with pytest.raises(TensorParallelError, match="rank 1 raised KeyError"):
+        settle(comm, ok_record(bytes(16), "x"), None)
+
+
+def test_settle_different_calls():
+    comm = Scripted(0, {1: ok_record(b"b" * 16, "prefill(...)")})
+    with pytest.raises(TensorParallelError, match=r"rank 0: decode.*rank 1: prefill"):
+        settle(comm, ok_record(b"a" * 16, "decode(...)"), None)
+
+
+def test_call_digest_ignores_pointers_and_streams_but_not_tokens():
+    m = metrale.load(FIXTURES / "llama_gqa", HostBackend(), progress=False)
+    seq = m.alloc_sequence()
+    a = call_digest("decode", {"token": 5, "seq": seq, "stream": 0}, m)
+    assert a == call_digest("decode", {"token": 5, "seq": seq, "stream": 12345}, m)
+    assert a[0] != call_digest("decode", {"token": 6, "seq": seq, "stream": 0}, m)[0]
+    p = call_digest("argmax_on_device", {"logits_ptr": m.logits_buffer_ptr(), "stream": 0}, m)
+    assert p == call_digest("argmax_on_device", {"logits_ptr": 1 << 40, "stream": 0}, m)
+    toks = call_digest("prefill", {"tokens": np.array([1, 2], np.int32), "seq": seq}, m)
+    assert toks[0] != call_digest("prefill", {"tokens": [1, 3], "seq": seq}, m)[0]
+    assert toks[0] == call_digest("prefill", {"tokens": [1, 2], "seq": seq}, m)[0]
+    out = np.zeros(4, np.uint16)   # an output buffer's contents are not the call
+    assert call_digest("copy_logits_to_host", {"logits_ptr": 1, "dst": out}, m) == \
+        call_digest("copy_logits_to_host", {"logits_ptr": 1, "dst": out + 7}, m)
+    assert "pool" in a[1]
+
+
+# the communicator's host helpers ------------------------------------------------------------
+def test_payloads_round_trip_and_refuse_oversize():
+    bufs = np.stack([pack_payload(b"abc"), pack_payload(b""), pack_payload(b"x" * 1000)])
+    assert unpack_payloads(bufs) == [b"abc", b"", b"x" * 1000]
+    with pytest.raises(InvalidArgument, match="exceeds"):
+        pack_payload(b"x" * EXCHANGE_BYTES)
+
+
+def test_collective_checks():
+    assert check_collective("all_gather", 4, np.uint16) == np.uint16
+    with pytest.raises(InvalidArgument, match="dtype float64"):
+        check_collective("all_gather", 4, np.float64)
+    with pytest.raises(InvalidArgument, match="BF16 sums"):
+        check_collective("all_reduce", 4, np.uint16, reduce=True)
+    with pytest.raises(InvalidArgument, match="count"):
+        check_collective("all_gather", 0, np.float32)
+
+
+def test_deadline_calls_the_timeout():
+    hits = []
+
+    def on_timeout(waited):
+        hits.append(waited)
+        raise TensorParallelError("late")
+    with pytest.raises(TensorParallelError, match="late"):
+        Deadline(0.05).wait(lambda: False, on_timeout)
+    assert hits and hits[0] >= 0.05
+    Deadline(0.05).wait(lambda: True, on_timeout)
+
+
+# refusals of metrale.load --------------------------------------------------------------------
+def test_load_refuses_a_size_the_launcher_did_not_start(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK",
+                "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(TensorParallelError, match=r"tensor_parallel_size=2 but this process is "
+                                                  r"rank 0 of 1 .*mpiexec -n 2"):
+        metrale.load(FIXTURES / "llama_gqa", "cpu", tensor_parallel_size=2, progress=False)
+    for bad in (0, -1, 2.0, "2", True):
+        with pytest.raises(InvalidArgument, match="tensor_parallel_size"):
+            metrale.load(FIXTURES / "llama_gqa", "cpu", tensor_parallel_size=bad)
+
+
+@pytest.mark.parametrize("name,arch", [("whisper_tiny", "whisper"), ("llava_tiny", "llava")])
+def test_whisper_and_llava_stay_on_one_device(name, arch):
+    with pytest.raises(Unsupported, match=f"tensor_parallel_size=2: {arch} runs on one device"):
+        metrale.load(FIXTURES / name, "cpu", tensor_parallel_size=2)
+
+
+@pytest.mark.parametrize("key,value", [("quantization_config", {"quant_method": "fp8"}),
+                                       ("num_experts", 8), ("num_local_experts", 8)])
+def test_quantized_and_expert_checkpoints_are_refused(tmp_path, key, value):
+    import json
+    import shutil
+    d = tmp_path / "m"
+    shutil.copytree(FIXTURES / "llama_gqa", d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg[key] = value
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(Unsupported, match=f"tensor_parallel_size=2: config.json field '{key}'"):
+        metrale.load(d, "cpu", tensor_parallel_size=2)
+    cfg["model_type"] = "mixtral"
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(Unsupported, match="mixtral runs on one device"):
+        metrale.load(d, "cpu", tensor_parallel_size=2)
+
+
+@pytest.mark.parametrize("name", ["q_awq", "q_ct_fp8_channel", "q_fp8_block", "q_fp8_head",
+                                  "q_gptq_v1", "q_gptq_v2_actorder"])
+def test_the_quantized_fixtures_are_refused_by_name(name):
+    """FP8 / GPTQ / AWQ checkpoints (quantized linears, formats/quant.py) run on one device:
+    refused before the metadata is parsed or a launcher is asked for ranks."""
+    import json
+    method = json.loads((FIXTURES / name / "config.json").read_text())[
+        "quantization_config"]["quant_method"]
+    with pytest.raises(Unsupported, match=f"tensor_parallel_size=2: config.json field "
+                                          f"'quantization_config' \\(quant_method '{method}'\\)"):
+        metrale.load(FIXTURES / name, "cpu", tensor_parallel_size=2)
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe", "qwen3_moe"])
+def test_expert_architectures_are_refused_by_name(tmp_path, arch):
+    import json
+    import shutil
+    d = tmp_path / "m"
+    shutil.copytree(FIXTURES / "llama_gqa", d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["model_type"] = arch
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(Unsupported, match=f"tensor_parallel_size=2: {arch} runs on one device"):
+        metrale.load(d, "cpu", tensor_parallel_size=2)
+
+
+def test_the_tensor_contract_is_refused():
+    with pytest.raises(Unsupported, match="pointer API"):
+        metrale.load_generative(FIXTURES / "llama_gqa", "cpu", tensor_parallel_size=2)
+
+
+def test_host_ranks_need_an_mpi_launcher():
+    from metrale.gpu_runtime.communicators import open_communicator
+    with pytest.raises(Unsupported, match="mpiexec"):
+        open_communicator(HostBackend(), RankInfo(0, 2, 0, "torchrun"))
