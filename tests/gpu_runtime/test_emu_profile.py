@@ -100,3 +100,19 @@ def test_estimate_and_measurement_side_by_side():
     rows = mod.rows(est, bench, kernels)
     assert [(r["device"], r["estimated_us"], r["measured_us"]) for r in rows] == [
         (h200, 4000.0, 4500.0), (h200, 40.0, 44.0)]
+
+
+def test_prefill_roofline_counts_active_parameters():
+    # FLOPs from parameters, not bytes: a 4-bit model does the BF16 model's math (both bound
+    # by FLOPs at 512 tokens), and a MoE token runs its top_k experts only, so qwen3-30b-a3b
+    # (~3.3B active of 30.5B) is bound by reading its experts, never by all experts' FLOPs.
+    from metrale.bench.roofline import weight_read_bytes
+    h200, n = estimate.H200, 512
+    meta = {p: MemorySource.preset(p).metadata()
+            for p in ("llama-3.1-8b", "llama-3.1-8b-gptq", "qwen3-30b-a3b")}
+    dense = profile.prefill_roofline(meta["llama-3.1-8b"], n, h200)
+    assert dense > weight_read_bytes(meta["llama-3.1-8b"], n) / h200.hbm_bytes_per_s * 1e6
+    assert profile.prefill_roofline(meta["llama-3.1-8b-gptq"], n, h200) == pytest.approx(dense)
+    moe = meta["qwen3-30b-a3b"]
+    assert profile.prefill_roofline(moe, n, h200) == pytest.approx(
+        weight_read_bytes(moe, n) / h200.hbm_bytes_per_s * 1e6)

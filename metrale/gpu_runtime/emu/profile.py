@@ -56,10 +56,14 @@ def record(preset: str, *, batch: int, context: int, prefill_len: int):
 
 def prefill_roofline(meta, n_tokens: int, dev: est.Device) -> float:
     """Microseconds a prefill of n_tokens needs at least: weight bytes at HBM bandwidth, or
-    2 FLOP per weight per token plus causal attention's QK and PV at the tensor-core peak."""
+    2 FLOP per active parameter per token (a MoE token runs its top_k experts only) plus
+    causal attention's QK and PV at the tensor-core peak. Parameters are counted, not
+    derived from bytes, so quantized weights keep their FLOPs."""
     from ...bench.roofline import weight_read_bytes
-    from ...model_engine.memory_plan import weight_bytes
-    params = (weight_bytes(meta) - meta.vocab_size * meta.hidden_size * 2) / 2  # no embedding
+    from ...formats.layout import num_parameters
+    from ...formats.moe_config import inactive_parameters
+    params = (num_parameters(meta) - inactive_parameters(meta, 1)
+              - meta.vocab_size * meta.hidden_size)   # no embedding lookup
     attn = meta.num_layers * 4 * meta.num_heads * meta.head_dim * n_tokens * (n_tokens + 1) / 2
     flops = 2 * params * n_tokens + attn
     return max(weight_read_bytes(meta, n_tokens) / dev.hbm_bytes_per_s,
