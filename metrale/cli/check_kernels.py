@@ -26,7 +26,7 @@ def register(sub) -> None:
     ck.add_argument("--profile", action="store_true",
                     help="count every kernel of a decode and a prefill step of a real model "
                     "preset on the EmuBackend and print an ESTIMATE of their time on H100/"
-                    "H200 (minutes of CPU; see metrale/gpu_runtime/emu/profile.py)")
+                    "H200 (minutes of CPU; see metrale/bench/emu_profile.py)")
     ck.add_argument("--preset", action="append",
                     help="with --profile: model preset (repeatable; default llama-3.1-8b "
                     "and qwen2.5-7b)")
@@ -38,7 +38,7 @@ def register(sub) -> None:
 def run_profile(args) -> int:
     from pathlib import Path
 
-    from ..gpu_runtime.emu import profile
+    from ..bench import emu_profile as profile
     presets = args.preset or ["llama-3.1-8b", "qwen2.5-7b"]
     figures = profile.nvrtc_figures()
     rep = profile.report([profile.profile_preset(p, figures=figures) for p in presets])

@@ -8,7 +8,8 @@ import math
 import pytest
 
 from metrale.formats.source import MemorySource
-from metrale.gpu_runtime.emu import estimate, profile
+from metrale.bench import emu_profile as profile
+from metrale.gpu_runtime.emu import estimate
 from metrale.gpu_runtime.emu.trace import ProfileEmuBackend, TraceBackend, ZeroSource, replay
 from tests.conftest import emu_available
 

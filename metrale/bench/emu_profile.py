@@ -17,9 +17,9 @@ import math
 import time
 from collections import defaultdict
 
-from ...formats.source import MemorySource
-from . import estimate as est
-from .trace import ProfileEmuBackend, TraceBackend, ZeroSource, replay
+from ..formats.source import MemorySource
+from ..gpu_runtime.emu import estimate as est
+from ..gpu_runtime.emu.trace import ProfileEmuBackend, TraceBackend, ZeroSource, replay
 
 _COUNTER_KEYS = ("blocks", "gld_requests", "gld_sectors", "gld_bytes", "gld_unique",
                  "gst_requests", "gst_sectors", "gst_bytes", "gst_unique", "sld_requests",
@@ -30,7 +30,7 @@ _COUNTER_KEYS = ("blocks", "gld_requests", "gld_sectors", "gld_bytes", "gld_uniq
 
 def record(preset: str, *, batch: int, context: int, prefill_len: int):
     """(trace, metadata) of a prefill and a decode step of `preset` (weights all zero)."""
-    from ...model_engine import TransformerModel
+    from ..model_engine import TransformerModel
     src = ZeroSource(MemorySource.preset(preset))
     meta = src.metadata()
     tb = TraceBackend()
@@ -59,9 +59,9 @@ def prefill_roofline(meta, n_tokens: int, dev: est.Device) -> float:
     2 FLOP per active parameter per token (a MoE token runs its top_k experts only) plus
     causal attention's QK and PV at the tensor-core peak. Parameters are counted, not
     derived from bytes, so quantized weights keep their FLOPs."""
-    from ...bench.roofline import weight_read_bytes
-    from ...formats.layout import num_parameters
-    from ...formats.moe_config import inactive_parameters
+    from .roofline import weight_read_bytes
+    from ..formats.layout import num_parameters
+    from ..formats.moe_config import inactive_parameters
     params = (num_parameters(meta) - inactive_parameters(meta, 1)
               - meta.vocab_size * meta.hidden_size)   # no embedding lookup
     attn = meta.num_layers * 4 * meta.num_heads * meta.head_dim * n_tokens * (n_tokens + 1) / 2
@@ -72,7 +72,7 @@ def prefill_roofline(meta, n_tokens: int, dev: est.Device) -> float:
 
 def nvrtc_figures() -> dict[str, dict]:
     """kernel name -> {registers, shared_bytes} for sm_90 from NVRTC, {} without NVRTC."""
-    from .. import kernel_source
+    from ..gpu_runtime import kernel_source
     out = {}
     try:
         for path in kernel_source.kernel_files():
@@ -129,7 +129,7 @@ def profile_step(recs, meta, step: str, n_tokens: int, kv_lens, figures) -> dict
         total = sum(x["us"] for x in e)
         work = sum(x["work_us"] for x in e)
         if step == "decode":
-            from ...bench.roofline import decode_step_bytes
+            from .roofline import decode_step_bytes
             roof = decode_step_bytes(meta, kv_lens) / dev.hbm_bytes_per_s * 1e6
         else:
             roof = prefill_roofline(meta, n_tokens, dev)
