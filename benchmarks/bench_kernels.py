@@ -304,6 +304,14 @@ def bench_rope(B, S):
     B.run("rope", "apply_rope+qk_norm", dict(n_tokens=T, heads=H, kv_heads=KV, head_dim=D),
           lambda s: rope.apply_rope(B.be, s, qkv, pos, table, T, H, KV, D, maxp, qn, kn, 1e-6),
           nbytes=2 * T * (H + KV) * D * 2 + T * D * 4 + T * 4)
+    # the model's launch: rope and the k/v cache write together (bytes: rope's, the v heads
+    # read, k and v written to the cache, the slots)
+    kc, vc, _, _ = _paged(B, S, 1, T)
+    slots = B.upload(np.arange(T, dtype=np.int32))
+    B.run("rope", "rope_write_kv", dict(n_tokens=T, heads=H, kv_heads=KV, head_dim=D),
+          lambda s: rope.rope_write_kv(B.be, s, qkv, pos, table, kc, vc, slots, T, H, KV, D,
+                                       maxp),
+          nbytes=2 * T * (H + KV) * D * 2 + T * D * 4 + T * 4 + 3 * T * KV * D * 2 + T * 4)
 
 
 def _paged(B, S, n_seqs, kv_len):

@@ -8,11 +8,11 @@ Workloads: the five decoder fixtures (prefill, chunked prefill, decode, decode_b
 FP32 logits, sampled and greedy generation), Whisper (encoder, decoder, transcribe), LLaVA
 (CLIP tower, image-spliced prefill), random-weight models at head shapes that reach every
 attention variant, and direct launches of the casts, the argmaxes, dense attention, the
-scalar conv1d path, every gemm_tc tile and the GEMV. Per kernel: launches, elements
-compared, how many differ, the largest difference in units in the last place (BF16 or
-FP32; also over the elements at least 1/256 of the largest, since near zero a sign flip of
-two tiny values counts as a huge ulp distance) and relative to the largest value, and every
-entry point that no workload reached.
+scalar conv1d path, rope and the KV cache write as separate launches, every gemm_tc tile and
+the GEMV. Per kernel: launches, elements compared, how many differ, the largest difference
+in units in the last place (BF16 or FP32; also over the elements at least 1/256 of the
+largest, since near zero a sign flip of two tiny values counts as a huge ulp distance) and
+relative to the largest value, and every entry point that no workload reached.
 """
 from __future__ import annotations
 
@@ -147,6 +147,23 @@ def direct_workload(be) -> None:
         be.copy_h2d(a, p)
     conv1d(be, s, co, cx, cw, cb, 5, 7, 50, 3, 2, 1, True)
     ptrs += [cx, cw, cb, co]
+    # rope and the cache write as separate launches (the models use rope_write_kv), with a
+    # q/k norm and a padding slot
+    from metrale.ops import kv_cache, rope
+    h, kv, d, n = 4, 2, 64, 7
+    qkv = cast_bits(rng.standard_normal((n, (h + 2 * kv) * d)).astype(np.float32))
+    table = rope.rope_table(d, 64, 10000.0, None)
+    norm_w = cast_bits(rng.uniform(0.5, 1.5, d).astype(np.float32))
+    pos, slots = np.arange(n, dtype=np.int32) * 5, np.array([3, 0, -1, 9, 1, 4, 2], np.int32)
+    rq, rt, rp, rs, rn = (be.alloc(a.nbytes) for a in (qkv, table, pos, slots, norm_w))
+    for a, p in ((qkv, rq), (table, rt), (pos, rp), (slots, rs), (norm_w, rn)):
+        be.copy_h2d(a, p)
+    kc, vc = be.alloc(16 * kv * d * 2), be.alloc(16 * kv * d * 2)
+    be.memset(kc, 0, 16 * kv * d * 2)
+    be.memset(vc, 0, 16 * kv * d * 2)
+    rope.apply_rope(be, s, rq, rp, rt, n, h, kv, d, 64, rn, rn, 1e-6)
+    kv_cache.write_kv(be, s, rq, kc, vc, rs, n, h, kv, d)
+    ptrs += [rq, rt, rp, rs, rn, kc, vc]
     # GEMMs: every gemm_tc tile (the models reach only some), ragged k (scalar path), and
     # the CUDA-core GEMV the model no longer uses (kept as a reference)
     for m, n, k in ((33, 70, 264), (130, 37, 19)):

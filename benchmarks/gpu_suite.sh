@@ -14,6 +14,10 @@
 #                       where the GPU has >= 135 GiB, else recorded as skipped)
 #   bench_mixtral.json  metrale bench --preset mixtral-8x7b --batch 1,64 (93 GB: >= 110 GiB)
 #   suite.json          every tool's rc and wall time
+#   estimate_vs_measured.json  the EmuBackend's committed ESTIMATE
+#                       (benchmarks/results/emu_profile.json) next to bench.json's decode
+#                       step and bench_kernels.json's GEMMs (benchmarks/estimate_vs_measured.py),
+#                       also printed
 # Each JSON carries the command, GPU name, driver, CuPy/CUDA versions and
 # "gpu_tests": {"passed", "failed"}. Works from a checkout with no pip install (the repo
 # goes on PYTHONPATH; the CLI runs as `python -m metrale.cli`). A failing or timed-out tool
@@ -244,3 +248,7 @@ summary["wall_s"] = time.time() - start
 print(json.dumps(summary["tools"]), file=sys.stderr)
 print(f"gpu tests: {tests['passed']} passed, {tests['failed']} failed", file=sys.stderr)
 PY
+
+# The emulator's estimate next to what this GPU measured (printed and kept as JSON).
+"$PY" benchmarks/estimate_vs_measured.py --bench "$OUT/bench.json" \
+    --kernels "$OUT/bench_kernels.json" --json "$OUT/estimate_vs_measured.json" >&2 || true

@@ -13,9 +13,13 @@
 // Rounding choice: HF computes act(gate) in BF16 and then multiplies (two roundings);
 // like vLLM/TensorRT-LLM we round once (the brief's contract); the difference is <= 1 ulp.
 //
-// act_mul launch: grid (n_rows), block ACT_THREADS (256) striding over the row (common.cuh's
-//   row_stride_x8); vector path (8 bf16 per 128-bit access) when I % 8 == 0 and both
-//   pointers are 16-byte aligned, else one element per access. Any I >= 1.
+// act_mul launch: grid (n_rows, col_blocks), block ACT_THREADS (256); the col_blocks blocks
+//   of a row stride over it together (chunk / element c = blockIdx.y * 256 + threadIdx.x,
+//   step col_blocks * 256), col_blocks = min(ceil(ceil(I / 8) / 256), 65535): a decode row
+//   of I = 14336 is 7 blocks, not one block on one SM (the EmuBackend's counters found a
+//   batch-1 row drawing one SM's share of the bandwidth). Vector path (8 bf16 per 128-bit
+//   access) when I % 8 == 0 and both pointers are 16-byte aligned, else one element per
+//   access. Any I >= 1.
 // gelu launch: 1-D grid-stride (common.cuh's grid_stride_x8), block 256, grid
 //   min(ceil(ceil(n/8)/256), 8192); vector path when both pointers are 16-byte aligned, the
 //   last n % 8 elements one by one. in-place (out == x) is allowed.
@@ -64,12 +68,14 @@ act_mul(bf16 *out, const bf16 *gate_up, int n_rows, int intermediate, int act) {
     const bf16x8 *gv = reinterpret_cast<const bf16x8 *>(g);
     const bf16x8 *uv = reinterpret_cast<const bf16x8 *>(u);
     bf16x8 *ov = reinterpret_cast<bf16x8 *>(o);
-    row_stride_x8(
-        intermediate, (intermediate & 7) == 0 && aligned16(g) && aligned16(o),
-        [&](int c) {
+    const int first = blockIdx.y * ACT_THREADS + threadIdx.x, step = gridDim.y * ACT_THREADS;
+    if ((intermediate & 7) == 0 && aligned16(g) && aligned16(o)) {
+        for (int c = first; c < (intermediate >> 3); c += step)
             ov[c] = map8(gv[c], uv[c], [&](float g, float u) { return gated_act_f(g, act) * u; });
-        },
-        [&](int c) { o[c] = f2bf(gated_act_f(bf2f(g[c]), act) * bf2f(u[c])); });
+    } else {
+        for (int c = first; c < intermediate; c += step)
+            o[c] = f2bf(gated_act_f(bf2f(g[c]), act) * bf2f(u[c]));
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(ACT_THREADS)

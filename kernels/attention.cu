@@ -32,7 +32,7 @@
 //   safe: every per-step value is read from device buffers).
 //   Split kernel: grid (max_splits, KV*ceil(G/GT), n_seqs), block 128 (launch bounds
 //   128x1: up to ~170 registers for GT=8 rather than spilling), dynamic shared
-//   memory (GT*256 + 4*GT*D)*4 bytes. One CTA = one split of one kv head for GT query heads
+//   memory (GT*256 + 4*GT*(D + D/32))*4 bytes. One CTA = one split of one kv head for GT query heads
 //   of its group (K/V rows loaded once, used by all GT heads); CTAs past the sequence's last
 //   split (or before the window) exit. vN = bf16 per load: v8 = 128-bit loads (D % 8 == 0,
 //   16-byte aligned pointers), v2 = 32-bit loads otherwise. Phase 1: L = lanes per key
@@ -202,11 +202,15 @@ __device__ __forceinline__ void decode_split_impl(
     typedef typename RawVec<VEC>::T raw_t;
     constexpr int S = DECODE_SPLIT_TOKENS;
     constexpr int CV = MAXC * VEC;  // values per lane per head
-    extern __shared__ float smem[];  // [GT][S] logits/probabilities, then [WARPS][GT][D]
+    extern __shared__ float smem[];  // [GT][S] logits/probabilities, then [WARPS][GT][DP]
     __shared__ int s_blk[S + 1];
     __shared__ float s_m[GT], s_l[GT];
     float *s_logit = smem;
     float *s_red = smem + GT * S;
+    // s_red rows hold element d at d + d / 32 (DP = D + D / 32 floats): the lanes that store
+    // VEC consecutive values each would otherwise meet in the same banks, 32 / VEC lanes
+    // apart (a 4-way conflict for VEC = 8, found by the EmuBackend's counters).
+    const int DP = D + (D >> 5);
 
     const int split = blockIdx.x, s = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -360,7 +364,8 @@ __device__ __forceinline__ void decode_split_impl(
                 if (g < ng && ch < C) {
 #pragma unroll
                     for (int i = 0; i < VEC; ++i)
-                        s_red[(warp * GT + g) * D + ch * VEC + i] = acc[g][c * VEC + i];
+                        s_red[(warp * GT + g) * DP + (ch * VEC + i) + ((ch * VEC + i) >> 5)] =
+                            acc[g][c * VEC + i];
                 }
             }
         }
@@ -371,9 +376,10 @@ __device__ __forceinline__ void decode_split_impl(
     float *ws_ml = ws + (long long)n_seqs * H * max_splits * D;
     for (int i = tid; i < ng * D; i += ATT_THREADS) {
         const int g = i / D, d = i - g * D;
-        float a = s_red[g * D + d];
+        const int dp = d + (d >> 5);
+        float a = s_red[g * DP + dp];
 #pragma unroll
-        for (int w = 1; w < ATT_WARPS; ++w) a += s_red[(w * GT + g) * D + d];
+        for (int w = 1; w < ATT_WARPS; ++w) a += s_red[(w * GT + g) * DP + dp];
         if (direct) {
             orow[i] = f2bf(a / s_l[g]);
         } else {

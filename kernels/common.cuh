@@ -23,7 +23,9 @@ __device__ __forceinline__ unsigned int pack_bf2(float a, float b) {
 // 8 BF16 values moved as one 128-bit load/store.
 struct __align__(16) bf16x8 { __nv_bfloat162 h[4]; };
 
-__device__ __forceinline__ void unpack8(const bf16x8 &v, float out[8]) {
+// Takes the vector by value: a caller's `unpack8(p[i], ...)` is then one 128-bit load,
+// whatever the compiler would make of four 32-bit reads through a reference.
+__device__ __forceinline__ void unpack8(const bf16x8 v, float out[8]) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         float2 f = __bfloat1622float2(v.h[i]);
@@ -41,7 +43,7 @@ __device__ __forceinline__ bf16x8 pack8(const float in[8]) {
 
 // 8 packed values through an FP32 function, one RNE rounding each: bf16(f(x)), bf16(f(x, y)).
 template <class F>
-__device__ __forceinline__ bf16x8 map8(const bf16x8 &x, F f) {
+__device__ __forceinline__ bf16x8 map8(const bf16x8 x, F f) {
     float a[8];
     unpack8(x, a);
 #pragma unroll
@@ -50,7 +52,7 @@ __device__ __forceinline__ bf16x8 map8(const bf16x8 &x, F f) {
 }
 
 template <class F>
-__device__ __forceinline__ bf16x8 map8(const bf16x8 &x, const bf16x8 &y, F f) {
+__device__ __forceinline__ bf16x8 map8(const bf16x8 x, const bf16x8 y, F f) {
     float a[8], b[8];
     unpack8(x, a);
     unpack8(y, b);

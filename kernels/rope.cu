@@ -15,26 +15,30 @@
 //         lane l handles pairs j = l, l+32, l+64, l+96 (D <= 256).
 // Restrictions: D even, 2 <= D <= 256. A position outside [0, max_positions) leaves the
 //         token untouched (no out-of-bounds read); callers check positions on the host.
+//
+// rope_write_kv: apply_rope and kv_cache.cu's write_kv in one launch (a decode step's two
+// launch-bound kernels, by the EmuBackend's profile, become one):
+//   as apply_rope on qkv, then with slot = slot_mapping[t] (< 0: no cache write):
+//   k_cache[slot, kh*D : (kh+1)*D] = k head kh of qkv as apply_rope leaves it
+//   v_cache[slot, kh*D : (kh+1)*D] = v head kh of qkv
+// Shapes: as apply_rope, plus k_cache, v_cache [num_blocks, block_size, KV, D] bf16 (rows
+//         [num_slots, KV*D]) and slot_mapping [n_tokens] int32.
+// Launch: grid (n_tokens, ceil((H+2*KV)/4)), block 128, one warp per head: warps past the
+//         H+KV q/k heads copy a v head, lane l the 32-bit words l, l+32, ... of it.
+// Restrictions: as apply_rope; qkv and the caches 4-byte aligned; slots are not bounds-
+//         checked here (the numpy twin checks them against the allocation). A position
+//         outside the table leaves qkv untouched and writes the unrotated k, as apply_rope
+//         followed by write_kv would.
 #include "common.cuh"
 
 #define ROPE_WARPS 4
 #define ROPE_MAX_PAIRS_PER_LANE 4  // D/2 <= 128
 
-extern "C" __global__ void __launch_bounds__(ROPE_WARPS * 32)
-apply_rope(bf16 *qkv, const int *positions, const float *table, const bf16 *q_norm,
-           const bf16 *k_norm, int n_tokens, int num_heads, int num_kv_heads, int head_dim,
-           int max_positions, float norm_eps) {
-    const int t = blockIdx.x;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int head = blockIdx.y * ROPE_WARPS + warp;
-    if (t >= n_tokens || head >= num_heads + num_kv_heads) return;
-    const int pos = positions[t];
-    if (pos < 0 || pos >= max_positions) return;
+// One q/k head of token t: optional RMSNorm, rotation, written back in place and, with
+// k_dst (a k head's cache row), to the cache as well. Lane l: pairs j = l + 32k.
+__device__ __forceinline__ void rope_head(bf16 *x, bf16 *k_dst, const bf16 *w, const float *cs,
+                                          int head_dim, float norm_eps, int lane) {
     const int half = head_dim >> 1;
-    bf16 *x = qkv + (long long)t * (num_heads + 2 * num_kv_heads) * head_dim
-                  + (long long)head * head_dim;
-    const bf16 *w = head < num_heads ? q_norm : k_norm;
-
     float x1[ROPE_MAX_PAIRS_PER_LANE], x2[ROPE_MAX_PAIRS_PER_LANE];
 #pragma unroll
     for (int k = 0; k < ROPE_MAX_PAIRS_PER_LANE; ++k) {
@@ -57,14 +61,73 @@ apply_rope(bf16 *qkv, const int *positions, const float *table, const bf16 *q_no
             }
         }
     }
-    const float *cs = table + (long long)pos * head_dim;
 #pragma unroll
     for (int k = 0; k < ROPE_MAX_PAIRS_PER_LANE; ++k) {
         const int j = lane + 32 * k;
         if (j < half) {
             const float c = __ldg(cs + j), s = __ldg(cs + half + j);
-            x[j] = f2bf(x1[k] * c - x2[k] * s);
-            x[j + half] = f2bf(x2[k] * c + x1[k] * s);
+            const bf16 a = f2bf(x1[k] * c - x2[k] * s), b = f2bf(x2[k] * c + x1[k] * s);
+            x[j] = a;
+            x[j + half] = b;
+            if (k_dst != nullptr) {
+                k_dst[j] = a;
+                k_dst[j + half] = b;
+            }
         }
     }
+}
+
+// A head copied as 32-bit words (D even, both rows 4-byte aligned).
+__device__ __forceinline__ void copy_head(bf16 *dst, const bf16 *src, int head_dim, int lane) {
+    const unsigned int *s = reinterpret_cast<const unsigned int *>(src);
+    unsigned int *d = reinterpret_cast<unsigned int *>(dst);
+    for (int i = lane; i < (head_dim >> 1); i += 32) d[i] = s[i];
+}
+
+extern "C" __global__ void __launch_bounds__(ROPE_WARPS * 32)
+apply_rope(bf16 *qkv, const int *positions, const float *table, const bf16 *q_norm,
+           const bf16 *k_norm, int n_tokens, int num_heads, int num_kv_heads, int head_dim,
+           int max_positions, float norm_eps) {
+    const int t = blockIdx.x;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int head = blockIdx.y * ROPE_WARPS + warp;
+    if (t >= n_tokens || head >= num_heads + num_kv_heads) return;
+    const int pos = positions[t];
+    if (pos < 0 || pos >= max_positions) return;
+    bf16 *x = qkv + (long long)t * (num_heads + 2 * num_kv_heads) * head_dim
+                  + (long long)head * head_dim;
+    rope_head(x, nullptr, head < num_heads ? q_norm : k_norm,
+              table + (long long)pos * head_dim, head_dim, norm_eps, lane);
+}
+
+extern "C" __global__ void __launch_bounds__(ROPE_WARPS * 32)
+rope_write_kv(bf16 *qkv, const int *positions, const float *table, const bf16 *q_norm,
+              const bf16 *k_norm, bf16 *k_cache, bf16 *v_cache, const int *slot_mapping,
+              int n_tokens, int num_heads, int num_kv_heads, int head_dim, int max_positions,
+              float norm_eps) {
+    const int t = blockIdx.x;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int head = blockIdx.y * ROPE_WARPS + warp;
+    if (t >= n_tokens || head >= num_heads + 2 * num_kv_heads) return;
+    const int slot = slot_mapping[t];
+    const int pos = positions[t];
+    const bool rotate = pos >= 0 && pos < max_positions;
+    bf16 *x = qkv + (long long)t * (num_heads + 2 * num_kv_heads) * head_dim
+                  + (long long)head * head_dim;
+    const long long row = (long long)num_kv_heads * head_dim;  // a cache slot
+    if (head < num_heads) {                                     // q head: rotate only
+        if (rotate)
+            rope_head(x, nullptr, q_norm, table + (long long)pos * head_dim, head_dim,
+                      norm_eps, lane);
+        return;
+    }
+    const bool kv = head < num_heads + num_kv_heads;            // else a v head
+    const int kh = head - num_heads - (kv ? 0 : num_kv_heads);
+    bf16 *dst = slot < 0 ? nullptr
+                         : (kv ? k_cache : v_cache) + (long long)slot * row
+                               + (long long)kh * head_dim;
+    if (kv && rotate)
+        rope_head(x, dst, k_norm, table + (long long)pos * head_dim, head_dim, norm_eps, lane);
+    else if (dst != nullptr)
+        copy_head(dst, x, head_dim, lane);
 }

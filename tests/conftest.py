@@ -78,6 +78,17 @@ def device_backends() -> list[str]:
     return [name for name, ok in (("emu", emu_available()), ("cuda", gpu_available())) if ok]
 
 
+def pytest_runtest_logstart(nodeid, location):
+    """METRALE_TEST_MARKER=FILE: the id of the test now running, written before it starts.
+    Under AddressSanitizer a failure aborts the process inside pytest's output capture,
+    so the report goes to a file (ASAN_OPTIONS=log_path) and CI names the test from this
+    marker (.ci/run, run_sanitized)."""
+    path = os.environ.get("METRALE_TEST_MARKER")
+    if path:
+        with open(path, "w") as f:
+            f.write(nodeid + "\n")
+
+
 def pytest_generate_tests(metafunc):
     if "device" in metafunc.fixturenames:
         metafunc.parametrize("device", device_backends(), indirect=True)

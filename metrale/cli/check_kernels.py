@@ -23,10 +23,37 @@ def register(sub) -> None:
     ck.add_argument("--json", action="store_true", help="print JSON records instead of a table")
     ck.add_argument("--arch", action="append", choices=["sm_80", "sm_90", "sm_90a"],
                     help="architecture (repeatable; default sm_80 and sm_90)")
+    ck.add_argument("--profile", action="store_true",
+                    help="count every kernel of a decode and a prefill step of a real model "
+                    "preset on the EmuBackend and print an ESTIMATE of their time on H100/"
+                    "H200 (minutes of CPU; see metrale/bench/emu_profile.py)")
+    ck.add_argument("--preset", action="append",
+                    help="with --profile: model preset (repeatable; default llama-3.1-8b "
+                    "and qwen2.5-7b)")
+    ck.add_argument("--profile-json", metavar="FILE",
+                    help="with --profile: also write the report as JSON to FILE")
     ck.set_defaults(func=run)
 
 
+def run_profile(args) -> int:
+    from pathlib import Path
+
+    from ..bench import emu_profile as profile
+    presets = args.preset or ["llama-3.1-8b", "qwen2.5-7b"]
+    figures = profile.nvrtc_figures()
+    rep = profile.report([profile.profile_preset(p, figures=figures) for p in presets])
+    rep["command"] = "metrale check-kernels --profile" + "".join(f" --preset {p}"
+                                                                 for p in args.preset or [])
+    rep["nvrtc_figures"] = bool(figures)
+    print(json.dumps(rep, indent=1) if args.json else profile.format_report(rep))
+    if args.profile_json:
+        Path(args.profile_json).write_text(json.dumps(rep, indent=1) + "\n")
+    return 0
+
+
 def run(args) -> int:
+    if getattr(args, "profile", False):
+        return run_profile(args)
     from ..gpu_runtime import kernel_source
     from .notes import Progress
     archs = tuple(args.arch) if args.arch else DEFAULT_ARCHS

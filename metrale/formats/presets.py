@@ -158,6 +158,7 @@ PRESETS: dict[str, dict] = {
     "qwen2.5-0.5b-gptq": _quantized(_QWEN25_05B, _GPTQ_4BIT),
     "qwen2.5-0.5b-awq": _quantized(_QWEN25_05B, _AWQ_4BIT),
     "llama-3.1-8b-fp8": _quantized(_LLAMA_31_8B, _FP8_BLOCK),
+    "llama-3.1-8b-gptq": _quantized(_LLAMA_31_8B, _GPTQ_4BIT),
     "qwen2.5-7b": _QWEN25_7B,
     "qwen3-8b": _QWEN3_8B,
     "mistral-7b": _MISTRAL_7B,

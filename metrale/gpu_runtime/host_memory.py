@@ -40,6 +40,7 @@ class HostMemory:
     """The memory half of `HostBackend` (which adds launches, streams, events, graphs)."""
 
     _capture: list | None = None   # set by HostBackend: no allocation during capture
+    _guard_bytes = 0               # extra slack after each allocation (EmuBackend's guards)
 
     def __init__(self, memory_limit_bytes: int | None,
                  convert_cache_bytes: int | None, poison: bool = False) -> None:
@@ -64,7 +65,7 @@ class HostMemory:
             raise DeviceError(
                 f"out of memory: alloc of {nbytes} bytes with {self._limit - self._live} "
                 f"bytes free (memory_limit_bytes={self._limit})")
-        size = max(nbytes, 1) + _ALIGN
+        size = max(nbytes, 1) + _ALIGN + self._guard_bytes
         if self.poison:
             raw = np.full(size, 0xFF, dtype=np.uint8)
         elif size >= LAZY_MAP_MIN:   # page-aligned, zero pages mapped on first touch

@@ -4,7 +4,7 @@ the mixture-of-experts families, whose sparse layers run moe.moe_mlp for the MLP
 Pre-norm residual blocks with the residual add fused into RMSNorm:
     residual = embed(ids)
     per layer:  x = norm1(residual)                     (layer 0: no add)
-                qkv = x @ Wqkv^T (+ bias); rope(q, k) (+ q/k norm); write k, v to the cache
+                qkv = x @ Wqkv^T (+ bias); rope(q, k) (+ q/k norm) and k, v to the cache
                 o = attention(q, cache; the layer's sliding window) @ Wo^T (+ bias)
                 x = norm2(residual += o)
                 h = act(x @ Wgate^T (+ b)) * (x @ Wup^T (+ b)) @ Wdown^T (+ b)
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from ..formats.field_table import HF_ACTIVATIONS
 from ..gpu_runtime.types import NULL, DevicePtr
-from ..ops import activation, attention, elementwise, embedding, kv_cache, rmsnorm, rope
+from ..ops import activation, attention, elementwise, embedding, rmsnorm, rope
 from ..ops import attention_tc
 from .linear import run_linear
 from .moe import moe_mlp
@@ -62,11 +62,12 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
         linear(b, stream, ws.qkv, ws.normed, L.qkv, n, ws.qkv_dim, hid)
         if not L.qkv_bias.is_null():
             elementwise.add_bias(b, stream, ws.qkv, L.qkv_bias, n, ws.qkv_dim)
-        rope.apply_rope(b, stream, ws.qkv, ws.positions, model._rope_table, n, H, KV, D,
-                        model._max_positions, L.q_norm, L.k_norm, eps)
         kc, vc = arena.k_cache(i), arena.v_cache(i)
         window = m.layer_windows[i]   # 0: full attention (per-layer windows of qwen2/qwen3)
-        kv_cache.write_kv(b, stream, ws.qkv, kc, vc, ws.slot_mapping, n, H, KV, D)
+        # rope (+ q/k norm) and the k/v cache write in one launch
+        rope.rope_write_kv(b, stream, ws.qkv, ws.positions, model._rope_table, kc, vc,
+                           ws.slot_mapping, n, H, KV, D, model._max_positions, L.q_norm,
+                           L.k_norm, eps)
         if decode:
             attention.decode_attention(b, stream, ws.attn_out, ws.qkv, kc, vc, ws.block_tables,
                                        ws.kv_lens, n_seqs, H, KV, D, model._block_size,

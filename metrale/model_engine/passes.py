@@ -217,10 +217,10 @@ class DecoderPasses:
             arena = rows[0][0].arena
             graphs = self._use_graphs and arena is None and embeds is None
             padded = self._graph_rows(n) if graphs else n
-            for r in range(n, padded):  # padding rows write into and read from the sink block
-                ws.h_tokens[r] = 0
-                ws.h_positions[r] = 0
-                ws.h_slots[r] = ws.pad_block * bs
+            for r in range(n, padded):  # padding rows read the sink block's first slot,
+                ws.h_tokens[r] = 0        # which the first of them writes: only one, as
+                ws.h_positions[r] = 0     # several blocks writing one cache slot race
+                ws.h_slots[r] = ws.pad_block * bs if r == n else -1
                 self._fill_table_row(r, [ws.pad_block])
                 ws.h_kv_lens[r] = 1
             ws.h_indptr[: padded + 1] = np.arange(padded + 1)

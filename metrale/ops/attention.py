@@ -10,10 +10,9 @@ a sequence's result is the same alone or in any batch, on the GPU and in the twi
 mirrors the split structure (per-split max/sum/acc written to the same workspace, combined in
 the same fixed order), so GPU and twin differ only by fp32 summation order inside a split.
 
-The twins loop over sequences and compute each one from its own data only, so they are
-bit-identical whether a sequence is run alone or in a batch. They read block tables,
-kv_lens, qo_indptr and the caches through `ctx.view` (bounds-checked), and raise
-KernelError where the kernel would write NaN rows (inconsistent lengths).
+The twins compute each sequence from its own data only (bit-identical alone or in a batch),
+read block tables, kv_lens, qo_indptr and caches through `ctx.view` (bounds-checked), and
+raise KernelError where the kernel would write NaN rows (inconsistent lengths).
 """
 from __future__ import annotations
 
@@ -255,7 +254,8 @@ def _decode_variant(num_heads, num_kv_heads, head_dim, ptrs) -> tuple[str, int, 
 
 
 def decode_smem_bytes(gt: int, head_dim: int) -> int:
-    return (gt * DECODE_SPLIT_TOKENS + WARPS * gt * head_dim) * 4
+    """[gt, 256] logits, [WARPS, gt, head_dim * 33 / 32] padded partial sums (attention.cu)."""
+    return (gt * DECODE_SPLIT_TOKENS + WARPS * gt * (head_dim + head_dim // 32)) * 4
 
 
 def decode_attention(backend, stream: int, out_ptr, qkv_ptr, k_cache_ptr, v_cache_ptr,

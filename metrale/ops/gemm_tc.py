@@ -27,9 +27,12 @@ from .registry import twin
 
 MODULE = "gemm_tc"
 _MAX_GRID_Y = 65535
-# The 128x128 tile only when it still gives this many CTAs (about two per SM on an H200);
-# below that the 64x32 tile's 8x more CTAs keep more SMs streaming W.
-_BIG_TILE_MIN_CTAS = 256
+# The 128x128 tile only when it still gives this many CTAs (about one per SM on an H200);
+# below that the 64x32 tile's 8x more CTAs keep more SMs streaming W. The EmuBackend's
+# counters (check-kernels --profile) put the 64x32 tile's prefill GEMMs at ~4x more
+# shared-memory wavefronts (ldmatrix + cp.async) per tensor-core FLOP than 128x128's: at
+# 128-255 CTAs the big tile is the faster one by the estimate (it was 256 before).
+_BIG_TILE_MIN_CTAS = 128
 # The numpy twin's working set: about this many float64 temporaries per column chunk
 # (chunking never changes a result: each element is computed from its two rows alone).
 _CHUNK_ELEMS = 1 << 22

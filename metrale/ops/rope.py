@@ -1,5 +1,7 @@
-"""Rotary position embedding (kernels/rope.cu): the host-side cos/sin table, the launcher and
-the numpy twin of the in-place kernel (with Qwen3's optional per-head q/k RMSNorm first).
+"""Rotary position embedding (kernels/rope.cu): the host-side cos/sin table, the launchers and
+the numpy twins of the in-place kernel (with Qwen3's optional per-head q/k RMSNorm first) and
+of `rope_write_kv`, which also writes the token's k and v heads to the paged cache (the
+model's one launch for both; `kv_cache.write_kv` alone is the same cache write).
 
 Table: float32 [max_positions, head_dim]; row p holds cos(p * inv_freq[j]) * attention_factor
 in columns [0, D/2) and sin(p * inv_freq[j]) * attention_factor in [D/2, D), computed in
@@ -23,7 +25,8 @@ import numpy as np
 from ..errors import InvalidArgument, KernelError
 from ..gpu_runtime.types import NULL, DevicePtr
 from .bf16 import bf16_to_f32, f32_to_bf16, round_bf16
-from .checks import check_heads
+from .checks import check_heads, check_ptrs
+from .kv_cache import write_kv_twin
 from .registry import twin
 
 MODULE = "rope"
@@ -149,16 +152,17 @@ def rope_table(head_dim: int, max_positions: int, rope_theta: float,
 # --------------------------------------------------------------------------------------
 # launcher
 # --------------------------------------------------------------------------------------
-def _check(n_tokens, num_heads, num_kv_heads, head_dim, max_positions, norm_eps) -> None:
+def _check(n_tokens, num_heads, num_kv_heads, head_dim, max_positions, norm_eps,
+           what: str = "apply_rope") -> None:
     if n_tokens < 1:
-        raise InvalidArgument(f"apply_rope: n_tokens must be >= 1, got {n_tokens}")
-    check_heads("apply_rope", num_heads, num_kv_heads, head_dim, MAX_HEAD_DIM)
+        raise InvalidArgument(f"{what}: n_tokens must be >= 1, got {n_tokens}")
+    check_heads(what, num_heads, num_kv_heads, head_dim, MAX_HEAD_DIM)
     if max_positions < 1:
-        raise InvalidArgument(f"apply_rope: max_positions must be >= 1, got {max_positions}")
+        raise InvalidArgument(f"{what}: max_positions must be >= 1, got {max_positions}")
     if (num_heads + 2 * num_kv_heads) * head_dim * max(n_tokens, max_positions) >= 2**31:
-        raise InvalidArgument("apply_rope: qkv or table too large for 32-bit indexing")
+        raise InvalidArgument(f"{what}: qkv or table too large for 32-bit indexing")
     if not (norm_eps >= 0 and math.isfinite(norm_eps)):
-        raise InvalidArgument(f"apply_rope: norm_eps must be finite and >= 0, got {norm_eps}")
+        raise InvalidArgument(f"{what}: norm_eps must be finite and >= 0, got {norm_eps}")
 
 
 def apply_rope(backend, stream: int, qkv_ptr, positions_ptr, table_ptr, n_tokens: int,
@@ -181,6 +185,33 @@ def apply_rope(backend, stream: int, qkv_ptr, positions_ptr, table_ptr, n_tokens
     backend.launch(backend.kernel(MODULE, "apply_rope"), grid, (32 * WARPS,), 0, stream,
                    (DevicePtr(qkv_ptr), DevicePtr(positions_ptr), DevicePtr(table_ptr),
                     DevicePtr(q_norm_ptr), DevicePtr(k_norm_ptr), np.int32(n_tokens),
+                    np.int32(num_heads), np.int32(num_kv_heads), np.int32(head_dim),
+                    np.int32(max_positions), np.float32(norm_eps)))
+
+
+def rope_write_kv(backend, stream: int, qkv_ptr, positions_ptr, table_ptr, k_cache_ptr,
+                  v_cache_ptr, slot_mapping_ptr, n_tokens: int, num_heads: int,
+                  num_kv_heads: int, head_dim: int, max_positions: int, q_norm_ptr=NULL,
+                  k_norm_ptr=NULL, norm_eps: float = 1e-6) -> None:
+    """`apply_rope` and `kv_cache.write_kv` in one launch: rotate the q and k heads of qkv
+    [n_tokens, (H+2KV)*D] bf16 in place, then k_cache[slot_mapping[t]] = the rotated k heads
+    of row t and v_cache[slot_mapping[t]] = its v heads (caches [num_blocks, block_size, KV,
+    D] bf16; slot_mapping int32 [n_tokens], < 0 skips the token's cache write).
+
+    positions, table, q_norm, k_norm, norm_eps: as `apply_rope`. qkv and both caches must be
+    4-byte aligned (v heads move as 32-bit words).
+    """
+    n_tokens, num_heads, num_kv_heads = int(n_tokens), int(num_heads), int(num_kv_heads)
+    head_dim, max_positions = int(head_dim), int(max_positions)
+    what = "rope_write_kv"
+    _check(n_tokens, num_heads, num_kv_heads, head_dim, max_positions, float(norm_eps), what)
+    check_ptrs(what, 1, positions=positions_ptr, table=table_ptr, slot_mapping=slot_mapping_ptr)
+    check_ptrs(what, 4, qkv=qkv_ptr, k_cache=k_cache_ptr, v_cache=v_cache_ptr)
+    grid = (n_tokens, -(-(num_heads + 2 * num_kv_heads) // WARPS))
+    backend.launch(backend.kernel(MODULE, "rope_write_kv"), grid, (32 * WARPS,), 0, stream,
+                   (DevicePtr(qkv_ptr), DevicePtr(positions_ptr), DevicePtr(table_ptr),
+                    DevicePtr(q_norm_ptr), DevicePtr(k_norm_ptr), DevicePtr(k_cache_ptr),
+                    DevicePtr(v_cache_ptr), DevicePtr(slot_mapping_ptr), np.int32(n_tokens),
                     np.int32(num_heads), np.int32(num_kv_heads), np.int32(head_dim),
                     np.int32(max_positions), np.float32(norm_eps)))
 
@@ -228,3 +259,14 @@ def apply_rope_twin(ctx, qkv_ptr, positions_ptr, table_ptr, q_norm_ptr, k_norm_p
     cs = table[pos]  # [n, D]
     out = rotate(x, cs[:, None, :d // 2], cs[:, None, d // 2:])
     qkv[:, :h + kv] = f32_to_bf16(out)
+
+
+@twin(MODULE, "rope_write_kv")
+def rope_write_kv_twin(ctx, qkv_ptr, positions_ptr, table_ptr, q_norm_ptr, k_norm_ptr,
+                       k_cache_ptr, v_cache_ptr, slot_mapping_ptr, n_tokens, num_heads,
+                       num_kv_heads, head_dim, max_positions, norm_eps) -> None:
+    """apply_rope's twin, then write_kv's (the kernel's result, by its definition)."""
+    apply_rope_twin(ctx, qkv_ptr, positions_ptr, table_ptr, q_norm_ptr, k_norm_ptr, n_tokens,
+                    num_heads, num_kv_heads, head_dim, max_positions, norm_eps)
+    write_kv_twin(ctx, qkv_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr, n_tokens,
+                  num_heads, num_kv_heads, head_dim)

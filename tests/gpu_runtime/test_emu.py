@@ -211,8 +211,9 @@ def test_build_is_cached_by_content(tmp_path, monkeypatch):
     monkeypatch.setenv("METRALE_CACHE_DIR", str(tmp_path))
     src = tmp_path / "k.cu"
     src.write_text('extern "C" __global__ void k(int *o) { o[threadIdx.x] = 1; }\n')
-    so1, names = build_library(src)
-    assert names == ["k"] and so1.parent == tmp_path / "emu"
+    so1, entries = build_library(src)
+    assert [e.name for e in entries] == ["k"] and so1.parent == tmp_path / "emu"
+    assert (entries[0].file, entries[0].line, entries[0].max_threads) == ("k.cu", 1, None)
     assert build_library(src)[0] == so1
     src.write_text('extern "C" __global__ void k(int *o) { o[threadIdx.x] = 2; }\n')
     assert build_library(src)[0] != so1
@@ -352,3 +353,44 @@ def test_depth_first_order_exposes_a_missing_barrier_before_a_refill():
         # breadth-first forward order keeps the warps in step and cannot see this race;
         # depth-first reverse order runs one warp into the other's unread data
         assert np.array_equal(racy, want) == (order == "forward"), order
+
+
+PYTEST_UNDER_ASAN = """
+import numpy as np
+from pathlib import Path
+from metrale.gpu_runtime.emu import EmuBackend
+from tests.helpers import Buffers
+
+
+def test_fine():
+    pass
+
+
+def test_reads_past_the_end():
+    be = EmuBackend(sanitize=True)
+    lib = be.load_source(Path({src!r}))
+    with Buffers(be) as b:
+        out, x = b.empty((1,), np.float32), b.put(np.ones(10, np.float32))
+        be.launch(be.kernel_from(lib, "read_past_end"), (1,), (32,), 0, 0,
+                  (out, x, np.int32(10)))
+"""
+
+
+def test_asan_report_and_test_name_survive_pytest_capture(tmp_path):
+    """What CI's run_sanitized relies on: with log_path the report lands in a file, and the
+    conftest marker names the test that was running when the process died."""
+    test = tmp_path / "test_under_asan.py"
+    test.write_text(PYTEST_UNDER_ASAN.format(src=str(HERE / "bugs.cu")))
+    env = asan_env()
+    env.update(ASAN_OPTIONS=f"detect_leaks=0:log_path={tmp_path}/asan",
+               METRALE_TEST_MARKER=str(tmp_path / "current_test"))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-p", "tests.conftest", str(test)], capture_output=True, text=True,
+                          env=env, timeout=300, cwd=ROOT)
+    assert proc.returncode != 0
+    want = next(i + 1 for i, s in enumerate((HERE / "bugs.cu").read_text().splitlines())
+                if "out[0] = x[n];" in s)
+    assert (tmp_path / "current_test").read_text().strip().endswith(
+        "test_under_asan.py::test_reads_past_the_end")
+    reports = "".join(p.read_text() for p in tmp_path.glob("asan.*"))
+    assert "AddressSanitizer" in reports and f"bugs.cu:{want}" in reports, reports[-3000:]

@@ -81,5 +81,5 @@ def test_emu_runs_every_kernel_compiled_and_no_twin(device_name):
     assert not any(k.startswith("gemv.") for k in compiled)  # never mixed with gemm_tc
     # llama_gqa's head_dim 16 takes the tensor-core prefill attention
     assert {"gemm_tc.gemm_tc_bf16_16x16", "attention_tc.prefill_attention_tc_d16",
-            "rope.apply_rope", "kv_cache.write_kv", "rmsnorm.rmsnorm", "activation.act_mul",
+            "rope.rope_write_kv", "rmsnorm.rmsnorm", "activation.act_mul",
             "embedding.embedding", "attention.decode_attention_combine"} <= compiled

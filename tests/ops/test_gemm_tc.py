@@ -224,7 +224,7 @@ def test_pick_tile_switch_points():
     pick = lambda m, n: T.pick_tile(m, n).name  # noqa: E731
     assert [pick(m, 4096) for m in (1, 16, 17, 64, 65, 2048)] == \
         ["16x16", "16x16", "64x32", "64x32", "64x32", "128x128"]
-    assert pick(256, 128 * 128) == "128x128" and pick(256, 128 * 127) == "64x32"
+    assert pick(256, 128 * 64) == "128x128" and pick(256, 128 * 63) == "64x32"
     assert pick(1, 65535 * 16) == "16x16" and pick(1, 65535 * 16 + 1) == "128x128"
 
 

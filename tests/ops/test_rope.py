@@ -255,3 +255,107 @@ def test_gpu_matches_twin(device, host, rng, n_tokens, h, kv, d, norm):
     t = run_rope(host, qkv, pos, table, h, kv, d, qn, kn)
     assert_close(bf16_to_f32(g), bf16_to_f32(t), "gpu_vs_twin_bf16")
     assert np.array_equal(g[:, (h + kv) * d:], qkv[:, (h + kv) * d:])
+
+
+# ------------------------------------------------------------------------------------------
+# rope_write_kv: apply_rope and write_kv in one launch
+# ------------------------------------------------------------------------------------------
+SENTINEL = 0x7E7E
+
+
+def run_rope_write_kv(backend, qkv_bits, positions, table, slots, num_blocks, bs, h, kv, d,
+                      q_norm=None, k_norm=None, fused=True):
+    """(qkv after, k_cache, v_cache [num_blocks*bs, kv*d]) of rope_write_kv, or of apply_rope
+    then kv_cache.write_kv when not `fused`."""
+    from metrale.ops import kv_cache
+    n = qkv_bits.shape[0]
+    shape = (num_blocks * bs, kv * d)
+    with Buffers(backend) as b:
+        qp, pp = b.put(qkv_bits), b.put(np.asarray(positions, np.int32))
+        tp = b.put(np.ascontiguousarray(table, np.float32))
+        kp = b.put(np.full(shape, SENTINEL, np.uint16))
+        vp = b.put(np.full(shape, SENTINEL, np.uint16))
+        sp = b.put(np.asarray(slots, np.int32))
+        qn = b.put(q_norm) if q_norm is not None else NULL
+        kn = b.put(k_norm) if k_norm is not None else NULL
+        s = backend.default_stream()
+        if fused:
+            rope.rope_write_kv(backend, s, qp, pp, tp, kp, vp, sp, n, h, kv, d, table.shape[0],
+                               qn, kn, 1e-6)
+        else:
+            rope.apply_rope(backend, s, qp, pp, tp, n, h, kv, d, table.shape[0], qn, kn, 1e-6)
+            kv_cache.write_kv(backend, s, qp, kp, vp, sp, n, h, kv, d)
+        return (b.get(qp, qkv_bits.shape, np.uint16), b.get(kp, shape, np.uint16),
+                b.get(vp, shape, np.uint16))
+
+
+def kv_case(rng, n, h, kv, d, bs, max_pos=4096, pad_every=3):
+    num_blocks = -(-n // bs) + 2
+    slots = rng.permutation(num_blocks * bs)[:n].astype(np.int32)
+    if pad_every and n > pad_every:
+        slots[::pad_every] = -1
+    qkv = rand_bits(rng, (n, (h + 2 * kv) * d), scale=2.0)
+    pos = rng.integers(0, max_pos, n).astype(np.int32)
+    return qkv, pos, slots, num_blocks
+
+
+@pytest.mark.parametrize("n_tokens", [1, 7, 19])
+@pytest.mark.parametrize("h,kv,d,norm", [(4, 2, 64, False), (3, 3, 32, True), (4, 1, 6, True)])
+def test_rope_write_kv_twin_matches_float64(host, rng, n_tokens, h, kv, d, norm):
+    table = rope.rope_table(d, 4096, 10000.0, None)
+    qkv, pos, slots, nb = kv_case(rng, n_tokens, h, kv, d, 5)
+    qn = f32_to_bf16(rng.uniform(0.5, 1.5, d).astype(np.float32)) if norm else None
+    kn = f32_to_bf16(rng.uniform(0.5, 1.5, d).astype(np.float32)) if norm else None
+    got, kc, vc = run_rope_write_kv(host, qkv, pos, table, slots, nb, 5, h, kv, d, qn, kn)
+    assert_close(bf16_to_f32(got), ref_rope(qkv, pos, table, h, kv, d, qn, kn), "twin_bf16")
+    want_k = np.full_like(kc, SENTINEL)
+    want_v = np.full_like(vc, SENTINEL)
+    for t, s in enumerate(slots):
+        if s >= 0:                      # the rotated k heads and the untouched v heads
+            want_k[s] = got[t, h * d:(h + kv) * d]
+            want_v[s] = qkv[t, (h + kv) * d:]
+    assert np.array_equal(kc, want_k) and np.array_equal(vc, want_v)
+
+
+def test_rope_write_kv_bad_arguments(host):
+    with pytest.raises(InvalidArgument, match="rope_write_kv: k_cache is NULL"):
+        rope.rope_write_kv(host, 0, 64, 64, 64, NULL, 256, 64, 4, 4, 2, 64, 16)
+    with pytest.raises(InvalidArgument, match="rope_write_kv: qkv pointer .* 4-byte aligned"):
+        rope.rope_write_kv(host, 0, 66, 64, 64, 256, 256, 64, 4, 4, 2, 64, 16)
+    with pytest.raises(InvalidArgument, match="rope_write_kv: head_dim"):
+        rope.rope_write_kv(host, 0, 64, 64, 64, 256, 256, 64, 4, 4, 2, 63, 16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_tokens,h,kv,d,norm", [
+    (1, 32, 8, 128, False), (111, 32, 8, 128, False), (19, 28, 4, 128, False),
+    (7, 16, 8, 128, True), (9, 3, 3, 6, True), (3, 2, 2, 256, True)])
+def test_gpu_rope_write_kv_equals_the_two_kernels(device, host, rng, n_tokens, h, kv, d, norm):
+    """Bit for bit the launches it replaces (apply_rope, then write_kv) on the same device,
+    and the twin within the rope tolerance."""
+    table = rope.rope_table(d, 4096, 500000.0, None)
+    qkv, pos, slots, nb = kv_case(rng, n_tokens, h, kv, d, 16)
+    qn = f32_to_bf16(rng.uniform(0.5, 1.5, d).astype(np.float32)) if norm else None
+    kn = f32_to_bf16(rng.uniform(0.5, 1.5, d).astype(np.float32)) if norm else None
+    args = (qkv, pos, table, slots, nb, 16, h, kv, d, qn, kn)
+    fused = run_rope_write_kv(device, *args)
+    apart = run_rope_write_kv(device, *args, fused=False)
+    for a, b in zip(fused, apart):
+        assert np.array_equal(a, b)
+    for a, b in zip(fused, run_rope_write_kv(host, *args)):
+        assert_close(bf16_to_f32(a), bf16_to_f32(b), "gpu_vs_twin_bf16")
+
+
+@pytest.mark.gpu
+def test_gpu_rope_write_kv_position_outside_the_table(device, rng):
+    """The kernel leaves such a token's qkv row as it is and caches its k unrotated (as
+    apply_rope + write_kv do); the twin raises instead (callers check positions)."""
+    h, kv, d = 4, 2, 64
+    table = rope.rope_table(d, 16, 10000.0, None)
+    qkv, _, slots, nb = kv_case(rng, 3, h, kv, d, 16, pad_every=0)
+    pos = np.array([3, 16, -1], np.int32)
+    got, kc, vc = run_rope_write_kv(device, qkv, pos, table, slots, nb, 16, h, kv, d)
+    assert np.array_equal(got[1:], qkv[1:])
+    for t in (1, 2):
+        assert np.array_equal(kc[slots[t]], qkv[t, h * d:(h + kv) * d])
+        assert np.array_equal(vc[slots[t]], qkv[t, (h + kv) * d:])

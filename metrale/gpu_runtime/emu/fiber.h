@@ -50,6 +50,11 @@ struct dim3 {
     constexpr dim3(uint3 v) : x(v.x), y(v.y), z(v.z) {}
 };
 
+// The runtime's own code is not instrumented in the instrumented build (check.h): it would
+// only call the hooks for memory that is not the kernel's; what it calls that is (the C++
+// library) is kept out by hooks.h's `busy`.
+#define EMU_NOINST __attribute__((no_sanitize_thread))
+
 namespace emu {
 
 typedef std::source_location site_t;
@@ -90,6 +95,7 @@ struct Fiber {
     unsigned long long val, result;
     const void *in;           // tensor-core collectives: this lane's operands ...
     void *out;                // ... and where its results go (both on its own stack)
+    unsigned int pc;          // ... and the code offset of the call (check.h)
     site_t site;
     char *stack;              // usable stack (above the guard page)
     size_t stack_size;
@@ -101,19 +107,36 @@ struct Fiber {
 #endif
     // cp.async copies issued and not yet waited for (tensor_core.h)
     int n_async, async_groups;
-    struct AsyncCopy { void *dst; const void *src; unsigned int bytes, src_bytes; int group; }
-        async[128];
+    struct AsyncCopy {
+        void *dst; const void *src; unsigned int bytes, src_bytes; int group, landed;
+    } async[128];
 };
 
 enum Order { FORWARD = 0, REVERSE = 1, SHUFFLE = 2 };
+
+struct Range;      // check.h: the memory and counters of the instrumented build
+struct Counters;
+struct PcStat;
+struct RangeStat;
 
 // What Python passes to a launch (metrale/gpu_runtime/emu/library.py mirrors it).
 struct LaunchConfig {
     unsigned int grid[3];
     unsigned int block[3];
     unsigned long long shared_mem;
-    int order;
+    int order;                    // thread order within a block (Order)
     unsigned long long seed;
+    int block_order;              // order of the blocks of the grid (Order)
+    unsigned long long block_seed;
+    unsigned int checks;          // CHECK_* of check.h (the instrumented build only)
+    unsigned int sample_blocks;   // run only this many blocks, evenly spaced (0: all)
+    const Range *ranges;          // the allocations the launch's pointers point into
+    int n_ranges;
+    Counters *counters;           // CHECK_COUNT: totals of the launch
+    PcStat *pc_stats;             // CHECK_COUNT: per memory instruction (pc)
+    int pc_cap;
+    int *n_pc;
+    RangeStat *range_stats;       // CHECK_COUNT: bytes touched per range
 };
 
 constexpr size_t STACK_BYTES = 64 * 1024;
@@ -209,7 +232,7 @@ inline void fiber_main_uc(unsigned int hi, unsigned int lo) {
 // (CuPy always compiles with -ftz=true), round to nearest.
 constexpr unsigned int KERNEL_MXCSR = 0x1F80u | 0x8000u | 0x0040u;
 
-inline void prepare_fiber(Fiber *f) {
+EMU_NOINST inline void prepare_fiber(Fiber *f) {
 #if defined(EMU_ASAN)
     ASAN_UNPOISON_MEMORY_REGION(f->stack, f->stack_size);
     f->fake_stack = nullptr;
@@ -237,7 +260,7 @@ inline void prepare_fiber(Fiber *f) {
 }
 
 // scheduler -> fiber f; returns when f yields, exits or fails
-inline void resume(Fiber *f) {
+EMU_NOINST inline void resume(Fiber *f) {
     rt.cur = f;
 #if defined(EMU_ASAN)
     __sanitizer_start_switch_fiber(&rt.sched_fake, f->stack, f->stack_size);
@@ -313,7 +336,7 @@ __attribute__((format(printf, 1, 2))) inline void report(const char *fmt, ...) {
 }
 
 // ------------------------------------------------------------------ run queue and order
-inline unsigned long long next_random() {  // splitmix64
+EMU_NOINST inline unsigned long long next_random() {  // splitmix64
     unsigned long long z = (rt.rng += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
@@ -325,7 +348,7 @@ inline unsigned long long next_random() {  // splitmix64
 // REVERSE puts them first (depth first: the warp that just synchronised runs on until it
 // blocks at a barrier, far ahead of the others), so a missing barrier between one warp's
 // reads and another's writes of shared memory shows up; SHUFFLE picks either at random.
-inline void enqueue(int *ids, int n) {
+EMU_NOINST inline void enqueue(int *ids, int n) {
     if (rt.order == REVERSE) {
         for (int i = 0, j = n - 1; i < j; ++i, --j) { int t = ids[i]; ids[i] = ids[j]; ids[j] = t; }
     } else if (rt.order == SHUFFLE) {

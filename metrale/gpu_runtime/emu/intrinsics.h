@@ -269,9 +269,16 @@ template <class T> inline void __stwb(T *p, T v) { *p = v; }
 template <class T> inline void __stwt(T *p, T v) { *p = v; }
 
 // ------------------------------------------------------------------ atomics
-// Fibers never preempt each other, so a plain read-modify-write is atomic.
+// Fibers never preempt each other, so a plain read-modify-write is atomic. Atomics are not
+// instrumented (the race detector must not see them as plain accesses) and are counted.
+namespace emu {
+inline void note_atomic() {
+    if (chk.flags & CHECK_COUNT) count_event(EV_ATOMIC);
+}
+}  // namespace emu
+#define EMU_ATOMIC_FN template <class T, class U> __attribute__((no_sanitize_thread)) inline T
 #define EMU_ATOMIC(NAME, EXPR)                                                              \
-    template <class T, class U> inline T NAME(T *p, U v) { T old = *p; *p = EXPR; return old; }
+    EMU_ATOMIC_FN NAME(T *p, U v) { ::emu::note_atomic(); T old = *p; *p = EXPR; return old; }
 EMU_ATOMIC(atomicAdd, static_cast<T>(old + static_cast<T>(v)))
 EMU_ATOMIC(atomicSub, static_cast<T>(old - static_cast<T>(v)))
 EMU_ATOMIC(atomicExch, static_cast<T>(v))
@@ -283,17 +290,21 @@ EMU_ATOMIC(atomicXor, static_cast<T>(old ^ static_cast<T>(v)))
 EMU_ATOMIC(atomicAdd_block, static_cast<T>(old + static_cast<T>(v)))
 EMU_ATOMIC(atomicAdd_system, static_cast<T>(old + static_cast<T>(v)))
 #undef EMU_ATOMIC
-inline unsigned int atomicInc(unsigned int *p, unsigned int v) {
+#undef EMU_ATOMIC_FN
+__attribute__((no_sanitize_thread)) inline unsigned int atomicInc(unsigned int *p, unsigned int v) {
+    emu::note_atomic();
     const unsigned int old = *p;
     *p = old >= v ? 0u : old + 1u;
     return old;
 }
-inline unsigned int atomicDec(unsigned int *p, unsigned int v) {
+__attribute__((no_sanitize_thread)) inline unsigned int atomicDec(unsigned int *p, unsigned int v) {
+    emu::note_atomic();
     const unsigned int old = *p;
     *p = (old == 0u || old > v) ? v : old - 1u;
     return old;
 }
-template <class T> inline T atomicCAS(T *p, T compare, T v) {
+template <class T> __attribute__((no_sanitize_thread)) inline T atomicCAS(T *p, T compare, T v) {
+    emu::note_atomic();
     const T old = *p;
     if (old == compare) *p = v;
     return old;

@@ -2,17 +2,19 @@
 // completion (fiber.h, sync.h), shared memory refilled per block, faults attributed to the
 // kernel, block and thread that caused them.
 #pragma once
+#include <algorithm>
+#include <vector>
+
+#include "counters.h"
 #include "sync.h"
 
 namespace emu {
 
 // ------------------------------------------------------------------ static shared memory
 // Every __shared__ variable lives in the `emu_shared` section (see shim.h); the linker names
-// its bounds. Refilled with 0xFF before each block, so unwritten reads are NaN.
-extern "C" char __start_emu_shared[] __attribute__((weak, visibility("hidden")));
-extern "C" char __stop_emu_shared[] __attribute__((weak, visibility("hidden")));
-
-inline void fill_static_shared() {
+// its bounds (__start_emu_shared, declared in check.h). Refilled with 0xFF before each block,
+// so unwritten reads are NaN.
+EMU_NOINST inline void fill_static_shared() {
     if (__start_emu_shared && __stop_emu_shared > __start_emu_shared)
         std::memset(__start_emu_shared, 0xFF,
                     static_cast<size_t>(__stop_emu_shared - __start_emu_shared));
@@ -76,7 +78,7 @@ inline bool ensure_stacks(int n) {
     return true;
 }
 
-inline int run_block() {
+EMU_NOINST inline int run_block() {
     for (int i = 0; i < rt.n_threads; ++i) {
         Fiber &f = rt.fibers[i];
         f.lin = static_cast<unsigned int>(i);
@@ -112,6 +114,32 @@ inline int run_block() {
     }
 }
 
+// The linear block ids a launch runs, in the order it runs them: all of them, or
+// `sample` evenly spaced ones (the first and the last included), ascending, reversed or
+// shuffled with `seed` (the blocks of a grid are unordered on the GPU).
+inline std::vector<unsigned long long> block_sequence(unsigned long long n, unsigned int sample,
+                                                      int order, unsigned long long seed) {
+    std::vector<unsigned long long> ids;
+    if (sample && sample < n) {
+        ids.reserve(sample);
+        for (unsigned int i = 0; i < sample; ++i)
+            ids.push_back(sample == 1 ? 0 : i * (n - 1) / (sample - 1));
+    } else {
+        ids.resize(n);
+        for (unsigned long long i = 0; i < n; ++i) ids[i] = i;
+    }
+    if (order == REVERSE) {
+        std::reverse(ids.begin(), ids.end());
+    } else if (order == SHUFFLE) {
+        const unsigned long long saved = rt.rng;
+        rt.rng = seed;
+        for (size_t i = ids.size(); i > 1; --i)
+            std::swap(ids[i - 1], ids[next_random() % i]);
+        rt.rng = saved;
+    }
+    return ids;
+}
+
 // Runs `body(args)` as every thread of every block. Returns 0, or 1 with `err` filled.
 inline int launch(const char *kernel, const LaunchConfig *cfg, void (*body)(void **),
                   void **args, char *err, int errlen) {
@@ -142,19 +170,38 @@ inline int launch(const char *kernel, const LaunchConfig *cfg, void (*body)(void
         rt.dyn_bytes = dyn;
         if (!rt.dyn_smem) { report("out of memory for shared memory"); rc = 1; }
     }
+    // The checks and counters exist in the instrumented build only (hooks.h).
+    LaunchConfig c = *cfg;
+#if defined(EMU_CHECK)
+    if (!c.counters) c.checks &= ~CHECK_COUNT;
+#else
+    c.checks = 0;
+#endif
+    check_launch_begin(&c);
+    if (c.checks & CHECK_COUNT) counters_launch_begin(&c);
 #if !defined(EMU_ASAN)
     install_fault_handler();  // AddressSanitizer reports faults itself
 #endif
-    for (unsigned int z = 0; !rc && z < cfg->grid[2]; ++z)
-        for (unsigned int y = 0; !rc && y < cfg->grid[1]; ++y)
-            for (unsigned int x = 0; !rc && x < cfg->grid[0]; ++x) {
-                rt.bid = uint3{x, y, z};
-                std::memset(rt.dyn_smem, 0xFF, dyn);
-                rc = run_block();
-            }
+    const unsigned long long gx = cfg->grid[0], gy = cfg->grid[1];
+    if (!rc) {
+        for (unsigned long long b : block_sequence(gx * gy * cfg->grid[2], cfg->sample_blocks,
+                                                   cfg->block_order, cfg->block_seed)) {
+            rt.bid = uint3{static_cast<unsigned int>(b % gx),
+                           static_cast<unsigned int>((b / gx) % gy),
+                           static_cast<unsigned int>(b / (gx * gy))};
+            check_block_begin(static_cast<unsigned int>(b));
+            std::memset(rt.dyn_smem, 0xFF, dyn);
+            rc = run_block();
+            check_block_end();
+            if (c.checks & CHECK_COUNT) ++c.counters->blocks;
+            if (rc) break;
+        }
+    }
 #if !defined(EMU_ASAN)
     remove_fault_handler();
 #endif
+    if (c.checks & CHECK_COUNT) counters_launch_end();
+    check_launch_end();
     std::free(rt.dyn_smem);
     rt.dyn_smem = nullptr;
     if (rc) std::snprintf(err, static_cast<size_t>(errlen), "%s", rt.err);

@@ -30,6 +30,9 @@
 
 #include "intrinsics.h"
 #include "tensor_core.h"  // includes launch.h
+#if defined(EMU_CHECK)
+#include "hooks.h"        // the instrumented build's runtime (check.h, counters.h)
+#endif
 
 #define threadIdx (static_cast<const uint3 &>(::emu::rt.cur->tid))
 #define blockIdx (static_cast<const uint3 &>(::emu::rt.bid))

@@ -2,18 +2,19 @@
 // lane's deposit at a warp intrinsic becomes every lane's result (the PTX lane rules), when a
 // block barrier releases, and the diagnostics for what can never complete.
 #pragma once
+#include "check.h"
 #include "fiber.h"
 
 namespace emu {
 
 // ------------------------------------------------------------------ warp operations
-inline unsigned int lanes_in_warp(unsigned int warp) {
+EMU_NOINST inline unsigned int lanes_in_warp(unsigned int warp) {
     const int left = rt.n_threads - static_cast<int>(warp) * 32;
     return left >= 32 ? 0xffffffffu : ((1u << left) - 1u);
 }
 
 // Source lane of a shuffle by the PTX rules for shfl.sync with c = ((32-width)<<8) | clamp.
-inline unsigned int shfl_source(Op op, unsigned int lane, int b, int width) {
+EMU_NOINST inline unsigned int shfl_source(Op op, unsigned int lane, int b, int width) {
     const unsigned int seg = static_cast<unsigned int>(32 - width) & 31u;  // segment mask bits
     const unsigned int min_lane = lane & seg;
     const unsigned int clamp = (op == SHFL_UP) ? 0u : 31u;
@@ -30,15 +31,15 @@ inline unsigned int shfl_source(Op op, unsigned int lane, int b, int width) {
     return ok ? static_cast<unsigned int>(j) : lane;
 }
 
-inline bool same_value(const Fiber &a, const Fiber &b) {
+EMU_NOINST inline bool same_value(const Fiber &a, const Fiber &b) {
     const unsigned long long m = a.size >= 8 ? ~0ull : ((1ull << (8 * a.size)) - 1ull);
     return (a.val & m) == (b.val & m);
 }
 
-inline bool complete_tensor_op(Fiber *f, Fiber *w, unsigned int mask);  // tensor_core.h
+EMU_NOINST inline bool complete_tensor_op(Fiber *f, Fiber *w, unsigned int mask);  // tensor_core.h
 
 // Called when fiber f arrived at a warp operation: complete it if every lane named is there.
-inline void try_complete_warp(Fiber *f) {
+EMU_NOINST inline void try_complete_warp(Fiber *f) {
     const unsigned int mask = f->mask;
     Fiber *w = rt.fibers + f->warp * 32;
     if (!(mask & (1u << f->lane))) {
@@ -141,6 +142,8 @@ inline void try_complete_warp(Fiber *f) {
         }
         ids[n++] = static_cast<int>(g.lin);
     }
+    if (op == SYNCWARP) check_syncwarp(f->warp, mask);  // orders the lanes' memory accesses
+    else if (chk.flags & CHECK_COUNT) count_event(EV_WARP_OP);
     enqueue(ids, n);
 }
 
@@ -176,12 +179,12 @@ inline int block_barrier(Op op, int pred, site_t site) {
     return static_cast<int>(f->result);
 }
 
-inline bool same_site(const site_t &a, const site_t &b) {
+EMU_NOINST inline bool same_site(const site_t &a, const site_t &b) {
     return a.line() == b.line() && std::strcmp(a.file_name(), b.file_name()) == 0;
 }
 
 // Everything is blocked: release the block barrier or report why the block cannot go on.
-inline void release_or_report() {
+EMU_NOINST inline void release_or_report() {
     const Fiber *first = nullptr;
     int live = 0, at_barrier = 0;
     for (int i = 0; i < rt.n_threads; ++i) {
@@ -216,6 +219,7 @@ inline void release_or_report() {
                      : first->op == SYNC_OR    ? (count > 0) : 0;
             ids[n++] = i;
         }
+        check_barrier();  // a new epoch: every access before is ordered before every one after
         enqueue(ids, n);
         return;
     }

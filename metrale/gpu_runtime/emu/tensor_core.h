@@ -31,14 +31,14 @@ namespace emu {
 struct MmaIn { unsigned int a[4], b[2]; float c[4]; };
 struct LdmatrixIn { const void *row; int count; int trans; };
 
-inline void bf16_pair(unsigned int r, float &lo, float &hi) {
+EMU_NOINST inline void bf16_pair(unsigned int r, float &lo, float &hi) {
     unsigned int l = r << 16, h = r & 0xffff0000u;
     std::memcpy(&lo, &l, 4);
     std::memcpy(&hi, &h, 4);
 }
 
 // The warp collective is complete (every lane of `mask` arrived at the same op): compute it.
-inline bool complete_tensor_op(Fiber *f, Fiber *w, unsigned int mask) {
+EMU_NOINST inline bool complete_tensor_op(Fiber *f, Fiber *w, unsigned int mask) {
     if (mask != 0xffffffffu) {
         report("warp %u: %s at %s:%u with mask 0x%08x: the .aligned tensor-core instructions "
                "need all 32 lanes", f->warp, op_name(f->op), short_file(f->site.file_name()),
@@ -61,6 +61,7 @@ inline bool complete_tensor_op(Fiber *f, Fiber *w, unsigned int mask) {
             C[g + 8][2 * t] = in.c[2];
             C[g + 8][2 * t + 1] = in.c[3];
         }
+        if (chk.flags & CHECK_COUNT) count_event(EV_MMA);
         for (int l = 0; l < 32; ++l) {
             float *d = static_cast<float *>(w[l].out);
             const int g = l >> 2, t = l & 3;
@@ -103,6 +104,18 @@ inline bool complete_tensor_op(Fiber *f, Fiber *w, unsigned int mask) {
             }
         }
     }
+    if (chk.flags & (CHECK_RACE | CHECK_COUNT)) {
+        const void *rows[32];
+        for (int l = 0; l < 8 * me.count; ++l) {
+            rows[l] = static_cast<const LdmatrixIn *>(w[l].in)->row;
+            // each row is read as the lane that supplied its address
+            if (chk.flags & CHECK_RACE)
+                race_shared(w[l].lin, shared_index(reinterpret_cast<uintptr_t>(rows[l]), 16),
+                            16, false, w[l].pc);
+        }
+        if (chk.flags & CHECK_COUNT) count_ldmatrix(rows, me.count, f->pc);
+        if (rt.failed) return false;
+    }
     unsigned short M[4][8][8];
     for (int i = 0; i < me.count; ++i)
         for (int r = 0; r < 8; ++r)
@@ -120,8 +133,9 @@ inline bool complete_tensor_op(Fiber *f, Fiber *w, unsigned int mask) {
 }
 
 template <class In>
-inline void collective(Op op, const In &in, void *out, site_t site) {
+inline void collective(Op op, const In &in, void *out, site_t site, const void *ret) {
     Fiber *f = rt.cur;
+    f->pc = code_offset(ret);
     f->op = op;
     f->mask = 0xffffffffu;
     f->width = 32;
@@ -133,29 +147,32 @@ inline void collective(Op op, const In &in, void *out, site_t site) {
     yield(f);
 }
 
-// d = a * b + c for one 16x8x16 tile held by the warp (see the layouts above).
-inline void mma_m16n8k16_bf16(float *d, const unsigned int *a, const unsigned int *b,
-                              const float *c, site_t site = site_t::current()) {
+// d = a * b + c for one 16x8x16 tile held by the warp (see the layouts above). These are
+// not inlined, so that __builtin_return_address names the kernel's call (check.h).
+__attribute__((noinline)) inline void mma_m16n8k16_bf16(float *d, const unsigned int *a,
+                                                        const unsigned int *b, const float *c,
+                                                        site_t site = site_t::current()) {
     MmaIn in;
     std::memcpy(in.a, a, sizeof in.a);
     std::memcpy(in.b, b, sizeof in.b);
     std::memcpy(in.c, c, sizeof in.c);
     float out[4];
-    collective(MMA_BF16, in, out, site);
+    collective(MMA_BF16, in, out, site, __builtin_return_address(0));
     std::memcpy(d, out, sizeof out);
 }
 
 // count (1, 2 or 4) 8x8 b16 matrices; r[i] receives this lane's part of matrix i.
-inline void ldmatrix(unsigned int *r, const void *row, int count, bool trans,
-                     site_t site = site_t::current()) {
+__attribute__((noinline)) inline void ldmatrix(unsigned int *r, const void *row, int count,
+                                               bool trans, site_t site = site_t::current()) {
     const LdmatrixIn in{row, count, trans ? 1 : 0};
     unsigned int out[4];
-    collective(LDMATRIX, in, out, site);
+    collective(LDMATRIX, in, out, site, __builtin_return_address(0));
     std::memcpy(r, out, sizeof(unsigned int) * static_cast<size_t>(count));
 }
 
-inline void cp_async(void *dst, const void *src, unsigned int bytes, unsigned int src_bytes,
-                     site_t site = site_t::current()) {
+__attribute__((noinline)) inline void cp_async(void *dst, const void *src, unsigned int bytes,
+                                               unsigned int src_bytes,
+                                               site_t site = site_t::current()) {
     Fiber *f = rt.cur;
     if ((bytes != 4 && bytes != 8 && bytes != 16) || src_bytes > bytes) {
         fail_here("cp.async with a size other than 4, 8 or 16 bytes (or src-size > size)", site);
@@ -167,7 +184,17 @@ inline void cp_async(void *dst, const void *src, unsigned int bytes, unsigned in
         fail_here("cp.async source is shared memory (it must be global)", site);
     if (f->n_async == static_cast<int>(sizeof f->async / sizeof f->async[0]))
         fail_here("more than 128 cp.async copies in flight in one thread", site);
-    f->async[f->n_async++] = {dst, src, bytes, src_bytes, f->async_groups};
+    f->async[f->n_async++] = {dst, src, bytes, src_bytes, f->async_groups, 0};
+    if (chk.flags & (CHECK_RACE | CHECK_COUNT)) {
+        const unsigned int pc = code_offset(__builtin_return_address(0));
+        if (chk.flags & CHECK_RACE) {
+            race_async_issue(f->lin, dst, bytes, pc);
+            const int range = src_bytes ? range_of(reinterpret_cast<uintptr_t>(src), src_bytes) : -1;
+            if (range >= 0)
+                race_global(f->lin, range, reinterpret_cast<uintptr_t>(src), src_bytes, false, pc);
+        }
+        if (chk.flags & CHECK_COUNT) count_cp_async(f, dst, src, bytes, src_bytes, pc);
+    }
     // Where the copy lands: at the covering wait (FORWARD: a read before the wait sees the
     // fill), or at once (REVERSE: a write into a buffer another warp still reads, with no
     // barrier between, is seen by that warp); SHUFFLE draws one per copy.
@@ -175,7 +202,7 @@ inline void cp_async(void *dst, const void *src, unsigned int bytes, unsigned in
         Fiber::AsyncCopy &c = f->async[f->n_async - 1];
         if (c.src_bytes) std::memcpy(c.dst, c.src, c.src_bytes);
         std::memset(static_cast<char *>(c.dst) + c.src_bytes, 0, c.bytes - c.src_bytes);
-        c.bytes = c.src_bytes = 0;  // landed: the wait only retires it
+        c.landed = 1;  // the wait only retires it
     }
 }
 
@@ -188,8 +215,11 @@ inline void cp_async_wait(int pending) {
     for (int i = 0; i < f->n_async; ++i) {
         Fiber::AsyncCopy &c = f->async[i];
         if (c.group < f->async_groups - pending) {
-            if (c.src_bytes) std::memcpy(c.dst, c.src, c.src_bytes);
-            std::memset(static_cast<char *>(c.dst) + c.src_bytes, 0, c.bytes - c.src_bytes);
+            if (!c.landed) {
+                if (c.src_bytes) std::memcpy(c.dst, c.src, c.src_bytes);
+                std::memset(static_cast<char *>(c.dst) + c.src_bytes, 0, c.bytes - c.src_bytes);
+            }
+            if (chk.flags & CHECK_RACE) race_async_land(c.dst, c.bytes);
         } else {
             f->async[kept++] = c;
         }
