@@ -22,7 +22,7 @@ def test_kernels_dir_found():
 
 def test_native_source_ships_as_package_data():
     text = (ROOT / "pyproject.toml").read_text()
-    assert '"metrale.gpu_runtime" = ["native/*.cpp", "native/*.h"]' in text
+    assert '"metrale.gpu_runtime.native" = ["*.cpp", "*.h"]' in text
     from metrale.gpu_runtime import native
     assert native.SOURCES and all(src.is_file() and src.parent.name == "native" and
                                   src.suffix in (".cpp", ".h")
