@@ -105,7 +105,7 @@ def test_each_moe_piece_is_exercised(name, ignore):
     """A model missing the piece (the shared expert's sigmoid gate, the shared expert,
     the second expert, mixtral's renormalisation) fails the golden."""
     g = golden(name)
-    m = load(name)
+    m = load(name, graphs=False)   # eager: a captured decode graph would keep the old model
     assert_matches_golden(teacher_forced(m, g["input_ids"][0].tolist()), g["logits"][5:], name)
     ignore(m)
     assert rel_err(teacher_forced(m, g["input_ids"][0].tolist()), g["logits"][5:]) > 0.03

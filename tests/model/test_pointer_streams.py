@@ -155,16 +155,29 @@ def test_padded_batch_n_refuses_non_counts():
             padded_batch_n(bad)
 
 
-def test_decode_graphs_are_keyed_by_the_ladder():
-    m = load(NAME, HostBackend(), kv_blocks=64, block_size=4, graphs=True)
+def decode_graph_keys(m) -> list:
+    """The graph keys after a 1-row decode, then after a 3-row decode_batch."""
     s = m.default_stream()
     seqs = [m.alloc_sequence() for _ in range(3)]
     for q in seqs:
         m.prefill(IDS[:4], q, s)
     m.decode(IDS[4], seqs[0], s)
-    assert set(m._graphs) == {2}          # one row pads to 2: the ladder has no rung 1
+    keys = [set(m._graphs)]
     m.decode_batch([1, 2, 3], seqs, s)
-    assert set(m._graphs) == {2, 4}
+    return keys + [set(m._graphs)]
+
+
+@pytest.mark.gpu
+def test_decode_graphs_are_keyed_by_the_ladder(device):
+    m = load(NAME, device, kv_blocks=64, block_size=4, graphs=True)
+    # one row pads to 2: the ladder has no rung 1
+    assert decode_graph_keys(m) == [{2}, {2, 4}]
+
+
+def test_host_decode_graphs_are_on_and_keyed_by_the_row_count():
+    m = load(NAME, HostBackend(), kv_blocks=64, block_size=4)
+    assert m._use_graphs
+    assert decode_graph_keys(m) == [{1}, {1, 3}]
 
 
 @pytest.mark.gpu

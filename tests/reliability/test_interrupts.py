@@ -66,11 +66,15 @@ def test_generate_interrupted_at_every_launch(graphs):
     assert faults >= total // 3
 
 
-def test_speculative_interrupted_at_every_launch():
+@pytest.mark.parametrize("graphs", [False, True])
+def test_speculative_interrupted_at_every_launch(graphs):
     be = HostBackend()
-    target = load("llama_gqa", be, kv_blocks=16, block_size=4)
-    draft = load("qwen3", be, kv_blocks=16, block_size=4)
+    target = load("llama_gqa", be, kv_blocks=16, block_size=4, graphs=graphs)
+    draft = load("qwen3", be, kv_blocks=16, block_size=4, graphs=graphs)
     want = generate(target, PROMPT, 6, stop_token_ids=[]).tokens
+    # once through first: every decode graph is captured, so each run makes the same calls
+    speculative_generate(target, draft, PROMPT, 6, k=3, stop_token_ids=[])
+    draft.reclaim_prefix_blocks(draft.num_total_blocks())
     target.reclaim_prefix_blocks(target.num_total_blocks())
     live0 = be.live_bytes()
     inj = Injector(be)
