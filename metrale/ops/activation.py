@@ -41,8 +41,8 @@ def act_mul(backend, stream: int, out_ptr, gate_up_ptr, n_rows: int, intermediat
     if 2 * int(intermediate) >= 2**31:
         raise InvalidArgument(f"act_mul: 2*intermediate must be < 2^31, got {2 * intermediate}")
     _check_ptrs("act_mul", out_ptr=out_ptr, gate_up_ptr=gate_up_ptr)
-    # the blocks of one row share it: a decode row is spread over several SMs
-    col_blocks = max(1, min(-(-(-(-int(intermediate) // 8)) // THREADS), 65535))
+    # the blocks of one row share it (8 elements a thread): a decode row spans several SMs
+    col_blocks = max(1, min(-(-int(intermediate) // (8 * THREADS)), 65535))
     backend.launch(backend.kernel(MODULE, "act_mul"), (int(n_rows), col_blocks), (THREADS,),
                    0, stream,
                    (DevicePtr(out_ptr), DevicePtr(gate_up_ptr), np.int32(n_rows),
