@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import hashlib
+from concurrent.futures import ThreadPoolExecutor, as_completed
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -198,39 +199,51 @@ def compile_cubin(module, arch: str) -> tuple[bytes, str]:
         nvrtc.nvrtcDestroyProgram(prog)
 
 
-def check_all(archs=ARCHS, on_record=None) -> list[dict]:
-    """Compile every kernel file for every arch; one record per (file, arch).
-    `on_record(record, index, total)` is called as each record is made (progress).
+def check_all(archs=ARCHS, on_record=None, workers: int | None = None) -> list[dict]:
+    """Compile every kernel file for every arch; one record per (file, arch), in file then
+    arch order. `on_record(record, index, total)` is called as each record is made
+    (progress, in completion order). `workers`: compiles at once (NVRTC releases the GIL;
+    None: one per usable CPU).
 
     A record fails when the file does not compile, when an entry point of the preprocessed
     source is missing from what ptxas compiled, or when inline asm has no C++ fallback.
     """
-    records = []
-    files = kernel_files()
-    for path in files:
+    from .native import usable_cpus
+
+    jobs = []
+    for path in kernel_files():
         lint = unguarded_asm(path.read_text())
         try:
             names, names_error = entry_points(path.stem), None
         except Exception as e:  # no C++ preprocessor, or it failed
             names, names_error = [], str(e)
-        for arch in archs:
-            rec = {"file": path.name, "arch": arch, "ok": False, "entry_points": names,
-                   "kernels": [], "error": None}
-            try:
-                _, log = compile_cubin(path.stem, arch)
-                rec["kernels"] = parse_ptxas(log)
-                compiled = {k["name"] for k in rec["kernels"]}
-                errors = [f"{path.name}: {p}" for p in lint]
-                if names_error:
-                    errors.append(f"{path.name}: entry points unknown: {names_error}")
-                missing = [n for n in names if n not in compiled]
-                if missing:
-                    errors.append(f"{path.name}: entry points not compiled: {missing}")
-                rec["error"] = "\n".join(errors) or None
-                rec["ok"] = not errors
-            except Exception as e:  # report every file, then fail at the end
-                rec["error"] = str(e)
-            records.append(rec)
+        jobs += [(path, arch, lint, names, names_error) for arch in archs]
+
+    def one(job) -> dict:
+        path, arch, lint, names, names_error = job
+        rec = {"file": path.name, "arch": arch, "ok": False, "entry_points": names,
+               "kernels": [], "error": None}
+        try:
+            _, log = compile_cubin(path.stem, arch)
+            rec["kernels"] = parse_ptxas(log)
+            compiled = {k["name"] for k in rec["kernels"]}
+            errors = [f"{path.name}: {p}" for p in lint]
+            if names_error:
+                errors.append(f"{path.name}: entry points unknown: {names_error}")
+            missing = [n for n in names if n not in compiled]
+            if missing:
+                errors.append(f"{path.name}: entry points not compiled: {missing}")
+            rec["error"] = "\n".join(errors) or None
+            rec["ok"] = not errors
+        except Exception as e:  # report every file, then fail at the end
+            rec["error"] = str(e)
+        return rec
+
+    records: list[dict | None] = [None] * len(jobs)
+    with ThreadPoolExecutor(max(1, workers or usable_cpus())) as pool:
+        futures = {pool.submit(one, job): i for i, job in enumerate(jobs)}
+        for done, fut in enumerate(as_completed(futures), 1):
+            records[futures[fut]] = fut.result()
             if on_record is not None:
-                on_record(rec, len(records), len(files) * len(archs))
+                on_record(records[futures[fut]], done, len(jobs))
     return records
