@@ -50,6 +50,27 @@ class LaunchContext:
         """A read-only view of `count` elements of `dtype` at `ptr` (what the kernel reads)."""
         return self.backend.read(ptr, count, dtype)
 
+    def read_addr(self, ptr, nbytes: int) -> int:
+        """`ptr` as an int once [ptr, ptr + nbytes) is checked to lie in one allocation
+        (for a native twin that reads it; `read` without the numpy view)."""
+        self.backend._locate(int(ptr), int(nbytes), int(nbytes))
+        return int(ptr)
+
+    def write_addr(self, ptr, nbytes: int) -> int:
+        """`read_addr` for a range the twin writes (recorded as `view` records it)."""
+        start, _ = self.backend._locate(int(ptr), int(nbytes), int(nbytes))
+        if self.backend._launch_writes is not None:
+            self.backend._launch_writes.add(start)
+        self.backend.convert_cache.drop(start)
+        return int(ptr)
+
+    @property
+    def native_rows(self):
+        """The native library when its norm/rope/activation routines may run (they give
+        the numpy twins' bits here, native.py's load check), else None."""
+        nat = self.backend.native
+        return nat if nat is not None and nat.row_twins else None
+
     def map_blocks(self, n: int, block: int, fn: Callable[[int, int], None]) -> None:
         """fn(lo, hi) over [0, n) in consecutive blocks of `block` items, spread over the
         backend's twin threads. Only for items that are computed independently (rows of
@@ -174,6 +195,27 @@ class HostBackend(HostMemory):
         ctx = LaunchContext(self, grid3, block3, int(shared_mem))
         args = tuple(args)
         self._run(lambda: self._tracked(kernel.impl, ctx, *args))
+
+    def read_addr(self, ptr, nbytes: int) -> int:
+        """`ptr` as an int once [ptr, ptr + nbytes) is checked to lie in one allocation
+        (for a native twin that reads it; `read` without the numpy view)."""
+        self.backend._locate(int(ptr), int(nbytes), int(nbytes))
+        return int(ptr)
+
+    def write_addr(self, ptr, nbytes: int) -> int:
+        """`read_addr` for a range the twin writes (recorded as `view` records it)."""
+        start, _ = self.backend._locate(int(ptr), int(nbytes), int(nbytes))
+        if self.backend._launch_writes is not None:
+            self.backend._launch_writes.add(start)
+        self.backend.convert_cache.drop(start)
+        return int(ptr)
+
+    @property
+    def native_rows(self):
+        """The native library when its norm/rope/activation routines may run (they give
+        the numpy twins' bits here, native.py's load check), else None."""
+        nat = self.backend.native
+        return nat if nat is not None and nat.row_twins else None
 
     def map_blocks(self, n: int, block: int, fn: Callable[[int, int], None]) -> None:
         """`LaunchContext.map_blocks`: fn(lo, hi) per block, on the calling thread when

@@ -34,7 +34,7 @@ log = logging.getLogger("metrale")
 
 SOURCES = tuple(Path(__file__).resolve().parent / "native" / name
                 for name in ("gemm_f32.cpp", "gemm_quant.cpp", "convert_bf16.cpp",
-                             "dequant_gguf.cpp"))
+                             "dequant_gguf.cpp", "norm_rope_act.cpp"))
 HEADERS = tuple(Path(__file__).resolve().parent / "native" / name
                 for name in ("pool.h", "gemm_core.h", "gemm_avx2.h"))
 # Adversarial blocks the load-time check runs through VDPBF16PS and the formula (~40 ms).
@@ -107,6 +107,14 @@ class NativeKernels:
         self._gguf = lib.md_gguf_dequant_bf16
         self._gguf.restype = ctypes.c_int
         self._gguf.argtypes = [ctypes.c_int, _P, _P, _I64, ctypes.c_int]
+        self._rmsnorm, self._rope, self._silu = (lib.md_rmsnorm, lib.md_rope_write_kv,
+                                                 lib.md_silu_mul)
+        self._rmsnorm.restype = self._rope.restype = self._silu.restype = None
+        self._rmsnorm.argtypes = [_P] * 4 + [_I64] * 2 + [ctypes.c_float]
+        self._rope.argtypes = [_P] * 8 + [_I64] * 4 + [ctypes.c_float]
+        self._silu.argtypes = [_P, _P, _I64, _I64]
+        lib.md_sum_squares.restype = None
+        lib.md_sum_squares.argtypes = [_P, _I64, _I64, _P]
         lib.md_set_threads.argtypes = [ctypes.c_int]
         lib.md_set_threads(usable_cpus())
         lib.md_dp_selfcheck.restype = _I64
@@ -118,10 +126,28 @@ class NativeKernels:
         self.dp_mismatches = lib.md_dp_selfcheck(SELFCHECK_BLOCKS) if lib.md_dp_compiled() \
             else -1
         self.set_dp(self.dp_mismatches == 0)
+        # the norm and rope routines give the numpy twins' bits only if numpy sums a float32
+        # row in the order they reproduce: checked here, else the twins stay in numpy
+        self.row_twins = self._numpy_sum_order_holds()
+        if not self.row_twins:
+            log.warning("metrale: numpy's float32 sum order differs from the one "
+                        "native/norm_rope_act.cpp reproduces; the norm and rope twins run "
+                        "in numpy")
         if self.dp_mismatches > 0:
             log.warning("metrale: this CPU's VDPBF16PS differs from the GEMM formula in %d "
                         "of %d checked lanes; the native GEMM uses float32 FMAs instead",
                         self.dp_mismatches, 16 * SELFCHECK_BLOCKS)
+
+    def _numpy_sum_order_holds(self) -> bool:
+        rng = np.random.default_rng(0)
+        for n in (1, 7, 8, 19, 64, 111, 128, 129, 576, 1000, 4097):
+            x = (rng.standard_normal((3, n)) * [[1e-3], [1.0], [1e3]]).astype(np.float32)
+            sums = np.empty(3, np.float32)
+            self._lib.md_sum_squares(x.ctypes.data, 3, n, sums.ctypes.data)
+            if not np.array_equal(sums.view(np.uint32),
+                                  np.sum(x * x, axis=1, dtype=np.float32).view(np.uint32)):
+                return False
+        return True
 
     def set_dp(self, on: bool) -> bool:
         """Use the BF16 dot-product instruction (True, where built and checked) or the
@@ -207,6 +233,33 @@ class NativeKernels:
         self._to_f32(bits.ctypes.data, out.ctypes.data, bits.size)
         return out
 
+
+    def rmsnorm(self, out_ptr: int, x_ptr: int, weight_ptr: int, residual_ptr: int,
+                n_rows: int, hidden: int, eps: float) -> None:
+        """ops.rmsnorm's twin bit for bit on host addresses the caller has bounds-checked:
+        x, out, residual (0: none) [n_rows, hidden] BF16; weight [hidden] BF16. out may
+        equal x; no other overlap."""
+        self._rmsnorm(out_ptr, x_ptr, weight_ptr, residual_ptr or None, n_rows, hidden,
+                      eps)
+
+    def rope_write_kv(self, qkv_ptr: int, positions_ptr: int, table_ptr: int,
+                      q_norm_ptr: int, k_norm_ptr: int, k_cache_ptr: int, v_cache_ptr: int,
+                      slot_mapping_ptr: int, n_tokens: int, num_heads: int,
+                      num_kv_heads: int, head_dim: int, norm_eps: float) -> None:
+        """ops.rope's apply_rope (k_cache_ptr 0) / rope_write_kv twin bit for bit, on
+        checked host addresses: qkv BF16 [n_tokens, heads + 2 kv_heads, head_dim] in place,
+        positions int32 [n_tokens] inside the float32 table, norms BF16 [head_dim] or 0,
+        caches BF16 [slots, kv_heads * head_dim] with slot_mapping int32 inside them."""
+        self._rope(qkv_ptr, positions_ptr, table_ptr, q_norm_ptr or None, k_norm_ptr or None,
+                   k_cache_ptr or None, v_cache_ptr or None, slot_mapping_ptr or None,
+                   n_tokens, num_heads, num_kv_heads, head_dim, norm_eps)
+
+    def silu_mul(self, out_ptr: int, gate_up_ptr: int, n_rows: int,
+                 intermediate: int) -> None:
+        """out BF16 [n_rows, I] = bf16(silu(g) * u), gate_up BF16 [n_rows, 2 I] (checked
+        host addresses, no overlap): ops.activation's twin but for exp, which is the C
+        library's here (numpy's SIMD exp differs by up to 2 float32 ulps)."""
+        self._silu(out_ptr, gate_up_ptr, n_rows, intermediate)
 
     def gguf_dequant_bf16(self, ggml_type: int, raw: np.ndarray, out: np.ndarray) -> bool:
         """raw: a tensor's stored GGUF bytes (uint8, C-contiguous), out: C-contiguous uint16

@@ -105,6 +105,15 @@ def gelu_f32(x: np.ndarray, mode: int) -> np.ndarray:
 @twin(MODULE, "act_mul")
 def act_mul_twin(ctx, out_ptr, gate_up_ptr, n_rows, intermediate, act) -> None:
     r, i = int(n_rows), int(intermediate)
+    nat = ctx.native_rows
+    if nat is not None and int(act) == ACTIVATIONS["silu"] and \
+            (int(out_ptr) + r * i * 2 <= int(gate_up_ptr) or
+             int(gate_up_ptr) + r * i * 4 <= int(out_ptr)):
+        # native/norm_rope_act.cpp: C's expf where numpy has its own SIMD exp (2 ulps apart
+        # at most in float32, so the BF16 output differs only on a rounding boundary)
+        nat.silu_mul(ctx.write_addr(out_ptr, r * i * 2), ctx.read_addr(gate_up_ptr, r * i * 4),
+                     r, i)
+        return
     gate_up = ctx.read(gate_up_ptr, r * 2 * i, np.uint16).reshape(r, 2 * i)
     out = ctx.view(out_ptr, r * i, np.uint16).reshape(r, i)
 

@@ -70,9 +70,24 @@ def layernorm(backend, stream: int, out_ptr, x_ptr, weight_ptr, bias_ptr, n_rows
                     DevicePtr(bias_ptr), np.int32(n_rows), np.int32(hidden), np.float32(eps)))
 
 
+def _whole_or_apart(nbytes: int, *ptrs) -> bool:
+    """Each pair of the non-NULL ranges [p, p + nbytes) identical or disjoint (what the
+    native row routine handles: it reads a row whole before writing it)."""
+    ps = sorted({int(p) for p in ptrs if int(p)})
+    return all(b - a >= nbytes for a, b in zip(ps, ps[1:]))
+
+
 @twin(MODULE, "rmsnorm")
 def rmsnorm_twin(ctx, out_ptr, x_ptr, weight_ptr, residual_ptr, n_rows, hidden, eps) -> None:
     r, h = int(n_rows), int(hidden)
+    nat = ctx.native_rows
+    if nat is not None and _whole_or_apart(r * h * 2, x_ptr, out_ptr, residual_ptr):
+        # the same bits as below (native/norm_rope_act.cpp), a few microseconds a row
+        nat.rmsnorm(ctx.write_addr(out_ptr, r * h * 2), ctx.read_addr(x_ptr, r * h * 2),
+                    ctx.read_addr(weight_ptr, h * 2),
+                    ctx.write_addr(residual_ptr, r * h * 2) if int(residual_ptr) else 0,
+                    r, h, float(eps))
+        return
     x_all = ctx.read(x_ptr, r * h, np.uint16).reshape(r, h)
     w = bf16_to_f32(ctx.read(weight_ptr, h, np.uint16))
     res_all = ctx.view(residual_ptr, r * h, np.uint16).reshape(r, h) \

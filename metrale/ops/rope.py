@@ -234,19 +234,62 @@ def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
-@twin(MODULE, "apply_rope")
-def apply_rope_twin(ctx, qkv_ptr, positions_ptr, table_ptr, q_norm_ptr, k_norm_ptr, n_tokens,
-                    num_heads, num_kv_heads, head_dim, max_positions, norm_eps) -> None:
-    n, h, kv, d, mp = (int(n_tokens), int(num_heads), int(num_kv_heads), int(head_dim),
-                       int(max_positions))
-    row = (h + 2 * kv) * d
-    qkv = ctx.view(qkv_ptr, n * row, np.uint16).reshape(n, h + 2 * kv, d)
+def _checked_positions(ctx, positions_ptr, n: int, mp: int) -> np.ndarray:
+    """positions int64 [n], each in [0, mp), else the KernelError the kernel's caller gets."""
     pos = ctx.read(positions_ptr, n, np.int32).astype(np.int64)
     bad = (pos < 0) | (pos >= mp)
     if bad.any():
         t = int(np.argmax(bad))
         raise KernelError(f"rope.apply_rope: positions[{t}] = {pos[t]} outside the table "
                           f"[0, {mp}) (callers must check positions before launching)")
+    return pos
+
+
+def _native_rope(ctx, qkv_ptr, positions_ptr, table_ptr, q_norm_ptr, k_norm_ptr, k_cache_ptr,
+                 v_cache_ptr, slot_mapping_ptr, n_tokens, num_heads, num_kv_heads, head_dim,
+                 max_positions, norm_eps) -> bool:
+    """apply_rope (k_cache_ptr 0) or rope_write_kv in the native library (the same bits,
+    native/norm_rope_act.cpp) once every address and index is checked here; False (nothing
+    written) where it cannot run or a check fails: the numpy twin then runs and raises."""
+    nat = ctx.native_rows
+    if nat is None:
+        return False
+    n, h, kv, d, mp = (int(n_tokens), int(num_heads), int(num_kv_heads), int(head_dim),
+                       int(max_positions))
+    try:
+        pos = ctx.read(positions_ptr, n, np.int32)
+        if n and (int(pos.min()) < 0 or int(pos.max()) >= mp):
+            return False
+        kc = vc = slots = 0
+        if int(k_cache_ptr):
+            s = ctx.read(slot_mapping_ptr, n, np.int32)
+            top = int(s.max()) + 1 if n else 0
+            if top > 0:   # the rows up to the highest slot written
+                kc = ctx.write_addr(k_cache_ptr, top * kv * d * 2)
+                vc = ctx.write_addr(v_cache_ptr, top * kv * d * 2)
+                slots = s.ctypes.data
+        nat.rope_write_kv(
+            ctx.write_addr(qkv_ptr, n * (h + 2 * kv) * d * 2), pos.ctypes.data,
+            ctx.read_addr(table_ptr, mp * d * 4),
+            ctx.read_addr(q_norm_ptr, d * 2) if int(q_norm_ptr) else 0,
+            ctx.read_addr(k_norm_ptr, d * 2) if int(k_norm_ptr) else 0,
+            kc, vc, slots, n, h, kv, d, float(norm_eps))
+    except KernelError:
+        return False
+    return True
+
+
+@twin(MODULE, "apply_rope")
+def apply_rope_twin(ctx, qkv_ptr, positions_ptr, table_ptr, q_norm_ptr, k_norm_ptr, n_tokens,
+                    num_heads, num_kv_heads, head_dim, max_positions, norm_eps) -> None:
+    if _native_rope(ctx, qkv_ptr, positions_ptr, table_ptr, q_norm_ptr, k_norm_ptr, 0, 0, 0,
+                    n_tokens, num_heads, num_kv_heads, head_dim, max_positions, norm_eps):
+        return
+    n, h, kv, d, mp = (int(n_tokens), int(num_heads), int(num_kv_heads), int(head_dim),
+                       int(max_positions))
+    row = (h + 2 * kv) * d
+    qkv = ctx.view(qkv_ptr, n * row, np.uint16).reshape(n, h + 2 * kv, d)
+    pos = _checked_positions(ctx, positions_ptr, n, mp)
     table = ctx.read(table_ptr, mp * d, np.float32).reshape(mp, d)
     x = bf16_to_f32(qkv[:, :h + kv])
     eps = np.float32(norm_eps)
@@ -266,6 +309,10 @@ def rope_write_kv_twin(ctx, qkv_ptr, positions_ptr, table_ptr, q_norm_ptr, k_nor
                        k_cache_ptr, v_cache_ptr, slot_mapping_ptr, n_tokens, num_heads,
                        num_kv_heads, head_dim, max_positions, norm_eps) -> None:
     """apply_rope's twin, then write_kv's (the kernel's result, by its definition)."""
+    if _native_rope(ctx, qkv_ptr, positions_ptr, table_ptr, q_norm_ptr, k_norm_ptr,
+                    k_cache_ptr, v_cache_ptr, slot_mapping_ptr, n_tokens, num_heads,
+                    num_kv_heads, head_dim, max_positions, norm_eps):
+        return
     apply_rope_twin(ctx, qkv_ptr, positions_ptr, table_ptr, q_norm_ptr, k_norm_ptr, n_tokens,
                     num_heads, num_kv_heads, head_dim, max_positions, norm_eps)
     write_kv_twin(ctx, qkv_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr, n_tokens,
