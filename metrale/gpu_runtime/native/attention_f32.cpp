@@ -1,0 +1,512 @@
+// Paged split-K decode attention computed natively: HostBackend's fast path for the twins of
+// kernels/attention.cu's decode kernels (metrale/ops/attention.py, `_decode_split_twin` and
+// `decode_attention_combine_twin`), built and loaded by metrale/gpu_runtime/native.py.
+//
+// Shapes (the twin's arguments): out [n_seqs, H*D] BF16 bits; qkv [n_seqs, (H+2KV)*D] BF16
+// (row s's first H*D values are sequence s's query); k_cache, v_cache [blocks, block_size,
+// KV, D] BF16; block_tables int32 [n_seqs, max_blocks_per_seq]; kv_lens int32 [n_seqs];
+// workspace float32: acc [n_seqs, H, max_splits, D], then (m, l) [n_seqs, H, max_splits, 2].
+// Query head h reads kv head h / G, G = H / KV.
+//
+// Formula, per sequence s with kv_len = kv_lens[s] (the twin's structure, float32 throughout):
+//   kv_len <= 0: the split writes a zero row, the combine skips the sequence.
+//   start = kv_len - W if 0 < W < kv_len else 0 (W = sliding_window); first = start / 256;
+//   n_splits = ceil(kv_len / 256) (attention.py `_decode_seq`); split i in [first, n_splits)
+//   holds positions [max(256 i, start), min(256 i + 256, kv_len)).
+//   q = f32(bf16 q) * sl2, one rounding, sl2 = f32(scale) * f32(log2 e) (the twin's `_LOG2E`);
+//   per query head and split: s_t = dot(q, k_t) for each position t (below);
+//     m = max_t s_t (NaN if any s_t is NaN, like numpy's max); p_t = exp2f(s_t - m);
+//     l = sum_t p_t in 8 lanes (`softmax_part`); acc_d = sum_t p_t v_td, per element d
+//     sequentially in position order, one FMA per step from +0;
+//   one split (n_splits - first == 1): out = bf16(acc_d / l);
+//   else the workspace gets acc, m and l of split i at [s, h, i].
+//   dot(q, k): both zero-padded to D8 = D rounded up to a multiple of 8; lane j = 0..7:
+//     a_j = +0, then a_j = fma(q[8c + j], k[8c + j], a_j) for c = 0, 1, ...;
+//     s = ((a_0 + a_1) + (a_2 + a_3)) + ((a_4 + a_5) + (a_6 + a_7)).
+//   combine, per query head of a sequence with n_splits - first > 1 (decode_attention_combine
+//   twin's formula and order; no FMA: each product rounded before it is added, as numpy):
+//     M = max_i m_i; lsum = 0, acc_d = 0; for i = first .. n_splits - 1 in order:
+//     w = exp2f(m_i - M); lsum = lsum + w l_i; acc_d = acc_d + w acc_i,d;
+//     out = bf16(acc_d * (1 / lsum)).
+//   bf16(x): round to nearest even, every NaN -> 0x7FFF (ops/bf16.py, convert_bf16.cpp).
+// The numpy twin computes the dot products and sums with BLAS, in another order, so the two
+// agree within the tests' tolerance, not bit for bit; the combine is numpy's arithmetic step
+// for step. A sequence's result depends on its own data alone (batch invariance): tasks are
+// (sequence, kv head, split), each computed the same way on whichever thread takes it.
+//
+// Errors: the entry points check every sequence before they write anything and return -1
+// (nothing written) where the twin raises: kv_len over the capacity (max_blocks_per_seq *
+// block_size or max_splits * 256), or a block table entry of the positions used that is
+// negative or not below the blocks the cache allocation holds (k_blocks, v_blocks); the
+// caller then runs the numpy twin, which raises with its own message. The caller has also
+// bounds-checked out, qkv's query rows and the workspace as a whole (attention.py).
+// Restrictions: D even in [2, 256], H a multiple of KV, block_size >= 1, outputs not
+// overlapping inputs; built without -ffast-math (exp2f is libm's, NaN and infinities kept).
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define MD_ATTN_AVX2 1
+#endif
+
+#include "pool.h"
+
+namespace md {
+namespace {
+
+constexpr int64_t kSplitTokens = 256;              // attention.py DECODE_SPLIT_TOKENS
+constexpr float kLog2e = 1.4426950408889634f;     // attention.py _LOG2E
+// Threads only when each gets at least about this many multiply-adds of q.k and p.v.
+constexpr int64_t kWorkPerThread = int64_t(1) << 16;
+
+struct SeqSplits {
+    int64_t start, first, n_splits;
+};
+
+// `_decode_seq`: false where kv_len exceeds the capacity (the twin raises).
+inline bool seq_splits(int64_t kv_len, int64_t block_size, int64_t max_blocks_per_seq,
+                       int64_t max_splits, int64_t sliding_window, SeqSplits &r) {
+    if (kv_len > max_blocks_per_seq * block_size || kv_len > max_splits * kSplitTokens)
+        return false;
+    r.start = sliding_window > 0 && sliding_window < kv_len ? kv_len - sliding_window : 0;
+    r.first = r.start / kSplitTokens;
+    r.n_splits = (kv_len + kSplitTokens - 1) / kSplitTokens;
+    return true;
+}
+
+inline uint16_t to_bf16(float f) {   // convert_bf16.cpp's rule
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FFF;
+    return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+inline float from_bf16(uint16_t b) {
+    const uint32_t u = uint32_t(b) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+// NaN-propagating max (numpy's): once m is NaN it stays NaN.
+inline float max_nan(float m, float s) { return (s > m || s != s) ? s : m; }
+
+// v rounded to float32 here: keeps -ffp-contract from fusing it into a following add.
+inline float rounded(float v) {
+#if defined(__x86_64__) || defined(__i386__)
+    asm("" : "+x"(v));
+#else
+    asm("" : "+m"(v));
+#endif
+    return v;
+}
+
+// d BF16 values -> float32, zero-padded to d8 (a multiple of 8).
+inline void widen(const uint16_t *src, float *dst, int64_t d, int64_t d8) {
+    int64_t i = 0;
+#if defined(MD_ATTN_AVX2)
+    for (; i + 8 <= d; i += 8) {
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i *>(src + i));
+        _mm256_storeu_ps(dst + i,
+                         _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+    }
+#endif
+    for (; i < d; i++) dst[i] = from_bf16(src[i]);
+    for (; i < d8; i++) dst[i] = 0.0f;
+}
+
+#if defined(MD_ATTN_AVX2)
+// exp2f of 8 floats at once: glibc's exp2f (sysdeps/ieee754/flt-32/e_exp2f.c, from Arm's
+// optimized-routines; its FMA build is what glibc runs on this CPU) step for step in double
+// lanes: x = k/32 + r, 2^x = 2^(k/32) (C0 r^3 + C1 r^2 + C2 r + 1), three FMAs, one
+// rounding to float; |x| >= 128 and NaN as glibc's slow path. kExp2fTab[i] = the bits of the
+// double nearest 2^(i/32), minus i << 47 (glibc's __exp2f_data.tab). Used only where
+// exp2f_8_matches() found it equal to this process's exp2f (else exp2f itself runs).
+alignas(32) constexpr uint64_t kExp2fTab[32] = {
+    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51,
+    0x3fef72b83c7d517b, 0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1,
+    0x3fef06fe0a31b715, 0x3feef1a7373aa9cb, 0x3feedea64c123422, 0x3feece086061892d,
+    0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429, 0x3feea47eb03a5585,
+    0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
+    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d,
+    0x3feee89f995ad3ad, 0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069,
+    0x3fef5818dcfba487, 0x3fef7c97337b9b5f, 0x3fefa4afa2a490da, 0x3fefd0765b6e4540};
+
+inline __m128 exp2f_4(__m256d xd) {   // the main path
+    const __m256d shift = _mm256_set1_pd(0x1.8p+47);   // 0x1.8p52 / 32
+    __m256d kd = _mm256_add_pd(xd, shift);
+    const __m256i ki = _mm256_castpd_si256(kd);
+    kd = _mm256_sub_pd(kd, shift);   // k / 32
+    const __m256d r = _mm256_sub_pd(xd, kd);
+    const __m256i t = _mm256_add_epi64(
+        _mm256_i64gather_epi64(reinterpret_cast<const long long *>(kExp2fTab),
+                               _mm256_and_si256(ki, _mm256_set1_epi64x(31)), 8),
+        _mm256_slli_epi64(ki, 47));
+    const __m256d z = _mm256_fmadd_pd(r, _mm256_set1_pd(0x1.c6af84b912394p-5),
+                                      _mm256_set1_pd(0x1.ebfce50fac4f3p-3));
+    const __m256d r2 = _mm256_mul_pd(r, r);
+    __m256d y = _mm256_fmadd_pd(r, _mm256_set1_pd(0x1.62e42ff0c52d6p-1), _mm256_set1_pd(1.0));
+    y = _mm256_fmadd_pd(z, r2, y);
+    return _mm256_cvtpd_ps(_mm256_mul_pd(y, _mm256_castsi256_pd(t)));
+}
+
+inline __m256 exp2f_8(__m256 x) {
+    __m256 r = _mm256_set_m128(exp2f_4(_mm256_cvtps_pd(_mm256_extractf128_ps(x, 1))),
+                               exp2f_4(_mm256_cvtps_pd(_mm256_castps256_ps128(x))));
+    // glibc's slow path: x < -149 -> 0x1p-149, x <= -150 (and -inf) -> 0, x >= 128 -> inf,
+    // NaN -> x + x; the rest of [-149, -128] takes the main path
+    r = _mm256_blendv_ps(r, _mm256_set1_ps(0x1p-149f),
+                         _mm256_cmp_ps(x, _mm256_set1_ps(-149.0f), _CMP_LT_OQ));
+    r = _mm256_blendv_ps(r, _mm256_setzero_ps(),
+                         _mm256_cmp_ps(x, _mm256_set1_ps(-150.0f), _CMP_LE_OQ));
+    r = _mm256_blendv_ps(r, _mm256_set1_ps(INFINITY),
+                         _mm256_cmp_ps(x, _mm256_set1_ps(128.0f), _CMP_GE_OQ));
+    return _mm256_blendv_ps(r, _mm256_add_ps(x, x), _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+// exp2f_8 against exp2f, bit for bit (every NaN alike), over the special values, every
+// exponent with a spread of mantissas and a stride through all float bit patterns.
+bool exp2f_8_check() {
+    std::vector<float> xs = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 128.0f, -128.0f,
+                             -149.0f, -149.5f, -150.0f, -150.5f, 127.99f, 1e-30f, -1e-30f};
+    for (uint32_t e = 0; e < 256; e++)
+        for (uint32_t mnt : {0u, 1u, 0x2AAAAAu, 0x400000u, 0x555555u, 0x7FFFFEu, 0x7FFFFFu})
+            for (uint32_t sign : {0u, 0x80000000u}) {
+                const uint32_t u = sign | e << 23 | mnt;
+                float f;
+                std::memcpy(&f, &u, 4);
+                xs.push_back(f);
+            }
+    for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 40009) {
+        const uint32_t v = uint32_t(u);
+        float f;
+        std::memcpy(&f, &v, 4);
+        xs.push_back(f);
+    }
+    while (xs.size() % 8) xs.push_back(0.0f);
+    for (size_t i = 0; i < xs.size(); i += 8) {
+        alignas(32) float got[8];
+        _mm256_store_ps(got, exp2f_8(_mm256_loadu_ps(&xs[i])));
+        for (int j = 0; j < 8; j++) {
+            const float want = exp2f(xs[i + j]);
+            if (std::isnan(want) ? !std::isnan(got[j])
+                                 : std::memcmp(&want, &got[j], 4) != 0)
+                return false;
+        }
+    }
+    return true;
+}
+
+bool exp2f_8_matches() {
+    static const bool ok = exp2f_8_check();   // once per process (about 1 ms)
+    return ok;
+}
+#endif
+
+// Scores of 8 positions: s[j] = dot(q, rows[j]), rows [8, d8] (each row's own dot; the
+// 8 lane sums are reduced together, each by the formula's tree).
+inline void dot_8rows(const float *q, const float *rows, int64_t d8, float *s) {
+#if defined(MD_ATTN_AVX2)
+    __m256 a[8];
+    for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < d8; c += 8) {
+        const __m256 qc = _mm256_loadu_ps(q + c);
+        for (int j = 0; j < 8; j++)
+            a[j] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(rows + j * d8 + c), a[j]);
+    }
+    // hadd(x, y) = (x0+x1, x2+x3, y0+y1, y2+y3 | x4+x5, x6+x7, y4+y5, y6+y7): two levels give
+    // row j's (a0+a1)+(a2+a3) in the low half, (a4+a5)+(a6+a7) in the high half
+    const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    _mm256_storeu_ps(s, _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20),
+                                      _mm256_permute2f128_ps(h0, h1, 0x31)));
+#else
+    for (int j = 0; j < 8; j++) {
+        float a[8] = {};
+        for (int64_t c = 0; c < d8; c += 8)
+            for (int l = 0; l < 8; l++) a[l] = std::fma(q[c + l], rows[j * d8 + c + l], a[l]);
+        s[j] = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+    }
+#endif
+}
+
+#if defined(MD_ATTN_AVX2)
+// acc[0, 8U) = fma(p[j], rows[j][c + ...], acc) for j = 0 .. nj - 1 in order, U registers.
+template <int U>
+inline void pv_cols(const float *p, const float *rows, int nj, int64_t d8, int64_t c,
+                    float *acc) {
+    __m256 r[U];
+    for (int u = 0; u < U; u++) r[u] = _mm256_loadu_ps(acc + 8 * u);
+    for (int j = 0; j < nj; j++) {
+        const __m256 pj = _mm256_set1_ps(p[j]);
+        for (int u = 0; u < U; u++)
+            r[u] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(rows + j * d8 + c + 8 * u), r[u]);
+    }
+    for (int u = 0; u < U; u++) _mm256_storeu_ps(acc + 8 * u, r[u]);
+}
+#endif
+
+// acc[0, d8) accumulates p[j] * rows[j] for the nj rows [nj, d8], one FMA per element and
+// row, rows in order.
+inline void pv_rows(const float *p, const float *rows, int nj, int64_t d8, float *acc) {
+#if defined(MD_ATTN_AVX2)
+    int64_t c = 0;
+    for (; c + 64 <= d8; c += 64) pv_cols<8>(p, rows, nj, d8, c, acc + c);
+    for (; c + 32 <= d8; c += 32) pv_cols<4>(p, rows, nj, d8, c, acc + c);
+    for (; c < d8; c += 8) pv_cols<1>(p, rows, nj, d8, c, acc + c);
+#else
+    for (int j = 0; j < nj; j++)
+        for (int64_t c = 0; c < d8; c++) acc[c] = std::fma(p[j], rows[j * d8 + c], acc[c]);
+#endif
+}
+
+struct Decode {
+    uint16_t *out;
+    float *workspace;
+    const uint16_t *qkv, *k_cache, *v_cache;
+    const int32_t *block_tables, *kv_lens;
+    int64_t n_seqs, num_heads, num_kv_heads, head_dim, block_size, max_blocks_per_seq,
+        max_splits, sliding_window;
+    float sl2;
+};
+
+struct Task {
+    int64_t s, kvh, split, t0, t1;   // positions [t0, t1) of split `split`
+    bool single;                     // the sequence's only split: out, not the workspace
+};
+
+// One split's m = max s (NaN if any is), p = exp2f(s - m) in place of s [n], and
+// l = sum p: lane j = 0..7 sums p[8c + j] in order from +0 (p zero-padded to a multiple of
+// 8), then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)). s has room for n rounded up
+// to a multiple of 8 (the entries past n are overwritten).
+inline void softmax_part(float *s, int64_t n, float &m_out, float &l_out) {
+    const int64_t n8 = (n + 7) / 8 * 8;
+    for (int64_t j = n; j < n8; j++) s[j] = -INFINITY;   // not the max; p = 0 below
+    float m = -INFINITY;   // (which zero when +0 and -0 tie: p and l are the same)
+    bool nan = false;
+#if defined(MD_ATTN_AVX2)
+    __m256 mv = _mm256_set1_ps(-INFINITY), nv = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n8; j += 8) {
+        const __m256 sj = _mm256_loadu_ps(s + j);
+        mv = _mm256_max_ps(sj, mv);   // sj > mv ? sj : mv
+        nv = _mm256_or_ps(nv, _mm256_cmp_ps(sj, sj, _CMP_UNORD_Q));
+    }
+    alignas(32) float m8[8];
+    _mm256_store_ps(m8, mv);
+    for (int j = 0; j < 8; j++) m = m8[j] > m ? m8[j] : m;
+    nan = _mm256_movemask_ps(nv) != 0;
+#else
+    for (int64_t j = 0; j < n; j++) {
+        m = s[j] > m ? s[j] : m;
+        nan |= s[j] != s[j];
+    }
+#endif
+    if (nan) m = NAN;
+    float lane[8] = {};
+#if defined(MD_ATTN_AVX2)
+    if (exp2f_8_matches()) {
+        const __m256 mv = _mm256_set1_ps(m);
+        __m256 lv = _mm256_setzero_ps();
+        for (int64_t j = 0; j < n8; j += 8) {
+            __m256 pj = exp2f_8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
+            if (j + 8 > n) {   // the padding: p = +0
+                const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                pj = _mm256_and_ps(pj, _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                                           _mm256_set1_epi32(int(n - j)), lanes)));
+            }
+            _mm256_storeu_ps(s + j, pj);
+            lv = _mm256_add_ps(lv, pj);
+        }
+        _mm256_storeu_ps(lane, lv);
+    } else
+#endif
+    {
+        for (int64_t j = 0; j < n8; j++) {
+            s[j] = j < n ? exp2f(s[j] - m) : 0.0f;
+            lane[j % 8] += s[j];
+        }
+    }
+    m_out = m;
+    l_out = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+constexpr int kRows = 8;   // positions widened and reduced together
+
+// Scratch of one thread: q [G, D8], scores then p [G, 256], acc [G, D8], rows [8, D8],
+// the split's row offsets [256].
+struct Scratch {
+    std::vector<float> q, p, acc, rows;
+    std::vector<int64_t> at;
+    Scratch(int64_t g, int64_t d8)
+        : q(g * d8), p(g * kSplitTokens), acc(g * d8), rows(kRows * d8), at(kSplitTokens) {}
+};
+
+// Rows [D] of one kv head's positions ahead are prefetched this many positions early (the
+// block table scatters them; each is a cache miss otherwise).
+constexpr int64_t kPrefetchRows = 16;
+
+inline void prefetch_row(const uint16_t *r, int64_t bytes) {
+    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(reinterpret_cast<const char *>(r) + o);
+}
+
+void run_task(const Decode &a, const Task &t, Scratch &w) {
+    const int64_t H = a.num_heads, KV = a.num_kv_heads, D = a.head_dim, G = H / KV;
+    const int64_t d8 = (D + 7) / 8 * 8, n = t.t1 - t.t0, S = kSplitTokens;
+    const int64_t bs = a.block_size;
+    const int32_t *table = a.block_tables + t.s * a.max_blocks_per_seq;
+    float *q = w.q.data(), *p = w.p.data(), *acc = w.acc.data(), *rows = w.rows.data();
+    const uint16_t *qs = a.qkv + t.s * (H + 2 * KV) * D + t.kvh * G * D;   // [G, D]
+    for (int64_t g = 0; g < G; g++) {
+        widen(qs + g * D, q + g * d8, D, d8);
+        for (int64_t i = 0; i < D; i++) q[g * d8 + i] *= a.sl2;
+    }
+    // [n] row offsets (elements) of the positions [t0, t1) in either cache
+    int64_t *at = w.at.data();
+    for (int64_t j = 0, b = t.t0 / bs, o = t.t0 % bs; j < n; j++) {
+        at[j] = (int64_t(table[b]) * bs + o) * KV * D + t.kvh * D;
+        if (++o == bs) o = 0, b++;
+    }
+    const int64_t row_bytes = D * 2;
+    for (int64_t j = 0; j < std::min(n, kPrefetchRows); j++) prefetch_row(a.k_cache + at[j], row_bytes);
+    for (int64_t j0 = 0; j0 < n; j0 += kRows) {   // scores, 8 positions at a time
+        const int nj = int(std::min<int64_t>(kRows, n - j0));
+        for (int j = 0; j < nj; j++) {
+            if (j0 + j + kPrefetchRows < n) prefetch_row(a.k_cache + at[j0 + j + kPrefetchRows], row_bytes);
+            prefetch_row(a.v_cache + at[j0 + j], row_bytes);
+            widen(a.k_cache + at[j0 + j], rows + j * d8, D, d8);
+        }
+        // rows past nj hold earlier rows: their sums land past n, where softmax_part pads
+        for (int64_t g = 0; g < G; g++) dot_8rows(q + g * d8, rows, d8, p + g * S + j0);
+    }
+    std::vector<float> m(G), l(G);
+    for (int64_t g = 0; g < G; g++) softmax_part(p + g * S, n, m[g], l[g]);
+    std::fill(acc, acc + G * d8, 0.0f);
+    for (int64_t j0 = 0; j0 < n; j0 += kRows) {   // acc, 8 positions at a time
+        const int nj = int(std::min<int64_t>(kRows, n - j0));
+        for (int j = 0; j < nj; j++) widen(a.v_cache + at[j0 + j], rows + j * d8, D, d8);
+        for (int64_t g = 0; g < G; g++) pv_rows(p + g * S + j0, rows, nj, d8, acc + g * d8);
+    }
+    const int64_t h0 = t.kvh * G;
+    if (t.single) {
+        uint16_t *o = a.out + t.s * H * D + h0 * D;
+        for (int64_t g = 0; g < G; g++)
+            for (int64_t i = 0; i < D; i++) o[g * D + i] = to_bf16(acc[g * d8 + i] / l[g]);
+        return;
+    }
+    const int64_t msp = a.max_splits;
+    float *ws_acc = a.workspace;                                // [n_seqs, H, msp, D]
+    float *ws_ml = a.workspace + a.n_seqs * H * msp * D;        // [n_seqs, H, msp, 2]
+    for (int64_t g = 0; g < G; g++) {
+        const int64_t hs = (t.s * H + h0 + g) * msp + t.split;
+        std::memcpy(ws_acc + hs * D, acc + g * d8, size_t(D) * 4);
+        ws_ml[hs * 2] = m[g];
+        ws_ml[hs * 2 + 1] = l[g];
+    }
+}
+
+int decode_split(const Decode &a, int64_t k_blocks, int64_t v_blocks) {
+    const int64_t bs = a.block_size, cap = std::min(k_blocks, v_blocks);
+    std::vector<Task> tasks;
+    int64_t work = 0;
+    for (int64_t s = 0; s < a.n_seqs; s++) {   // every sequence checked before any write
+        const int64_t kv_len = a.kv_lens[s];
+        if (kv_len <= 0) continue;
+        SeqSplits q;
+        if (!seq_splits(kv_len, bs, a.max_blocks_per_seq, a.max_splits, a.sliding_window, q))
+            return -1;
+        const int32_t *table = a.block_tables + s * a.max_blocks_per_seq;
+        for (int64_t b = q.start / bs; b <= (kv_len - 1) / bs; b++)
+            if (table[b] < 0 || table[b] >= cap) return -1;
+        for (int64_t i = q.first; i < q.n_splits; i++)
+            for (int64_t kvh = 0; kvh < a.num_kv_heads; kvh++)
+                tasks.push_back({s, kvh, i, std::max(i * kSplitTokens, q.start),
+                                 std::min(i * kSplitTokens + kSplitTokens, kv_len),
+                                 q.n_splits - q.first == 1});
+        work += (kv_len - q.start) * a.num_heads * a.head_dim * 2;
+    }
+    for (int64_t s = 0; s < a.n_seqs; s++)   // padding rows: zeros
+        if (a.kv_lens[s] <= 0)
+            std::memset(a.out + s * a.num_heads * a.head_dim, 0,
+                        size_t(a.num_heads * a.head_dim) * 2);
+    const int64_t n_tasks = int64_t(tasks.size());
+    if (n_tasks == 0) return 0;
+    const int64_t G = a.num_heads / a.num_kv_heads, d8 = (a.head_dim + 7) / 8 * 8;
+    const int nt = int(std::max<int64_t>(
+        1, std::min<int64_t>({int64_t(g_threads.load()), n_tasks, work / kWorkPerThread})));
+    std::atomic<int64_t> next{0};
+    std::function<void(int)> run = [&](int) {   // tasks handed out in order, one at a time
+        Scratch w(G, d8);
+        for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n_tasks;)
+            run_task(a, tasks[size_t(i)], w);
+    };
+    pool().run(nt, run);
+    return 0;
+}
+
+int decode_combine(uint16_t *out, const float *workspace, const int32_t *kv_lens,
+                   int64_t n_seqs, int64_t num_heads, int64_t head_dim, int64_t block_size,
+                   int64_t max_blocks_per_seq, int64_t max_splits, int64_t sliding_window) {
+    const int64_t H = num_heads, D = head_dim, msp = max_splits;
+    std::vector<SeqSplits> seqs(static_cast<size_t>(n_seqs));
+    for (int64_t s = 0; s < n_seqs; s++)   // every sequence checked before any write
+        if (kv_lens[s] > 0 && !seq_splits(kv_lens[s], block_size, max_blocks_per_seq, msp,
+                                          sliding_window, seqs[size_t(s)]))
+            return -1;
+    const float *ws_acc = workspace;                      // [n_seqs, H, msp, D]
+    const float *ws_ml = workspace + n_seqs * H * msp * D;  // [n_seqs, H, msp, 2]
+    std::vector<float> acc(static_cast<size_t>(D));
+    for (int64_t s = 0; s < n_seqs; s++) {
+        const SeqSplits &q = seqs[size_t(s)];
+        if (kv_lens[s] <= 0 || q.n_splits - q.first <= 1) continue;
+        for (int64_t h = 0; h < H; h++) {
+            const int64_t hs = (s * H + h) * msp;
+            float big_m = ws_ml[(hs + q.first) * 2];
+            for (int64_t i = q.first + 1; i < q.n_splits; i++)
+                big_m = max_nan(big_m, ws_ml[(hs + i) * 2]);
+            float lsum = 0.0f;
+            std::fill(acc.begin(), acc.end(), 0.0f);
+            for (int64_t i = q.first; i < q.n_splits; i++) {   // fixed order, like the kernel
+                const float wgt = exp2f(ws_ml[(hs + i) * 2] - big_m);
+                lsum = lsum + rounded(wgt * ws_ml[(hs + i) * 2 + 1]);
+                const float *ai = ws_acc + (hs + i) * D;
+                for (int64_t d = 0; d < D; d++) acc[size_t(d)] += rounded(wgt * ai[d]);
+            }
+            const float inv = 1.0f / lsum;
+            uint16_t *o = out + (s * H + h) * D;
+            for (int64_t d = 0; d < D; d++) o[d] = to_bf16(rounded(acc[size_t(d)] * inv));
+        }
+    }
+    return 0;
+}
+
+}  // namespace
+}  // namespace md
+
+extern "C" {
+
+// 0, or -1 having written nothing (see the opening comment): then run the numpy twin.
+__attribute__((visibility("default"))) int md_decode_attention_split(
+    uint16_t *out, float *workspace, const uint16_t *qkv, const uint16_t *k_cache,
+    const uint16_t *v_cache, const int32_t *block_tables, const int32_t *kv_lens,
+    int64_t n_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+    int64_t block_size, int64_t max_blocks_per_seq, int64_t max_splits, float scale,
+    int64_t sliding_window, int64_t k_blocks, int64_t v_blocks) {
+    const md::Decode a{out, workspace, qkv, k_cache, v_cache, block_tables, kv_lens,
+                       n_seqs, num_heads, num_kv_heads, head_dim, block_size,
+                       max_blocks_per_seq, max_splits, sliding_window, scale * md::kLog2e};
+    return md::decode_split(a, k_blocks, v_blocks);
+}
+
+__attribute__((visibility("default"))) int md_decode_attention_combine(
+    uint16_t *out, const float *workspace, const int32_t *kv_lens, int64_t n_seqs,
+    int64_t num_heads, int64_t head_dim, int64_t block_size, int64_t max_blocks_per_seq,
+    int64_t max_splits, int64_t sliding_window) {
+    return md::decode_combine(out, workspace, kv_lens, n_seqs, num_heads, head_dim,
+                              block_size, max_blocks_per_seq, max_splits, sliding_window);
+}
+
+}  // extern "C"
