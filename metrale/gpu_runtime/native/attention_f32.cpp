@@ -16,8 +16,9 @@
 //   q = f32(bf16 q) * sl2, one rounding, sl2 = f32(scale) * f32(log2 e) (the twin's `_LOG2E`);
 //   per query head and split: s_t = dot(q, k_t) for each position t (below);
 //     m = max_t s_t (NaN if any s_t is NaN, like numpy's max); p_t = exp2f(s_t - m);
-//     l = sum_t p_t in 8 lanes (`softmax_part`); acc_d = sum_t p_t v_td, per element d
-//     sequentially in position order, one FMA per step from +0;
+//     l = sum_t p_t: with j = t's index in the split, lane j % 8 adds p_t in order from +0,
+//       then the lanes as dot's tree below; acc_d = sum_t p_t v_td, per element d in
+//       position order, one FMA per step from +0;
 //   one split (n_splits - first == 1): out = bf16(acc_d / l);
 //   else the workspace gets acc, m and l of split i at [s, h, i].
 //   dot(q, k): both zero-padded to D8 = D rounded up to a multiple of 8; lane j = 0..7:
@@ -32,7 +33,12 @@
 // The numpy twin computes the dot products and sums with BLAS, in another order, so the two
 // agree within the tests' tolerance, not bit for bit; the combine is numpy's arithmetic step
 // for step. A sequence's result depends on its own data alone (batch invariance): tasks are
-// (sequence, kv head, split), each computed the same way on whichever thread takes it.
+// (sequence, kv head, split), each computed the same way on whichever of the pool's threads
+// (pool.h) takes it, and threads only where there is work enough for them.
+// How: per task, the G query heads of one kv head; K rows widened to float32 8 positions at
+// a time (prefetched ahead: the block table scatters them), each head's 8 dot products
+// reduced together; p = exp2f in 8 lanes (exp2f_8, below); V rows the same way, p v with
+// accumulators in registers.
 //
 // Errors: the entry points check every sequence before they write anything and return -1
 // (nothing written) where the twin raises: kv_len over the capacity (max_blocks_per_seq *
@@ -48,7 +54,9 @@
 #include <functional>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
+// AVX2 + FMA: 8-lane intrinsics; elsewhere (and with -DMD_PORTABLE, for the tests) the same
+// steps one lane at a time, the same bits (std::fma, exp2f).
+#if defined(__AVX2__) && defined(__FMA__) && !defined(MD_PORTABLE)
 #include <immintrin.h>
 #define MD_ATTN_AVX2 1
 #endif
