@@ -372,14 +372,18 @@ def test_native_decode_batch_grid_and_thread_invariant(rng):
             lib.md_set_threads(native.usable_cpus())
 
 
-def test_native_decode_portable_build_same_bits(rng):
+@pytest.mark.parametrize("h,kv,d", [(6, 2, 96), (8, 1, 64), (4, 4, 128), (8, 2, 64),
+                                    (5, 1, 6)])
+def test_native_decode_portable_build_same_bits(rng, h, kv, d):
     """The scalar path (-DMD_PORTABLE: what CPUs without AVX2 and FMA run) gives the 8-lane
-    path's bits: the same FMAs and sums in the same order, exp2f itself."""
+    path's bits: the same FMAs and sums in the same order, exp2f itself (head tiles of 3, 2
+    and 1 register-tiled; a head_dim not a multiple of 8 through the widened rows)."""
     be = native_backend()
-    c = Case(rng, [1] * 5, [1, 7, 111, 600, 4097], 6, 2, 96, 16)
-    want = run_decode(be, c, 0.125, 300, max_splits=att.decode_max_splits(4097))
+    c = Case(rng, [1] * 5, [1, 7, 111, 600, 4097], h, kv, d, 16)
+    ms = att.decode_max_splits(4097)
+    want = [run_decode(be, c, 0.125, w, max_splits=ms) for w in (0, 300)]
     be.native = _variant("portable")
-    got = run_decode(be, c, 0.125, 300, max_splits=att.decode_max_splits(4097))
+    got = [run_decode(be, c, 0.125, w, max_splits=ms) for w in (0, 300)]
     assert np.array_equal(got, want)
 
 

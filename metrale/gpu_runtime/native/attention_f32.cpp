@@ -35,31 +35,36 @@
 // for step. A sequence's result depends on its own data alone (batch invariance): tasks are
 // (sequence, kv head, split), each computed the same way on whichever of the pool's threads
 // (pool.h) takes it, and threads only where there is work enough for them.
-// How: per task, the G query heads of one kv head; K rows widened to float32 8 positions at
-// a time (prefetched ahead: the block table scatters them), each head's 8 dot products
-// reduced together; p = exp2f in 8 lanes (exp2f_8, below); V rows the same way, p v with
-// accumulators in registers.
+//
+// How, per task (the G query heads of one kv head, one split):
+//   x86 with AVX2 and FMA, D a multiple of 8 ("tiles"): K and V rows read in place through
+//     the block table (prefetched ahead: the table scatters them) and widened in registers;
+//     the scores of up to 3 heads x 4 positions, and p v of up to 3 heads x 32 columns, in
+//     register tiles (16 ymm registers); exp2f in 8 lanes (exp2f_8, below).
+//   otherwise ("rows", and everything with -DMD_PORTABLE, for the tests): the same FMAs and
+//     sums one lane at a time over rows widened 8 positions at a time: the same bits.
 //
 // Errors: the entry points check every sequence before they write anything and return -1
 // (nothing written) where the twin raises: kv_len over the capacity (max_blocks_per_seq *
 // block_size or max_splits * 256), or a block table entry of the positions used that is
 // negative or not below the blocks the cache allocation holds (k_blocks, v_blocks); the
 // caller then runs the numpy twin, which raises with its own message. The caller has also
-// bounds-checked out, qkv's query rows and the workspace as a whole (attention.py).
-// Restrictions: D even in [2, 256], H a multiple of KV, block_size >= 1, outputs not
-// overlapping inputs; built without -ffast-math (exp2f is libm's, NaN and infinities kept).
+// bounds-checked out, qkv's query rows, the tables, the lengths and the workspace
+// (attention.py). Restrictions: D even in [2, 256], H a multiple of KV, block_size >= 1,
+// outputs not overlapping inputs; built without -ffast-math (NaN and infinities kept).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <vector>
 
-// AVX2 + FMA: 8-lane intrinsics; elsewhere (and with -DMD_PORTABLE, for the tests) the same
-// steps one lane at a time, the same bits (std::fma, exp2f).
 #if defined(__AVX2__) && defined(__FMA__) && !defined(MD_PORTABLE)
 #include <immintrin.h>
 #define MD_ATTN_AVX2 1
 #endif
+// Loops over register tiles unrolled before GCC's scalar replacement, so the accumulator
+// arrays stay in registers (else they go through the stack every step).
+#define MD_ATTN_UNROLL _Pragma("GCC unroll 16")
 
 #include "pool.h"
 
@@ -70,6 +75,9 @@ constexpr int64_t kSplitTokens = 256;              // attention.py DECODE_SPLIT_
 constexpr float kLog2e = 1.4426950408889634f;     // attention.py _LOG2E
 // Threads only when each gets at least about this many multiply-adds of q.k and p.v.
 constexpr int64_t kWorkPerThread = int64_t(1) << 16;
+// K and V rows are prefetched this many positions ahead of their use.
+constexpr int64_t kPrefetchRows = 16;
+constexpr int kRows = 8;   // positions widened together on the rows path
 
 struct SeqSplits {
     int64_t start, first, n_splits;
@@ -113,27 +121,27 @@ inline float rounded(float v) {
     return v;
 }
 
-// d BF16 values -> float32, zero-padded to d8 (a multiple of 8).
-inline void widen(const uint16_t *src, float *dst, int64_t d, int64_t d8) {
-    int64_t i = 0;
-#if defined(MD_ATTN_AVX2)
-    for (; i + 8 <= d; i += 8) {
-        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i *>(src + i));
-        _mm256_storeu_ps(dst + i,
-                         _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
-    }
-#endif
-    for (; i < d; i++) dst[i] = from_bf16(src[i]);
-    for (; i < d8; i++) dst[i] = 0.0f;
+inline void prefetch_row(const uint16_t *row, int64_t bytes) {
+    for (int64_t o = 0; o < bytes; o += 64)
+        __builtin_prefetch(reinterpret_cast<const char *>(row) + o);
 }
 
+// The formula's dot tree over 8 lanes.
+inline float tree8(const float *a) {
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+// ------------------------------------------------------------------------------------------
+// exp2f in 8 lanes
+// ------------------------------------------------------------------------------------------
 #if defined(MD_ATTN_AVX2)
-// exp2f of 8 floats at once: glibc's exp2f (sysdeps/ieee754/flt-32/e_exp2f.c, from Arm's
-// optimized-routines; its FMA build is what glibc runs on this CPU) step for step in double
-// lanes: x = k/32 + r, 2^x = 2^(k/32) (C0 r^3 + C1 r^2 + C2 r + 1), three FMAs, one
-// rounding to float; |x| >= 128 and NaN as glibc's slow path. kExp2fTab[i] = the bits of the
-// double nearest 2^(i/32), minus i << 47 (glibc's __exp2f_data.tab). Used only where
-// exp2f_8_matches() found it equal to this process's exp2f (else exp2f itself runs).
+// glibc's exp2f (sysdeps/ieee754/flt-32/e_exp2f.c, from Arm's optimized-routines; its FMA
+// build is what glibc runs on such a CPU) step for step in double lanes: x = k/32 + r,
+// 2^x = 2^(k/32) (C0 r^3 + C1 r^2 + C2 r + 1) with three FMAs, one rounding to float;
+// |x| >= 128 and NaN as glibc's slow path. kExp2fTab[i] = the bits of the double nearest
+// 2^(i/32), minus i << 47 (glibc's __exp2f_data.tab). Used only where exp2f_8_matches()
+// found it equal to this process's exp2f (it is on every one of the 2^32 floats with
+// glibc 2.36); else exp2f itself runs.
 alignas(32) constexpr uint64_t kExp2fTab[32] = {
     0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51,
     0x3fef72b83c7d517b, 0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1,
@@ -181,28 +189,22 @@ inline __m256 exp2f_8(__m256 x) {
 bool exp2f_8_check() {
     std::vector<float> xs = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 128.0f, -128.0f,
                              -149.0f, -149.5f, -150.0f, -150.5f, 127.99f, 1e-30f, -1e-30f};
+    auto push_bits = [&xs](uint32_t u) {
+        float f;
+        std::memcpy(&f, &u, 4);
+        xs.push_back(f);
+    };
     for (uint32_t e = 0; e < 256; e++)
         for (uint32_t mnt : {0u, 1u, 0x2AAAAAu, 0x400000u, 0x555555u, 0x7FFFFEu, 0x7FFFFFu})
-            for (uint32_t sign : {0u, 0x80000000u}) {
-                const uint32_t u = sign | e << 23 | mnt;
-                float f;
-                std::memcpy(&f, &u, 4);
-                xs.push_back(f);
-            }
-    for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 40009) {
-        const uint32_t v = uint32_t(u);
-        float f;
-        std::memcpy(&f, &v, 4);
-        xs.push_back(f);
-    }
+            for (uint32_t sign : {0u, 0x80000000u}) push_bits(sign | e << 23 | mnt);
+    for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 40009) push_bits(uint32_t(u));
     while (xs.size() % 8) xs.push_back(0.0f);
     for (size_t i = 0; i < xs.size(); i += 8) {
         alignas(32) float got[8];
         _mm256_store_ps(got, exp2f_8(_mm256_loadu_ps(&xs[i])));
         for (int j = 0; j < 8; j++) {
             const float want = exp2f(xs[i + j]);
-            if (std::isnan(want) ? !std::isnan(got[j])
-                                 : std::memcmp(&want, &got[j], 4) != 0)
+            if (std::isnan(want) ? !std::isnan(got[j]) : std::memcmp(&want, &got[j], 4) != 0)
                 return false;
         }
     }
@@ -215,87 +217,15 @@ bool exp2f_8_matches() {
 }
 #endif
 
-// Scores of 8 positions: s[j] = dot(q, rows[j]), rows [8, d8] (each row's own dot; the
-// 8 lane sums are reduced together, each by the formula's tree).
-inline void dot_8rows(const float *q, const float *rows, int64_t d8, float *s) {
-#if defined(MD_ATTN_AVX2)
-    __m256 a[8];
-    for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
-    for (int64_t c = 0; c < d8; c += 8) {
-        const __m256 qc = _mm256_loadu_ps(q + c);
-        for (int j = 0; j < 8; j++)
-            a[j] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(rows + j * d8 + c), a[j]);
-    }
-    // hadd(x, y) = (x0+x1, x2+x3, y0+y1, y2+y3 | x4+x5, x6+x7, y4+y5, y6+y7): two levels give
-    // row j's (a0+a1)+(a2+a3) in the low half, (a4+a5)+(a6+a7) in the high half
-    const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-    const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-    _mm256_storeu_ps(s, _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20),
-                                      _mm256_permute2f128_ps(h0, h1, 0x31)));
-#else
-    for (int j = 0; j < 8; j++) {
-        float a[8] = {};
-        for (int64_t c = 0; c < d8; c += 8)
-            for (int l = 0; l < 8; l++) a[l] = std::fma(q[c + l], rows[j * d8 + c + l], a[l]);
-        s[j] = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-    }
-#endif
-}
-
-#if defined(MD_ATTN_AVX2)
-// acc[0, 8U) = fma(p[j], rows[j][c + ...], acc) for j = 0 .. nj - 1 in order, U registers.
-template <int U>
-inline void pv_cols(const float *p, const float *rows, int nj, int64_t d8, int64_t c,
-                    float *acc) {
-    __m256 r[U];
-    for (int u = 0; u < U; u++) r[u] = _mm256_loadu_ps(acc + 8 * u);
-    for (int j = 0; j < nj; j++) {
-        const __m256 pj = _mm256_set1_ps(p[j]);
-        for (int u = 0; u < U; u++)
-            r[u] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(rows + j * d8 + c + 8 * u), r[u]);
-    }
-    for (int u = 0; u < U; u++) _mm256_storeu_ps(acc + 8 * u, r[u]);
-}
-#endif
-
-// acc[0, d8) accumulates p[j] * rows[j] for the nj rows [nj, d8], one FMA per element and
-// row, rows in order.
-inline void pv_rows(const float *p, const float *rows, int nj, int64_t d8, float *acc) {
-#if defined(MD_ATTN_AVX2)
-    int64_t c = 0;
-    for (; c + 64 <= d8; c += 64) pv_cols<8>(p, rows, nj, d8, c, acc + c);
-    for (; c + 32 <= d8; c += 32) pv_cols<4>(p, rows, nj, d8, c, acc + c);
-    for (; c < d8; c += 8) pv_cols<1>(p, rows, nj, d8, c, acc + c);
-#else
-    for (int j = 0; j < nj; j++)
-        for (int64_t c = 0; c < d8; c++) acc[c] = std::fma(p[j], rows[j * d8 + c], acc[c]);
-#endif
-}
-
-struct Decode {
-    uint16_t *out;
-    float *workspace;
-    const uint16_t *qkv, *k_cache, *v_cache;
-    const int32_t *block_tables, *kv_lens;
-    int64_t n_seqs, num_heads, num_kv_heads, head_dim, block_size, max_blocks_per_seq,
-        max_splits, sliding_window;
-    float sl2;
-};
-
-struct Task {
-    int64_t s, kvh, split, t0, t1;   // positions [t0, t1) of split `split`
-    bool single;                     // the sequence's only split: out, not the workspace
-};
-
 // One split's m = max s (NaN if any is), p = exp2f(s - m) in place of s [n], and
-// l = sum p: lane j = 0..7 sums p[8c + j] in order from +0 (p zero-padded to a multiple of
-// 8), then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)). s has room for n rounded up
-// to a multiple of 8 (the entries past n are overwritten).
+// l = sum p in the formula's 8 lanes and tree. s has room for n rounded up to a multiple of
+// 8 (the entries past n are overwritten).
 inline void softmax_part(float *s, int64_t n, float &m_out, float &l_out) {
     const int64_t n8 = (n + 7) / 8 * 8;
     for (int64_t j = n; j < n8; j++) s[j] = -INFINITY;   // not the max; p = 0 below
     float m = -INFINITY;   // (which zero when +0 and -0 tie: p and l are the same)
     bool nan = false;
+    float lane[8] = {};
 #if defined(MD_ATTN_AVX2)
     __m256 mv = _mm256_set1_ps(-INFINITY), nv = _mm256_setzero_ps();
     for (int64_t j = 0; j < n8; j += 8) {
@@ -314,18 +244,16 @@ inline void softmax_part(float *s, int64_t n, float &m_out, float &l_out) {
     }
 #endif
     if (nan) m = NAN;
-    float lane[8] = {};
 #if defined(MD_ATTN_AVX2)
     if (exp2f_8_matches()) {
-        const __m256 mv = _mm256_set1_ps(m);
+        const __m256 m_all = _mm256_set1_ps(m);
+        const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         __m256 lv = _mm256_setzero_ps();
         for (int64_t j = 0; j < n8; j += 8) {
-            __m256 pj = exp2f_8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
-            if (j + 8 > n) {   // the padding: p = +0
-                const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            __m256 pj = exp2f_8(_mm256_sub_ps(_mm256_loadu_ps(s + j), m_all));
+            if (j + 8 > n)   // the padding: p = +0
                 pj = _mm256_and_ps(pj, _mm256_castsi256_ps(_mm256_cmpgt_epi32(
                                            _mm256_set1_epi32(int(n - j)), lanes)));
-            }
             _mm256_storeu_ps(s + j, pj);
             lv = _mm256_add_ps(lv, pj);
         }
@@ -339,13 +267,169 @@ inline void softmax_part(float *s, int64_t n, float &m_out, float &l_out) {
         }
     }
     m_out = m;
-    l_out = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    l_out = tree8(lane);
 }
 
-constexpr int kRows = 8;   // positions widened and reduced together
+// ------------------------------------------------------------------------------------------
+// the tiles path: AVX2 + FMA, D a multiple of 8, K and V read in place
+// ------------------------------------------------------------------------------------------
+#if defined(MD_ATTN_AVX2)
+inline __m256 widen8(const uint16_t *src) {   // 8 BF16 -> float32
+    return _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(src))), 16));
+}
 
-// Scratch of one thread: q [G, D8], scores then p [G, 256], acc [G, D8], rows [8, D8],
-// the split's row offsets [256].
+// The formula's tree for 4 dot products' lanes at once: (s_0, s_1, s_2, s_3). hadd(x, y) =
+// (x0+x1, x2+x3, y0+y1, y2+y3 | x4+x5, x6+x7, y4+y5, y6+y7), so two levels leave
+// (a0+a1)+(a2+a3) of each in the low half and (a4+a5)+(a6+a7) in the high one.
+inline __m128 tree4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// Scores of GT heads (q [GT, d8]) and TT positions (K rows at cache + at[t]):
+// s[g * S + t] = dot(q_g, k_t). GT x TT accumulators, GT q vectors and one widened vector
+// fit in 16 registers for (GT, TT) = (3, 4), (2, 4), (1, 8).
+template <int GT, int TT>
+void scores_tile(const float *q, int64_t d8, const uint16_t *cache, const int64_t *at,
+                 float *s, int64_t S) {
+    __m256 a[GT][TT];
+    MD_ATTN_UNROLL for (int g = 0; g < GT; g++)
+        MD_ATTN_UNROLL for (int t = 0; t < TT; t++) a[g][t] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < d8; c += 8) {
+        __m256 qc[GT];
+        MD_ATTN_UNROLL for (int g = 0; g < GT; g++) qc[g] = _mm256_loadu_ps(q + g * d8 + c);
+        MD_ATTN_UNROLL for (int t = 0; t < TT; t++) {
+            const __m256 k = widen8(cache + at[t] + c);
+            MD_ATTN_UNROLL for (int g = 0; g < GT; g++)
+                a[g][t] = _mm256_fmadd_ps(qc[g], k, a[g][t]);
+        }
+    }
+    MD_ATTN_UNROLL for (int g = 0; g < GT; g++)
+        MD_ATTN_UNROLL for (int t = 0; t < TT; t += 4)
+            _mm_storeu_ps(s + g * S + t,
+                          tree4(a[g][t], a[g][t + 1], a[g][t + 2], a[g][t + 3]));
+}
+
+// Heads in tiles of 3, or 2 where 3 would leave 1 (4 = 2 + 2).
+inline int head_tile(int64_t heads_left) {
+    return heads_left == 1 ? 1 : heads_left == 2 || heads_left == 4 ? 2 : 3;
+}
+
+// Scores s [G, S] of the n positions (at: n rounded up to 8 entries, the padding repeating
+// a row, whose sums land past n). The first head tile prefetches K rows ahead and V rows.
+void scores_cache(const float *q, int64_t d8, const uint16_t *k_cache,
+                  const uint16_t *v_cache, const int64_t *at, int64_t n, float *s, int64_t S,
+                  int64_t G, int64_t row_bytes) {
+    for (int64_t g = 0, gt; g < G; g += gt) {
+        gt = head_tile(G - g);
+        const int64_t tt = gt == 1 ? 8 : 4;
+        for (int64_t j0 = 0; j0 < n; j0 += tt) {
+            for (int64_t j = j0; g == 0 && j < std::min(n, j0 + tt); j++) {
+                if (j + kPrefetchRows < n)
+                    prefetch_row(k_cache + at[j + kPrefetchRows], row_bytes);
+                prefetch_row(v_cache + at[j], row_bytes);
+            }
+            const float *qg = q + g * d8;
+            float *sg = s + g * S + j0;
+            if (gt == 3) scores_tile<3, 4>(qg, d8, k_cache, at + j0, sg, S);
+            if (gt == 2) scores_tile<2, 4>(qg, d8, k_cache, at + j0, sg, S);
+            if (gt == 1) scores_tile<1, 8>(qg, d8, k_cache, at + j0, sg, S);
+        }
+    }
+}
+
+// p v of GT heads and the U vectors of columns [c, c + 8U) over the n positions in order
+// (V rows at cache + at[j]): acc[g * d8 + c + ...] += p[g * S + j] v_j, one FMA per element
+// and position. GT x U accumulators, GT broadcast p and one widened vector fit in 16
+// registers for (GT, U) = (3, 4), (2, 6), (1, 8): ten or more independent FMA chains.
+template <int GT, int U>
+void pv_tile(const float *p, int64_t S, const uint16_t *cache, const int64_t *at, int64_t n,
+             int64_t c, float *acc, int64_t d8) {
+    __m256 r[GT][U];
+    MD_ATTN_UNROLL for (int g = 0; g < GT; g++)
+        MD_ATTN_UNROLL for (int u = 0; u < U; u++)
+            r[g][u] = _mm256_loadu_ps(acc + g * d8 + c + 8 * u);
+    for (int64_t j = 0; j < n; j++) {
+        const uint16_t *row = cache + at[j] + c;
+        __m256 pg[GT];
+        MD_ATTN_UNROLL for (int g = 0; g < GT; g++) pg[g] = _mm256_broadcast_ss(p + g * S + j);
+        MD_ATTN_UNROLL for (int u = 0; u < U; u++) {
+            const __m256 v = widen8(row + 8 * u);
+            MD_ATTN_UNROLL for (int g = 0; g < GT; g++)
+                r[g][u] = _mm256_fmadd_ps(pg[g], v, r[g][u]);
+        }
+    }
+    MD_ATTN_UNROLL for (int g = 0; g < GT; g++)
+        MD_ATTN_UNROLL for (int u = 0; u < U; u++)
+            _mm256_storeu_ps(acc + g * d8 + c + 8 * u, r[g][u]);
+}
+
+template <int GT, int U>   // every column of one head tile
+void pv_heads(const float *p, int64_t S, const uint16_t *cache, const int64_t *at, int64_t n,
+              float *acc, int64_t d8) {
+    int64_t c = 0;
+    for (; c + 8 * U <= d8; c += 8 * U) pv_tile<GT, U>(p, S, cache, at, n, c, acc, d8);
+    for (; c < d8; c += 8) pv_tile<GT, 1>(p, S, cache, at, n, c, acc, d8);
+}
+
+// acc [G, d8] += p [G, S] v over the n positions.
+void pv_cache(const float *p, int64_t S, const uint16_t *cache, const int64_t *at, int64_t n,
+              float *acc, int64_t d8, int64_t G) {
+    for (int64_t g = 0, gt; g < G; g += gt) {
+        gt = head_tile(G - g);
+        if (gt == 3) pv_heads<3, 4>(p + g * S, S, cache, at, n, acc + g * d8, d8);
+        if (gt == 2) pv_heads<2, 6>(p + g * S, S, cache, at, n, acc + g * d8, d8);
+        if (gt == 1) pv_heads<1, 8>(p + g * S, S, cache, at, n, acc + g * d8, d8);
+    }
+}
+#endif
+
+// ------------------------------------------------------------------------------------------
+// the rows path: one lane at a time over rows widened to float32 (zero-padded to d8)
+// ------------------------------------------------------------------------------------------
+inline void widen(const uint16_t *src, float *dst, int64_t d, int64_t d8) {
+    int64_t i = 0;
+    for (; i < d; i++) dst[i] = from_bf16(src[i]);
+    for (; i < d8; i++) dst[i] = 0.0f;
+}
+
+// s[j] = dot(q, rows[j]) for the 8 rows [8, d8].
+inline void dot_rows(const float *q, const float *rows, int64_t d8, float *s) {
+    for (int j = 0; j < kRows; j++) {
+        float a[8] = {};
+        for (int64_t c = 0; c < d8; c += 8)
+            for (int l = 0; l < 8; l++) a[l] = std::fma(q[c + l], rows[j * d8 + c + l], a[l]);
+        s[j] = tree8(a);
+    }
+}
+
+// acc[0, d8) += p[j] rows[j] for the nj rows, one FMA per element and row, rows in order.
+inline void pv_rows(const float *p, const float *rows, int nj, int64_t d8, float *acc) {
+    for (int j = 0; j < nj; j++)
+        for (int64_t c = 0; c < d8; c++) acc[c] = std::fma(p[j], rows[j * d8 + c], acc[c]);
+}
+
+// ------------------------------------------------------------------------------------------
+// the split and the combine
+// ------------------------------------------------------------------------------------------
+struct Decode {
+    uint16_t *out;
+    float *workspace;
+    const uint16_t *qkv, *k_cache, *v_cache;
+    const int32_t *block_tables, *kv_lens;
+    int64_t n_seqs, num_heads, num_kv_heads, head_dim, block_size, max_blocks_per_seq,
+        max_splits, sliding_window;
+    float sl2;
+};
+
+struct Task {
+    int64_t s, kvh, split, t0, t1;   // positions [t0, t1) of split `split`
+    bool single;                     // the sequence's only split: out, not the workspace
+};
+
+// Scratch of one thread: q [G, D8], scores then p [G, 256], acc [G, D8], rows [8, D8], the
+// split's row offsets [256].
 struct Scratch {
     std::vector<float> q, p, acc, rows;
     std::vector<int64_t> at;
@@ -353,47 +437,51 @@ struct Scratch {
         : q(g * d8), p(g * kSplitTokens), acc(g * d8), rows(kRows * d8), at(kSplitTokens) {}
 };
 
-// Rows [D] of one kv head's positions ahead are prefetched this many positions early (the
-// block table scatters them; each is a cache miss otherwise).
-constexpr int64_t kPrefetchRows = 16;
-
-inline void prefetch_row(const uint16_t *r, int64_t bytes) {
-    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(reinterpret_cast<const char *>(r) + o);
-}
-
 void run_task(const Decode &a, const Task &t, Scratch &w) {
     const int64_t H = a.num_heads, KV = a.num_kv_heads, D = a.head_dim, G = H / KV;
-    const int64_t d8 = (D + 7) / 8 * 8, n = t.t1 - t.t0, S = kSplitTokens;
-    const int64_t bs = a.block_size;
+    const int64_t d8 = (D + 7) / 8 * 8, n = t.t1 - t.t0, S = kSplitTokens, bs = a.block_size;
+    const int64_t row_bytes = D * 2;
     const int32_t *table = a.block_tables + t.s * a.max_blocks_per_seq;
     float *q = w.q.data(), *p = w.p.data(), *acc = w.acc.data(), *rows = w.rows.data();
+    int64_t *at = w.at.data();
     const uint16_t *qs = a.qkv + t.s * (H + 2 * KV) * D + t.kvh * G * D;   // [G, D]
     for (int64_t g = 0; g < G; g++) {
         widen(qs + g * D, q + g * d8, D, d8);
         for (int64_t i = 0; i < D; i++) q[g * d8 + i] *= a.sl2;
     }
-    // [n] row offsets (elements) of the positions [t0, t1) in either cache
-    int64_t *at = w.at.data();
+    // at [n]: where positions [t0, t1) of this kv head start in either cache
     for (int64_t j = 0, b = t.t0 / bs, o = t.t0 % bs; j < n; j++) {
         at[j] = (int64_t(table[b]) * bs + o) * KV * D + t.kvh * D;
         if (++o == bs) o = 0, b++;
     }
-    const int64_t row_bytes = D * 2;
-    for (int64_t j = 0; j < std::min(n, kPrefetchRows); j++) prefetch_row(a.k_cache + at[j], row_bytes);
-    for (int64_t j0 = 0; j0 < n; j0 += kRows) {   // scores, 8 positions at a time
+    for (int64_t j = 0; j < std::min(n, kPrefetchRows); j++)
+        prefetch_row(a.k_cache + at[j], row_bytes);
+    bool tiles = false;
+#if defined(MD_ATTN_AVX2)
+    tiles = D == d8;
+    if (tiles) {
+        for (int64_t j = n; j < (n + 7) / 8 * 8; j++) at[j] = at[n - 1];
+        scores_cache(q, d8, a.k_cache, a.v_cache, at, n, p, S, G, row_bytes);
+    }
+#endif
+    for (int64_t j0 = 0; !tiles && j0 < n; j0 += kRows) {   // scores, 8 positions at a time
         const int nj = int(std::min<int64_t>(kRows, n - j0));
         for (int j = 0; j < nj; j++) {
-            if (j0 + j + kPrefetchRows < n) prefetch_row(a.k_cache + at[j0 + j + kPrefetchRows], row_bytes);
+            if (j0 + j + kPrefetchRows < n)
+                prefetch_row(a.k_cache + at[j0 + j + kPrefetchRows], row_bytes);
             prefetch_row(a.v_cache + at[j0 + j], row_bytes);
             widen(a.k_cache + at[j0 + j], rows + j * d8, D, d8);
         }
         // rows past nj hold earlier rows: their sums land past n, where softmax_part pads
-        for (int64_t g = 0; g < G; g++) dot_8rows(q + g * d8, rows, d8, p + g * S + j0);
+        for (int64_t g = 0; g < G; g++) dot_rows(q + g * d8, rows, d8, p + g * S + j0);
     }
     std::vector<float> m(G), l(G);
     for (int64_t g = 0; g < G; g++) softmax_part(p + g * S, n, m[g], l[g]);
     std::fill(acc, acc + G * d8, 0.0f);
-    for (int64_t j0 = 0; j0 < n; j0 += kRows) {   // acc, 8 positions at a time
+#if defined(MD_ATTN_AVX2)
+    if (tiles) pv_cache(p, S, a.v_cache, at, n, acc, d8, G);
+#endif
+    for (int64_t j0 = 0; !tiles && j0 < n; j0 += kRows) {   // p v, 8 positions at a time
         const int nj = int(std::min<int64_t>(kRows, n - j0));
         for (int j = 0; j < nj; j++) widen(a.v_cache + at[j0 + j], rows + j * d8, D, d8);
         for (int64_t g = 0; g < G; g++) pv_rows(p + g * S + j0, rows, nj, d8, acc + g * d8);
@@ -406,8 +494,8 @@ void run_task(const Decode &a, const Task &t, Scratch &w) {
         return;
     }
     const int64_t msp = a.max_splits;
-    float *ws_acc = a.workspace;                                // [n_seqs, H, msp, D]
-    float *ws_ml = a.workspace + a.n_seqs * H * msp * D;        // [n_seqs, H, msp, 2]
+    float *ws_acc = a.workspace;                           // [n_seqs, H, msp, D]
+    float *ws_ml = a.workspace + a.n_seqs * H * msp * D;   // [n_seqs, H, msp, 2]
     for (int64_t g = 0; g < G; g++) {
         const int64_t hs = (t.s * H + h0 + g) * msp + t.split;
         std::memcpy(ws_acc + hs * D, acc + g * d8, size_t(D) * 4);
@@ -464,8 +552,8 @@ int decode_combine(uint16_t *out, const float *workspace, const int32_t *kv_lens
         if (kv_lens[s] > 0 && !seq_splits(kv_lens[s], block_size, max_blocks_per_seq, msp,
                                           sliding_window, seqs[size_t(s)]))
             return -1;
-    const float *ws_acc = workspace;                      // [n_seqs, H, msp, D]
-    const float *ws_ml = workspace + n_seqs * H * msp * D;  // [n_seqs, H, msp, 2]
+    const float *ws_acc = workspace;                         // [n_seqs, H, msp, D]
+    const float *ws_ml = workspace + n_seqs * H * msp * D;   // [n_seqs, H, msp, 2]
     std::vector<float> acc(static_cast<size_t>(D));
     for (int64_t s = 0; s < n_seqs; s++) {
         const SeqSplits &q = seqs[size_t(s)];
@@ -485,7 +573,7 @@ int decode_combine(uint16_t *out, const float *workspace, const int32_t *kv_lens
             }
             const float inv = 1.0f / lsum;
             uint16_t *o = out + (s * H + h) * D;
-            for (int64_t d = 0; d < D; d++) o[d] = to_bf16(rounded(acc[size_t(d)] * inv));
+            for (int64_t d = 0; d < D; d++) o[d] = to_bf16(acc[size_t(d)] * inv);
         }
     }
     return 0;
@@ -509,6 +597,7 @@ __attribute__((visibility("default"))) int md_decode_attention_split(
     return md::decode_split(a, k_blocks, v_blocks);
 }
 
+// 0, or -1 having written nothing where a length exceeds the capacity.
 __attribute__((visibility("default"))) int md_decode_attention_combine(
     uint16_t *out, const float *workspace, const int32_t *kv_lens, int64_t n_seqs,
     int64_t num_heads, int64_t head_dim, int64_t block_size, int64_t max_blocks_per_seq,
