@@ -424,15 +424,15 @@ def _decode_combine_native(ctx, native, out_ptr, workspace_ptr, kv_lens_ptr, ns,
                            mb, msp, w) -> bool:
     """The combine twin in the native library (the numpy arithmetic below, step for step),
     or False having written nothing where the numpy path must run (and raise)."""
-    if not _held(ctx, kv_lens_ptr, ns * 4):
+    try:
+        top = int(ctx.read(kv_lens_ptr, ns, np.int32).max())
+        if top <= min(DECODE_SPLIT_TOKENS, mb * bs):
+            return True   # every sequence in one split (and within the capacity): no work
+        ctx.view(out_ptr, ns * h * d, np.uint16)
+    except KernelError:
         return False
-    if msp > 1:   # (with one split there is nothing to combine: the library only checks)
-        if not _held(ctx, workspace_ptr, ns * h * msp * (d + 2) * 4):
-            return False
-        try:
-            ctx.view(out_ptr, ns * h * d, np.uint16)
-        except KernelError:
-            return False
+    if msp > 1 and not _held(ctx, workspace_ptr, ns * h * msp * (d + 2) * 4):
+        return False
     return native.decode_attention_combine(out_ptr, workspace_ptr if msp > 1 else 0,
                                            kv_lens_ptr, ns, h, d, bs, mb, msp, w)
 
