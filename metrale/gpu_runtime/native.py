@@ -8,7 +8,9 @@ the same bits as the numpy path either way (tests compare every pair), about a h
 times faster;
 and the BF16 <-> float32 conversions of the twins (`native/convert_bf16.cpp`, one pass
 instead of numpy's seven for the rounding, exact either way); and the GGUF block formats
-dequantized to BF16 at load (`native/dequant_gguf.cpp`, formats/gguf_quants.py's bits).
+dequantized to BF16 at load (`native/dequant_gguf.cpp`, formats/gguf_quants.py's bits);
+and the paged decode attention twin (`native/attention_f32.cpp`, ops/attention.py's split
+structure, its float32 sums in a fixed order of its own).
 The library is built with the C++ compiler of `cxx.py` for the machine it runs on
 (`-march=native`) into `<cache_root()>/host/`, keyed by the source, the flags, the compiler
 and the CPU, and reused by every later process. Without a compiler HostBackend runs the
@@ -34,7 +36,7 @@ log = logging.getLogger("metrale")
 
 SOURCES = tuple(Path(__file__).resolve().parent / "native" / name
                 for name in ("gemm_f32.cpp", "gemm_quant.cpp", "convert_bf16.cpp",
-                             "dequant_gguf.cpp", "norm_rope_act.cpp"))
+                             "dequant_gguf.cpp", "norm_rope_act.cpp", "attention_f32.cpp"))
 HEADERS = tuple(Path(__file__).resolve().parent / "native" / name
                 for name in ("pool.h", "gemm_core.h", "gemm_avx2.h"))
 # Adversarial blocks the load-time check runs through VDPBF16PS and the formula (~40 ms).
@@ -115,6 +117,11 @@ class NativeKernels:
         self._silu.argtypes = [_P, _P, _I64, _I64]
         lib.md_sum_squares.restype = None
         lib.md_sum_squares.argtypes = [_P, _I64, _I64, _P]
+        self._attn_split, self._attn_combine = (lib.md_decode_attention_split,
+                                                lib.md_decode_attention_combine)
+        self._attn_split.restype = self._attn_combine.restype = ctypes.c_int
+        self._attn_split.argtypes = [_P] * 7 + [_I64] * 7 + [ctypes.c_float] + [_I64] * 3
+        self._attn_combine.argtypes = [_P] * 3 + [_I64] * 7
         lib.md_set_threads.argtypes = [ctypes.c_int]
         lib.md_set_threads(usable_cpus())
         lib.md_dp_selfcheck.restype = _I64
@@ -270,6 +277,35 @@ class NativeKernels:
                              "C-contiguous uint16 out")
         return self._gguf(int(ggml_type), raw.ctypes.data, out.ctypes.data, out.size,
                           usable_cpus()) == 0
+
+    def decode_attention_split(self, out_ptr, workspace_ptr, qkv_ptr, k_cache_ptr, v_cache_ptr,
+                               block_tables_ptr, kv_lens_ptr, n_seqs: int, num_heads: int,
+                               num_kv_heads: int, head_dim: int, block_size: int,
+                               max_blocks_per_seq: int, max_splits: int, scale: float,
+                               sliding_window: int, k_blocks: int, v_blocks: int) -> bool:
+        """ops/attention.py's decode split twin (native/attention_f32.cpp), its arguments
+        as host addresses the caller has bounds-checked (out [n_seqs, H*D], workspace when
+        max_splits > 1, qkv's query rows, block_tables, kv_lens); the caches hold k_blocks
+        and v_blocks blocks. False, with nothing written, where the twin raises (a length
+        over the capacity, a table entry < 0 or past the cache): its numpy path says why."""
+        return self._attn_split(int(out_ptr), int(workspace_ptr), int(qkv_ptr),
+                                int(k_cache_ptr), int(v_cache_ptr), int(block_tables_ptr),
+                                int(kv_lens_ptr), int(n_seqs), int(num_heads),
+                                int(num_kv_heads), int(head_dim), int(block_size),
+                                int(max_blocks_per_seq), int(max_splits), float(scale),
+                                int(sliding_window), int(k_blocks), int(v_blocks)) == 0
+
+    def decode_attention_combine(self, out_ptr, workspace_ptr, kv_lens_ptr, n_seqs: int,
+                                 num_heads: int, head_dim: int, block_size: int,
+                                 max_blocks_per_seq: int, max_splits: int,
+                                 sliding_window: int) -> bool:
+        """ops/attention.py's decode_attention_combine_twin (native/attention_f32.cpp),
+        over bounds-checked host addresses as above. False, with nothing written, where
+        the twin raises."""
+        return self._attn_combine(int(out_ptr), int(workspace_ptr), int(kv_lens_ptr),
+                                  int(n_seqs), int(num_heads), int(head_dim), int(block_size),
+                                  int(max_blocks_per_seq), int(max_splits),
+                                  int(sliding_window)) == 0
 
 
 def _check_out(what: str, out, m: int, n: int) -> None:

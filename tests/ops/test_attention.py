@@ -1,18 +1,22 @@
 """attention family: prefill and decode twins against plain float64 softmax attention over
 K/V gathered from a paged cache with shuffled physical blocks; batch invariance (a sequence's
 result is bit-identical alone or in a batch); chunked prefill; sliding windows; split-K decode
-over long contexts; bad arguments; GPU kernels against the twins."""
+over long contexts; bad arguments; the decode twins in HostBackend's native library against
+their numpy path; GPU kernels against the twins."""
+import ctypes
+import ctypes.util
 import math
+import re
 
 import numpy as np
 import pytest
 
 from metrale.errors import InvalidArgument, KernelError
-from metrale.gpu_runtime import NULL
+from metrale.gpu_runtime import NULL, HostBackend, native
 from metrale.ops import attention as att
 from metrale.ops.bf16 import bf16_to_f32, f32_to_bf16
 from tests.conftest import assert_close, real
-from tests.helpers import Buffers
+from tests.helpers import Buffers, _variant
 
 
 class Case:
@@ -213,66 +217,81 @@ def test_prefill_inconsistent_lengths_raise_in_twin(host, rng):
 # ------------------------------------------------------------------------------------------
 # decode
 # ------------------------------------------------------------------------------------------
+def native_backend() -> HostBackend:
+    """HostBackend with its native library (the decode twins in native/attention_f32.cpp)."""
+    be = HostBackend()
+    if be.native is None:
+        pytest.skip("no C++ compiler: the native library cannot be built")
+    return be
+
+
+@pytest.fixture(params=["native", "numpy"])
+def decode_host(request):
+    """HostBackend running the decode twins natively, or in numpy (native=False)."""
+    return native_backend() if request.param == "native" else HostBackend(native=False)
+
+
 @pytest.mark.parametrize("h,kv,d,bs", HEADS)
-def test_decode_twin_matches_float64(host, rng, h, kv, d, bs):
+def test_decode_twin_matches_float64(decode_host, rng, h, kv, d, bs):
     c = Case(rng, [1] * 5, [1, 7, 19, 111, 600], h, kv, d, bs)
     scale = 1 / math.sqrt(d)
-    got = run_decode(host, c, scale)
+    got = run_decode(decode_host, c, scale)
     assert_close(bf16_to_f32(got), ref_decode(c, scale), "twin_bf16")
 
 
 @pytest.mark.parametrize("h,kv", [(2, 1), (4, 2)])
-def test_decode_long_context_split_k(host, rng, h, kv):
+def test_decode_long_context_split_k(decode_host, rng, h, kv):
     c = Case(rng, [1, 1], [4097, 256], h, kv, 64, 16)
-    got = run_decode(host, c, 0.125, max_splits=att.decode_max_splits(5000))
+    got = run_decode(decode_host, c, 0.125, max_splits=att.decode_max_splits(5000))
     assert_close(bf16_to_f32(got), ref_decode(c, 0.125), "twin_bf16")
 
 
 @pytest.mark.parametrize("window", [1, 100, 256, 257, 1000])
-def test_decode_sliding_window(host, rng, window):
+def test_decode_sliding_window(decode_host, rng, window):
     c = Case(rng, [1] * 4, [1, 255, 700, 1500], 4, 1, 64, 16)
     want = ref_decode(c, 0.125, window)
     for s in range(c.n_seqs):  # blocks wholly before the window may be evicted
         c.tables[s, :max(0, c.kv_lens[s] - window) // c.bs] = -1
-    got = run_decode(host, c, 0.125, window)
+    got = run_decode(decode_host, c, 0.125, window)
     assert_close(bf16_to_f32(got), want, "twin_bf16")
 
 
-def test_decode_batch_invariant(host, rng):
+def test_decode_batch_invariant(decode_host, rng):
     c = Case(rng, [1] * 5, [1, 19, 111, 257, 1025], 8, 2, 64, 16)
-    batch = run_decode(host, c, 0.125)
+    batch = run_decode(decode_host, c, 0.125)
     for s in range(c.n_seqs):
-        alone = run_decode(host, c.subset(s), 0.125, max_splits=att.decode_max_splits(1025))
+        alone = run_decode(decode_host, c.subset(s), 0.125,
+                           max_splits=att.decode_max_splits(1025))
         assert np.array_equal(batch[s], alone[0]), f"sequence {s}"
 
 
-def test_decode_zero_length_rows_and_null_workspace(host, rng):
+def test_decode_zero_length_rows_and_null_workspace(decode_host, rng):
     c = Case(rng, [1, 1, 1], [5, 1, 200], 4, 2, 32, 16)
     c.kv_lens[1] = 0
-    got = run_decode(host, c, 0.3, max_splits=1, null_workspace=True)
+    got = run_decode(decode_host, c, 0.3, max_splits=1, null_workspace=True)
     assert not got[1].any()  # padding row: zeros
     want = ref_decode(c, 0.3)
     assert_close(bf16_to_f32(got[[0, 2]]), want[[0, 2]], "twin_bf16")
 
 
-def test_decode_capacity_exceeded_raises_in_twin(host, rng):
+def test_decode_capacity_exceeded_raises_in_twin(decode_host, rng):
     c = Case(rng, [1], [600], 2, 1, 32, 16)
     with pytest.raises(KernelError, match="capacity"):
-        run_decode(host, c, 0.2, max_splits=2)  # 600 > 2 * 256
+        run_decode(decode_host, c, 0.2, max_splits=2)  # 600 > 2 * 256
 
 
 @pytest.mark.parametrize("run", [run_decode, run_prefill])
-def test_a_bad_block_table_entry_raises_in_twin(host, rng, run):
+def test_a_bad_block_table_entry_raises_in_twin(decode_host, rng, run):
     # a -1 inside the sequence names the entry; a block past the cache's allocation fails
     # the bounds-checked read instead of reading a neighbour
     c = Case(rng, [5], [40], 2, 1, 32, 16)
     c.tables[0, 1] = -1
     with pytest.raises(KernelError, match="block table entry 1 is -1"):
-        run(host, c, 0.2)
+        run(decode_host, c, 0.2)
     c = Case(rng, [5], [40], 2, 1, 32, 16)
     c.tables[0, 2] = c.num_blocks + 3
     with pytest.raises(KernelError, match="runs past the end of its allocation"):
-        run(host, c, 0.2)
+        run(decode_host, c, 0.2)
 
 
 def test_decode_sizes():
@@ -282,6 +301,144 @@ def test_decode_sizes():
     assert att.decode_workspace_bytes(3, 4, 64, 5) == 3 * 4 * 5 * 66 * 4
     with pytest.raises(InvalidArgument):
         att.decode_max_splits(0)
+
+
+# ------------------------------------------------------------------------------------------
+# decode in HostBackend's native library (native/attention_f32.cpp) against the numpy path
+# ------------------------------------------------------------------------------------------
+# GQA groups 1, 3, 8 and 2; head_dim 64, 128 and ones that are not multiples of 8 (6, 250:
+# zero-padded lanes) or of 64 (96); block sizes 16, 1 and odd ones
+NATIVE_HEADS = [(8, 8, 64, 16), (9, 3, 64, 16), (8, 1, 128, 16), (16, 2, 128, 1),
+                (6, 3, 6, 16), (4, 2, 96, 7), (3, 1, 250, 5)]
+
+
+def windowed(c, window):
+    """Case c with every block wholly before its sequence's window evicted (-1)."""
+    for s in range(c.n_seqs):
+        if window:
+            c.tables[s, :max(0, c.kv_lens[s] - window) // c.bs] = -1
+    return c
+
+
+@pytest.mark.parametrize("window", [0, 300])
+@pytest.mark.parametrize("h,kv,d,bs", NATIVE_HEADS)
+def test_native_decode_matches_numpy(rng, h, kv, d, bs, window):
+    c = Case(rng, [1] * 7, [1, 7, 19, 111, 1, 600, 4097], h, kv, d, bs)
+    c.kv_lens[4] = 0   # a padding row between live ones
+    windowed(c, window)
+    scale = 1 / math.sqrt(d)
+    ms = att.decode_max_splits(8192)
+    got = run_decode(native_backend(), c, scale, window, max_splits=ms)
+    want = run_decode(HostBackend(native=False), c, scale, window, max_splits=ms)
+    assert not got[4].any()
+    # another fp32 summation order than numpy's BLAS: the kernel-vs-twin bound
+    assert_close(bf16_to_f32(got), bf16_to_f32(want), "gpu_vs_twin_bf16")
+    assert_close(bf16_to_f32(got), ref_decode(c, scale, window), "twin_bf16")
+
+
+@pytest.mark.parametrize("spread", [0.0, 0.5, 40.0])
+def test_native_decode_very_negative_scores(rng, spread):
+    """Every score far below zero (q = 8, k = -8 + noise: q . k * scale * log2(e) ~ -740),
+    with `spread` from none (all equal) to a range where exp2 underflows to 0 or subnormals
+    for most positions (exp2r's subnormal and zero range)."""
+    c = Case(rng, [1] * 3, [19, 300, 1000], 4, 2, 64, 16)
+    c.qkv[:] = f32_to_bf16(np.full(c.qkv.shape, 8, np.float32))
+    c.k = f32_to_bf16((-8 + spread * rng.standard_normal(c.k.shape)).astype(np.float32))
+    got = run_decode(native_backend(), c, 0.125)
+    assert_close(bf16_to_f32(got), bf16_to_f32(run_decode(HostBackend(native=False), c, 0.125)),
+                 "gpu_vs_twin_bf16")
+    assert_close(bf16_to_f32(got), ref_decode(c, 0.125), "twin_bf16")
+
+
+def test_native_decode_batch_grid_and_thread_invariant(rng):
+    """A sequence's bits alone, in a batch, with a larger grid (max_splits) and on one or four
+    threads (the library's tasks go to whichever thread is free)."""
+    be = native_backend()
+    c = Case(rng, [1] * 6, [1, 19, 111, 257, 1025, 4097], 9, 3, 64, 16)
+    ms = att.decode_max_splits(4097)
+    lib = be.native._lib
+    for window in (0, 300):
+        windowed(c, window)
+        batch = run_decode(be, c, 0.125, window, max_splits=ms)
+        for s in range(c.n_seqs):
+            alone = run_decode(be, c.subset(s), 0.125, window, max_splits=ms)
+            assert np.array_equal(batch[s], alone[0]), f"sequence {s}, window {window}"
+        assert np.array_equal(run_decode(be, c, 0.125, window, max_splits=4 * ms), batch)
+        try:
+            for threads in (1, 4):
+                lib.md_set_threads(threads)
+                assert np.array_equal(run_decode(be, c, 0.125, window, max_splits=ms), batch)
+        finally:
+            lib.md_set_threads(native.usable_cpus())
+
+
+@pytest.mark.parametrize("h,kv,d", [(6, 2, 96), (8, 1, 64), (4, 4, 128), (8, 2, 64),
+                                    (5, 1, 6)])
+def test_native_decode_portable_build_same_bits(rng, h, kv, d):
+    """The scalar path (-DMD_PORTABLE: what CPUs without AVX2 and FMA run) gives the 8-lane
+    path's bits: the same FMAs, sums and exp2r in the same order (head tiles of 3, 2
+    and 1 register-tiled; a head_dim not a multiple of 8 through the widened rows)."""
+    be = native_backend()
+    c = Case(rng, [1] * 5, [1, 7, 111, 600, 4097], h, kv, d, 16)
+    ms = att.decode_max_splits(4097)
+    want = [run_decode(be, c, 0.125, w, max_splits=ms) for w in (0, 300)]
+    be.native = _variant("portable")
+    got = [run_decode(be, c, 0.125, w, max_splits=ms) for w in (0, 300)]
+    assert np.array_equal(got, want)
+
+
+def test_native_combine_is_numpy_arithmetic(rng):
+    """The combine launch alone over one workspace: numpy's float32 steps in numpy's order,
+    so the same bits wherever numpy's float32 exp2 is libm's exp2f (checked on the weights
+    used; else within the kernel-vs-twin bound)."""
+    ns, h, d, mb, bs = 4, 3, 40, 128, 16
+    kv_lens = np.array([1000, 0, 1300, 200], np.int32)   # 4, -, 6 and 1 splits
+    ms = att.decode_max_splits(1300)
+    acc = rng.standard_normal((ns, h, ms, d)).astype(np.float32)
+    ml = np.stack([rng.uniform(-60, 20, (ns, h, ms)), rng.uniform(0.5, 300, (ns, h, ms))],
+                  -1).astype(np.float32)
+    ws_bytes = np.concatenate([acc.ravel(), ml.ravel()])
+    outs = []
+    for be in (native_backend(), HostBackend(native=False)):
+        with Buffers(be) as b:
+            out = b.put(np.full((ns, h * d), 0x7FC0, np.uint16))
+            args = (out, b.put(ws_bytes), b.put(kv_lens), np.int32(ns), np.int32(h),
+                    np.int32(d), np.int32(bs), np.int32(mb), np.int32(ms), np.int32(0))
+            be.launch(be.kernel("attention", "decode_attention_combine"), (ns, h), (128,), 0,
+                      0, args)
+            outs.append(b.get(out, (ns, h * d), np.uint16))
+    got, want = outs
+    assert np.array_equal(got[[1, 3]], np.full((2, h * d), 0x7FC0)), "left alone"
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.exp2f.restype, libm.exp2f.argtypes = ctypes.c_float, [ctypes.c_float]
+    x = (ml[..., 0] - ml[..., 0].max(axis=-1, keepdims=True)).ravel()
+    if all(np.float32(libm.exp2f(float(v))) == np.exp2(v) for v in x):
+        assert np.array_equal(got, want)
+    else:
+        assert_close(bf16_to_f32(got), bf16_to_f32(want), "gpu_vs_twin_bf16")
+
+
+@pytest.mark.parametrize("bad", ["capacity", "negative entry", "past the cache", "window"])
+def test_native_decode_raises_the_twins_errors(rng, bad):
+    """With the native library on, a bad second sequence raises the numpy twin's error with
+    its message (pointers aside) and nothing of the first is written natively."""
+    c = Case(rng, [1, 1], [40, 40], 2, 1, 32, 16, spare_cols=4)
+    ms, window = 2, 0
+    if bad == "capacity":
+        c.kv_lens[1] = 600   # > max_splits * 256
+    elif bad == "negative entry":
+        c.tables[1, 1] = -1
+    elif bad == "past the cache":
+        c.tables[1, 2] = c.num_blocks + 3
+    else:   # an evicted block inside the window
+        window = 30
+        c.tables[1, 1] = -1
+    msgs = []
+    for be in (native_backend(), HostBackend(native=False)):
+        with pytest.raises(KernelError) as e:
+            run_decode(be, c, 0.2, window, max_splits=ms)
+        msgs.append(re.sub(r"0x[0-9a-f]+", "0x?", str(e.value)))
+    assert msgs[0] == msgs[1]
 
 
 # ------------------------------------------------------------------------------------------
@@ -365,3 +522,30 @@ def test_gpu_decode_matches_twin(device, host, rng, h, kv, d, bs):
         assert np.array_equal(g[s], run_decode(device, c.subset(s), scale, max_splits=ms)[0])
     c.kv_lens[1] = 0  # padding row
     assert not run_decode(device, c, scale, max_splits=ms)[1].any()
+
+
+def test_native_exp2r_within_one_ulp_of_2_to_the_x():
+    """The softmax's exp2 (attention_f32.cpp exp2r): within one float32 ulp of 2^x rounded
+    once, over the range a score difference takes (subnormal results included); 0 below
+    -150, inf from 128, NaN kept; the 8-lane and the one-lane paths alike."""
+    lib = native_backend().native._lib
+    lib.md_exp2r.restype = None
+    lib.md_exp2r.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+    rng = np.random.default_rng(7)
+    x = np.concatenate([rng.uniform(-160, 130, 200_000), np.arange(-151, 129, 0.25),
+                        [0.0, -0.0, 1e-30, -1e-30, -np.inf, np.inf, np.nan, -1e30, 1e30]]
+                       ).astype(np.float32)
+    out = np.empty_like(x)
+    lib.md_exp2r(x.ctypes.data, len(x), out.ctypes.data)
+    one = np.empty(1, np.float32)
+    for i in (0, 5, len(x) - 3):   # the one-lane path gives the same bits
+        lib.md_exp2r(x[i:].ctypes.data, 1, one.ctypes.data)
+        assert one.view(np.uint32)[0] == out.view(np.uint32)[i] or np.isnan(out[i])
+    with np.errstate(over="ignore"):
+        want = np.exp2(x.astype(np.float64)).astype(np.float32)
+    fin = np.isfinite(want) & np.isfinite(x)
+    ulps = np.abs(out[fin].view(np.int32).astype(np.int64) - want[fin].view(np.int32))
+    assert ulps.max() <= 1, x[fin][np.argmax(ulps)]
+    assert (ulps > 0).mean() < 0.01
+    assert np.isnan(out[np.isnan(x)]).all()
+    assert (out[x < -150] == 0).all() and np.isposinf(out[x >= 128]).all()
