@@ -102,6 +102,7 @@ class HostBackend(HostMemory):
         self._graphs: dict[int, list[Callable[[], None]]] = {}
         self._next_graph = 1
         self._capture: list[Callable[[], None]] | None = None
+        self._replaying = False
         self.native = (_native.load() if native else
                        None if native is not None else _native.try_load())
         # twins run with one BLAS thread: spinning OpenBLAS workers would take the
@@ -196,27 +197,6 @@ class HostBackend(HostMemory):
         args = tuple(args)
         self._run(lambda: self._tracked(kernel.impl, ctx, *args))
 
-    def read_addr(self, ptr, nbytes: int) -> int:
-        """`ptr` as an int once [ptr, ptr + nbytes) is checked to lie in one allocation
-        (for a native twin that reads it; `read` without the numpy view)."""
-        self.backend._locate(int(ptr), int(nbytes), int(nbytes))
-        return int(ptr)
-
-    def write_addr(self, ptr, nbytes: int) -> int:
-        """`read_addr` for a range the twin writes (recorded as `view` records it)."""
-        start, _ = self.backend._locate(int(ptr), int(nbytes), int(nbytes))
-        if self.backend._launch_writes is not None:
-            self.backend._launch_writes.add(start)
-        self.backend.convert_cache.drop(start)
-        return int(ptr)
-
-    @property
-    def native_rows(self):
-        """The native library when its norm/rope/activation routines may run (they give
-        the numpy twins' bits here, native.py's load check), else None."""
-        nat = self.backend.native
-        return nat if nat is not None and nat.row_twins else None
-
     def map_blocks(self, n: int, block: int, fn: Callable[[int, int], None]) -> None:
         """`LaunchContext.map_blocks`: fn(lo, hi) per block, on the calling thread when
         there is one block or one CPU (stopping at an exception), else on the twin
@@ -249,8 +229,11 @@ class HostBackend(HostMemory):
         when it returns (a twin's writes all happen during its call)."""
         outer, self._launch_writes = self._launch_writes, set()
         try:
-            with blas_threads.limit(self._blas):
+            if self._replaying:     # launch_graph holds the BLAS limit for all its twins
                 fn(*args)
+            else:
+                with blas_threads.limit(self._blas):
+                    fn(*args)
         finally:
             wrote, self._launch_writes = self._launch_writes, outer
             for base in wrote:
@@ -319,8 +302,14 @@ class HostBackend(HostMemory):
     def launch_graph(self, graph: int, stream: int) -> None:
         if graph not in self._graphs:
             raise InvalidArgument(f"launch_graph: unknown graph {graph}")
-        for op in self._graphs[graph]:
-            op()
+        # one BLAS limit around the whole replay rather than two library calls per twin
+        with blas_threads.limit(self._blas):
+            self._replaying = True
+            try:
+                for op in self._graphs[graph]:
+                    op()
+            finally:
+                self._replaying = False
 
     def destroy_graph(self, graph: int) -> None:
         self._graphs.pop(graph, None)
