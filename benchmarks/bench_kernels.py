@@ -560,8 +560,9 @@ FAMILIES = {
     "tensor_parallel": [bench_tensor_parallel],
 }
 # helpers of metrale/ops with no kernel of their own (attention_tile: the twin of a header
-# that attention.cu and dense_attention.cu share, benchmarked through them)
-NOT_KERNELS = {"bf16", "registry", "checks", "attention_tile"}
+# that attention.cu and dense_attention.cu share, benchmarked through them; attention_native:
+# the decode twins' native path on HostBackend, timed through attention's rows)
+NOT_KERNELS = {"bf16", "registry", "checks", "attention_tile", "attention_native"}
 
 
 def ops_modules() -> list[str]:

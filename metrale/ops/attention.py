@@ -14,12 +14,9 @@ The twins compute each sequence from its own data only (bit-identical alone or i
 read block tables, kv_lens, qo_indptr and caches through `ctx.view` (bounds-checked), and
 raise KernelError where the kernel would write NaN rows (inconsistent lengths).
 
-Where HostBackend's native library is loaded (`ctx.backend.native`), the decode twins run in
-it (gpu_runtime/native/attention_f32.cpp): the same split structure and formula, its own
-fixed float32 summation order (so within the tests' tolerance of the numpy path, not bit for
-bit; the combine is numpy's arithmetic step for step), each sequence from its own data.
-Buffers are bounds-checked first; where a check fails nothing is written and the numpy path
-runs, raising the twin's error with its message.
+Where HostBackend's native library is loaded, the decode twins run in it (attention_native.py,
+gpu_runtime/native/attention_f32.cpp): the same split structure and formula, its own fixed
+float32 summation order (within the tests' tolerance of the numpy path, not bit for bit).
 """
 from __future__ import annotations
 
@@ -29,7 +26,8 @@ import numpy as np
 
 from ..errors import InvalidArgument, KernelError
 from ..gpu_runtime.types import DevicePtr
-from .attention_tile import attend_base2
+from .attention_native import decode_combine_native, decode_split_native
+from .attention_tile import attend_base2, gather_paged
 from .bf16 import bf16_to_f32, f32_to_bf16
 from .checks import check_heads, check_ptrs
 from .registry import twin
@@ -65,23 +63,6 @@ def _check_common(what, num_heads, num_kv_heads, head_dim, block_size, max_block
                               f"{sliding_window}")
     if num_heads > _GRID_YZ_MAX:
         raise InvalidArgument(f"{what}: num_heads {num_heads} exceeds {_GRID_YZ_MAX}")
-
-
-def gather_paged(ctx, cache_ptr, table, lo, hi, block_size, num_kv_heads, head_dim, what):
-    """float32 [hi - lo, KV, D] of cached positions [lo, hi) through the block table."""
-    blk_elems = block_size * num_kv_heads * head_dim
-    b0, b1 = lo // block_size, (hi - 1) // block_size
-    blocks = np.asarray(table[b0:b1 + 1], np.int64)
-    if blocks.min() < 0:
-        b = b0 + int(np.argmax(blocks < 0))
-        raise KernelError(f"{what}: block table entry {b} is {int(table[b])} (< 0) "
-                          "inside the sequence")
-    # one bounds-checked read of the blocks [0, max + 1), then the table's blocks from it
-    top = int(blocks.max()) + 1
-    cache = ctx.read(cache_ptr, top * blk_elems, np.uint16).reshape(top, -1)
-    flat = cache[blocks].reshape(-1, num_kv_heads, head_dim)
-    off = lo - b0 * block_size
-    return bf16_to_f32(flat[off:off + (hi - lo)])
 
 
 # --------------------------------------------------------------------------------------
@@ -324,45 +305,6 @@ def _decode_seq(kv_len, bs, mb, max_splits, w, s, what):
     return start, start // DECODE_SPLIT_TOKENS, -(-kv_len // DECODE_SPLIT_TOKENS)
 
 
-def _held(ctx, ptr, nbytes: int) -> bool:
-    """Whether [ptr, ptr + nbytes) lies in one live allocation: what a bounds-checked
-    `ctx.read` of it accepts, without making the array."""
-    alloc = ctx.backend.find_allocation(ptr)
-    return alloc is not None and int(ptr) + nbytes <= int(alloc[0]) + alloc[1]
-
-
-def _cache_blocks(ctx, cache_ptr, blk_bytes: int) -> int:
-    """Whole cache blocks from cache_ptr to the end of its allocation (0 outside any): a
-    block table entry below it is one `gather_paged`'s bounds-checked read accepts."""
-    alloc = ctx.backend.find_allocation(cache_ptr)
-    return 0 if alloc is None else (int(alloc[0]) + alloc[1] - int(cache_ptr)) // blk_bytes
-
-
-def _decode_split_native(ctx, native, out_ptr, workspace_ptr, qkv_ptr, k_cache_ptr,
-                         v_cache_ptr, block_tables_ptr, kv_lens_ptr, ns, h, kv, d, bs, mb, msp,
-                         scale, w) -> bool:
-    """The split twin in HostBackend's native library (gpu_runtime/native/attention_f32.cpp:
-    this formula, its own fixed float32 summation order), or False having written nothing
-    where a check fails: the numpy path then runs and raises the twin's error. Checked here
-    as wholes: the lengths, block tables and query rows it reads, out and the workspace it
-    writes (through `ctx.view`, which records the write); natively: each sequence's length
-    and used table entries against the capacity and the caches' allocations."""
-    if not (_held(ctx, kv_lens_ptr, ns * 4) and _held(ctx, block_tables_ptr, ns * mb * 4)
-            and _held(ctx, qkv_ptr, ((ns - 1) * (h + 2 * kv) * d + h * d) * 2)):
-        return False
-    try:
-        ctx.view(out_ptr, ns * h * d, np.uint16)
-        if msp > 1:
-            ctx.view(workspace_ptr, ns * h * msp * (d + 2), np.float32)
-    except KernelError:
-        return False
-    blk_bytes = bs * kv * d * 2
-    return native.decode_attention_split(
-        out_ptr, workspace_ptr if msp > 1 else 0, qkv_ptr, k_cache_ptr, v_cache_ptr,
-        block_tables_ptr, kv_lens_ptr, ns, h, kv, d, bs, mb, msp, scale, w,
-        _cache_blocks(ctx, k_cache_ptr, blk_bytes), _cache_blocks(ctx, v_cache_ptr, blk_bytes))
-
-
 def _decode_split_twin(ctx, out_ptr, workspace_ptr, qkv_ptr, k_cache_ptr, v_cache_ptr,
                        block_tables_ptr, kv_lens_ptr, n_seqs, num_heads, num_kv_heads,
                        head_dim, block_size, max_blocks_per_seq, max_splits, scale,
@@ -371,7 +313,7 @@ def _decode_split_twin(ctx, out_ptr, workspace_ptr, qkv_ptr, k_cache_ptr, v_cach
     bs, mb, msp, w = (int(block_size), int(max_blocks_per_seq), int(max_splits),
                       int(sliding_window))
     native = getattr(ctx.backend, "native", None)
-    if native is not None and _decode_split_native(
+    if native is not None and decode_split_native(
             ctx, native, out_ptr, workspace_ptr, qkv_ptr, k_cache_ptr, v_cache_ptr,
             block_tables_ptr, kv_lens_ptr, ns, h, kv, d, bs, mb, msp, float(scale), w):
         return
@@ -420,23 +362,6 @@ for _vec in (8, 2):
         twin(MODULE, f"decode_attention_v{_vec}_g{_gt}")(_decode_split_twin)
 
 
-def _decode_combine_native(ctx, native, out_ptr, workspace_ptr, kv_lens_ptr, ns, h, d, bs,
-                           mb, msp, w) -> bool:
-    """The combine twin in the native library (the numpy arithmetic below, step for step),
-    or False having written nothing where the numpy path must run (and raise)."""
-    try:
-        top = int(ctx.read(kv_lens_ptr, ns, np.int32).max())
-        if top <= min(DECODE_SPLIT_TOKENS, mb * bs):
-            return True   # every sequence in one split (and within the capacity): no work
-        ctx.view(out_ptr, ns * h * d, np.uint16)
-    except KernelError:
-        return False
-    if msp > 1 and not _held(ctx, workspace_ptr, ns * h * msp * (d + 2) * 4):
-        return False
-    return native.decode_attention_combine(out_ptr, workspace_ptr if msp > 1 else 0,
-                                           kv_lens_ptr, ns, h, d, bs, mb, msp, w)
-
-
 @twin(MODULE, "decode_attention_combine")
 def decode_attention_combine_twin(ctx, out_ptr, workspace_ptr, kv_lens_ptr, n_seqs, num_heads,
                                   head_dim, block_size, max_blocks_per_seq, max_splits,
@@ -445,8 +370,9 @@ def decode_attention_combine_twin(ctx, out_ptr, workspace_ptr, kv_lens_ptr, n_se
     bs, mb, msp, w = (int(block_size), int(max_blocks_per_seq), int(max_splits),
                       int(sliding_window))
     native = getattr(ctx.backend, "native", None)
-    if native is not None and _decode_combine_native(ctx, native, out_ptr, workspace_ptr,
-                                                     kv_lens_ptr, ns, h, d, bs, mb, msp, w):
+    if native is not None and decode_combine_native(ctx, native, out_ptr, workspace_ptr,
+                                                     kv_lens_ptr, ns, h, d, bs, mb, msp, w,
+                                                     DECODE_SPLIT_TOKENS):
         return
     kv_lens = ctx.read(kv_lens_ptr, ns, np.int32).astype(np.int64)
     for s in range(ns):

@@ -11,12 +11,15 @@ over base-2 scores s = (q . k) * scale * log2(e), masked keys -inf. Both of its 
 
 The tensor-core tile rounds P to BF16 before the P.V mma, against the running max of the key
 tile it is in, so its closed form keeps the tiles (`attend_base2_bf16p`).
+
+`gather_paged`: the paged K or V rows of one sequence that those twins attend over.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .bf16 import round_bf16
+from ..errors import KernelError
+from .bf16 import bf16_to_f32, round_bf16
 
 
 def attend_base2(scores: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -65,3 +68,20 @@ def attend_base2_bf16p(scores: np.ndarray, values: np.ndarray, key_pos: np.ndarr
     out = np.matmul(w, values)
     out /= np.where(total > 0, total, 1.0)
     return out
+
+
+def gather_paged(ctx, cache_ptr, table, lo, hi, block_size, num_kv_heads, head_dim, what):
+    """float32 [hi - lo, KV, D] of cached positions [lo, hi) through the block table."""
+    blk_elems = block_size * num_kv_heads * head_dim
+    b0, b1 = lo // block_size, (hi - 1) // block_size
+    blocks = np.asarray(table[b0:b1 + 1], np.int64)
+    if blocks.min() < 0:
+        b = b0 + int(np.argmax(blocks < 0))
+        raise KernelError(f"{what}: block table entry {b} is {int(table[b])} (< 0) "
+                          "inside the sequence")
+    # one bounds-checked read of the blocks [0, max + 1), then the table's blocks from it
+    top = int(blocks.max()) + 1
+    cache = ctx.read(cache_ptr, top * blk_elems, np.uint16).reshape(top, -1)
+    flat = cache[blocks].reshape(-1, num_kv_heads, head_dim)
+    off = lo - b0 * block_size
+    return bf16_to_f32(flat[off:off + (hi - lo)])
