@@ -258,6 +258,39 @@ def bench_gemm_tc(B, S):
             r["shape"]["tile"] = gemm_tc.pick_tile(r["shape"]["m"], r["shape"]["n"]).name
 
 
+def bench_gemm_fused(B, S):
+    """The decode GEMMs with rmsnorm / act_mul / the residual add fused in, at the decode row
+    counts: qkv and gate_up with the norm, o_proj with the residual add, down_proj with
+    act_mul and the residual add (compare with gemm_tc's rows of the same shapes)."""
+    from metrale.ops import gemm_fused
+    hid, inter = S["hidden"], S["inter"]
+    qkv = (S["H"] + 2 * S["KV"]) * S["D"]
+    rows = [m for m in S["rows"] if m <= 16]
+    mx = max(rows)
+    res, x = B.buf(mx * hid * 2, fill=0), B.buf(mx * max(hid, 2 * inter) * 2)
+    y, nw = B.buf(mx * max(qkv, 2 * inter) * 2), B.buf(hid * 2)
+    for name, n, k, kind in (("qkv_proj", qkv, hid, "rmsnorm"),
+                             ("o_proj", hid, S["H"] * S["D"], "residual"),
+                             ("gate_up_proj", 2 * inter, hid, "rmsnorm"),
+                             ("down_proj", hid, inter, "actmul_residual")):
+        w = B.buf(n * k * 2)
+        for m in rows:
+            if kind == "rmsnorm":
+                fn = (lambda s, w=w, m=m, n=n, k=k: gemm_fused.gemm_rmsnorm(
+                    B.be, s, y, res, w, nw, m, n, k, 1e-5))
+            elif kind == "residual":
+                fn = (lambda s, w=w, m=m, n=n, k=k: gemm_fused.gemm_residual(
+                    B.be, s, res, x, w, m, n, k))
+            else:
+                fn = (lambda s, w=w, m=m, n=n, k=k: gemm_fused.gemm_actmul_residual(
+                    B.be, s, res, x, w, m, n, k))
+            in_k = 2 * k if kind == "actmul_residual" else k
+            B.run("gemm_fused", f"gemm_{kind} {name}", dict(m=m, n=n, k=k),
+                  fn, nbytes=(n * k + m * in_k + m * n) * 2, flops=2 * m * n * k)
+        B.be.free(w)
+        B.bufs.remove(w)
+
+
 def bench_gemm_q(B, S):
     """The dequantizing GEMM (4-bit groups of 128, FP8 128x128 blocks) at the same shapes and
     rows: bytes are the packed W + scales (+ zeros) the kernel must read, so decode rows
@@ -548,7 +581,7 @@ FAMILIES = {
     "embedding": [bench_embedding], "rmsnorm": [bench_rmsnorm],
     "activation": [bench_activation], "cast": [bench_cast],
     "elementwise": [bench_elementwise], "gemm": [bench_gemv, bench_gemm],
-    "gemm_tc": [bench_gemm_tc],
+    "gemm_tc": [bench_gemm_tc], "gemm_fused": [bench_gemm_fused],
     "gemm_q": [bench_gemm_q],
     "rope": [bench_rope], "kv_cache": [bench_kv_cache], "attention": [bench_attention],
     "argmax": [bench_argmax], "sampling": [bench_sampling], "conv1d": [bench_conv1d],

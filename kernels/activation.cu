@@ -25,38 +25,9 @@
 //   last n % 8 elements one by one. in-place (out == x) is allowed.
 // Fast-math: expf/tanhf use the approximate hardware paths (--use_fast_math); the error is
 // far below one BF16 ulp. erff is precise.
-#include "common.cuh"
+#include "activation.cuh"
 
 #define ACT_THREADS 256
-
-#define ACT_SILU 0
-#define ACT_GELU 1
-#define ACT_GELU_TANH 2
-#define ACT_RELU 3
-#define ACT_QUICK_GELU 4
-
-__device__ __forceinline__ float silu_f(float g) { return g / (1.0f + expf(-g)); }
-
-__device__ __forceinline__ float gelu_f(float x, int mode) {
-    if (mode == 0) return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-    if (mode == 1) {
-        const float inner = 0.79788456080286536f * (x + 0.044715f * x * x * x);
-        return 0.5f * x * (1.0f + tanhf(inner));
-    }
-    return x / (1.0f + expf(-1.702f * x));
-}
-
-// act(g) of a gated MLP; the branch is uniform across the grid (one `act` per launch).
-__device__ __forceinline__ float gated_act_f(float g, int act) {
-    switch (act) {
-    case ACT_SILU: return silu_f(g);
-    case ACT_GELU: return gelu_f(g, 0);
-    case ACT_GELU_TANH: return gelu_f(g, 1);
-    case ACT_RELU: return g < 0.0f ? 0.0f : g;  // NaN stays NaN, as torch.relu
-    case ACT_QUICK_GELU: return gelu_f(g, 2);
-    default: return __int_as_float(0x7fc00000);
-    }
-}
 
 extern "C" __global__ void __launch_bounds__(ACT_THREADS)
 act_mul(bf16 *out, const bf16 *gate_up, int n_rows, int intermediate, int act) {

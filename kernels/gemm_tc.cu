@@ -51,6 +51,23 @@
 // BF16 variants agree too. (The CUDA-core GEMV of kernels/gemv.cu sums in another order:
 // the model must not mix it with this kernel for rows whose bits must agree.)
 //
+// DECODE ENTRIES WITH FUSED NEIGHBOURS (16x16 tile, grid (ceil(m / 16), ceil(n / 16)),
+// 64 threads; any m, n, k >= 1): each takes over the work of a separate launch, with the
+// same bits as the separate kernels, because X reaches the MMAs with the exact values those
+// kernels would have stored (gemm_tc_tile.cuh, XF / RES):
+//   gemm_tc_bf16_16x16_rmsnorm(y, x, w, norm_weight, m, n, k, eps)
+//       Y = rmsnorm(X; norm_weight, eps) @ W^T     x: the residual stream [m, k]
+//       (7 stages: the aux ring of norm-weight chunks shares the 48 KiB)
+//   gemm_tc_bf16_16x16_actmul_res(y, x, w, m, n, k, act)
+//       Y = bf16(Y + bf16(act_mul(X) @ W^T))       x: gate|up [m, 2k], y: the residual [m, n]
+//       (7 stages, the aux ring holds the up chunks)
+//   gemm_tc_bf16_16x16_res(y, x, w, m, n, k)
+//       Y = bf16(Y + bf16(X @ W^T))                y: the residual [m, n] (12 stages)
+// y must not overlap x. The residual add is the one rmsnorm.cu does (bf16 of the float sum of
+// two BF16 values), so a decode step that runs these instead of rmsnorm / act_mul launches
+// gives every row the bits of the unfused sequence (ops/gemm_fused.py, tests/ops/
+// test_gemm_fused.py compare them bit for bit on the emulator).
+//
 // The tile itself is kernels/gemm_tc_tile.cuh (shared with the dequantizing GEMM of
 // kernels/gemm_q.cu); here W is read by its BF16Rows policy.
 #include "gemm_tc_tile.cuh"
@@ -80,3 +97,36 @@ typedef TcTile<128, 128, 32, 2, 4, 3> Tile128x128;
 GEMM_TC_ENTRY(16x16, Tile16x16, 1)
 GEMM_TC_ENTRY(64x32, Tile64x32, 1)
 GEMM_TC_ENTRY(128x128, Tile128x128, 2)
+
+typedef TcTile<16, 16, 64, 1, 2, 7> Tile16x16Fused;   // + an aux ring of the same size
+
+#define GEMM_TC_FUSED_SMEM                                                                    \
+    GEMM_TC_SMEM(Tile16x16Fused);                                                             \
+    __shared__ __align__(128) bf16 saux[Tile16x16Fused::STAGES * 16 * 64];                    \
+    __shared__ float sinv[16]
+
+extern "C" __global__ void __launch_bounds__(Tile16x16Fused::THREADS, 1)
+gemm_tc_bf16_16x16_rmsnorm(bf16 *y, const bf16 *x, const bf16 *w, const bf16 *norm_weight,
+                           int m, int n, int k, float eps) {
+    GEMM_TC_FUSED_SMEM;
+    BF16Rows<Tile16x16Fused> src{w};
+    gemm_tc_tile<Tile16x16Fused, BF16Rows<Tile16x16Fused>, XF_RMSNORM, false>(
+        sa, sb, nullptr, y, nullptr, x, src, m, n, k, XFuse{norm_weight, eps, 0, saux, sinv});
+}
+
+extern "C" __global__ void __launch_bounds__(Tile16x16Fused::THREADS, 1)
+gemm_tc_bf16_16x16_actmul_res(bf16 *y, const bf16 *x, const bf16 *w, int m, int n, int k,
+                              int act) {
+    GEMM_TC_FUSED_SMEM;
+    BF16Rows<Tile16x16Fused> src{w};
+    gemm_tc_tile<Tile16x16Fused, BF16Rows<Tile16x16Fused>, XF_ACTMUL, true>(
+        sa, sb, nullptr, y, nullptr, x, src, m, n, k, XFuse{nullptr, 0.f, act, saux, sinv});
+}
+
+extern "C" __global__ void __launch_bounds__(Tile16x16::THREADS, 1)
+gemm_tc_bf16_16x16_res(bf16 *y, const bf16 *x, const bf16 *w, int m, int n, int k) {
+    GEMM_TC_SMEM(Tile16x16);
+    BF16Rows<Tile16x16> src{w};
+    gemm_tc_tile<Tile16x16, BF16Rows<Tile16x16>, XF_NONE, true>(sa, sb, nullptr, y, nullptr, x,
+                                                                src, m, n, k);
+}

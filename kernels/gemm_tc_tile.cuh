@@ -18,8 +18,37 @@
 // + [0, BM) of X and of Y (gemm_tc_tile: gemm_tc.cu, gemm_q.cu); moe_gemm.cu's ExpertRows
 // gathers X rows through a routed pair list and scatters Y rows by pair. Which row a value
 // sits in never enters its arithmetic, so that argument holds for every row policy too.
+//
+// What is fused around the tile (template argument XF, gemm_tc.cu's decode entries):
+//   XF_NONE     X as stored.
+//   XF_RMSNORM  X = rms_scale(x[r, c], inv[r], norm_w[c]) (kernels/norm_row.cuh): x is the
+//               residual stream, inv[r] its row's RMSNorm factor computed by the CTA's warps
+//               before the first stage is used, in norm_row.cuh's order.
+//   XF_ACTMUL   X = bf16(act(x[r, c]) * x[r, k + c]) (kernels/activation.cuh): x is the
+//               fused gate|up output [m, 2k].
+// Either way the raw chunks land by cp.async as always (x into the X ring, norm_w / up into
+// an aux ring of the same layout), and each thread rewrites the X chunks it copied itself,
+// right after its cp.async wait and before the stage's barrier: no extra barrier, and the
+// MMAs see X values with exactly the bits the separate rmsnorm / act_mul kernels store.
+// RES: the epilogue stores Y = bf16(Y + bf16(acc)) (the residual add of the next rmsnorm).
 #pragma once
+#include "activation.cuh"
 #include "mma.cuh"
+#include "norm_row.cuh"
+
+#define XF_NONE 0
+#define XF_RMSNORM 1
+#define XF_ACTMUL 2
+
+// The run-time side of XF: the norm weight [k] and eps (XF_RMSNORM), the activation code
+// (XF_ACTMUL), the aux ring ([STAGES][BM * BK] shared) and inv ([BM] shared floats).
+struct XFuse {
+    const bf16 *norm_w;
+    float eps;
+    int act;
+    bf16 *aux;
+    float *inv;
+};
 
 template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_>
 struct TcTile {
@@ -104,14 +133,17 @@ struct DenseRows {
 // aligned and declared by the entry point (a static local of a function template is not
 // where the emulator's shared memory lives). rmap: the CTA's rows (DenseRows or a policy
 // with the same members); columns blockIdx.y * BN + [0, BN) of n.
-template <class T, class W, class R>
+template <class T, class W, class R, int XF = XF_NONE, bool RES = false>
 __device__ __forceinline__ void gemm_tc_tile_rows(bf16 *sa, typename W::Ring *sw, bf16 *sd,
                                                   bf16 *yb, float *yf, const bf16 *x,
-                                                  W &wsrc, const R &rmap, int n, int k) {
+                                                  W &wsrc, const R &rmap, int n, int k,
+                                                  const XFuse &xf = XFuse{}) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int col0 = blockIdx.y * T::BN;
     const int rows = rmap.rows, cols = min(T::BN, n - col0);
-    const bool vec = (k & 7) == 0 && aligned16(x) && wsrc.aligned();
+    const long long lda = XF == XF_ACTMUL ? 2LL * k : (long long)k;  // x's row stride
+    const bool vec = (k & 7) == 0 && aligned16(x) && wsrc.aligned() &&
+                     (XF != XF_RMSNORM || aligned16(xf.norm_w));
     const int kt_count = (k + T::BK - 1) / T::BK;
 
     // This thread's chunks of X in every stage: row r = c / CH, chunk c % CH. Rows past m
@@ -122,7 +154,7 @@ __device__ __forceinline__ void gemm_tc_tile_rows(bf16 *sa, typename W::Ring *sw
     for (int i = 0; i < T::A_PER_THREAD; ++i) {
         const int c = tid + i * T::THREADS, r = c / T::CH;
         a_ch[i] = r < rows ? c % T::CH : -1;
-        a_src[i] = x + rmap.x_row(min(r, rows - 1)) * k;
+        a_src[i] = x + rmap.x_row(min(r, rows - 1)) * lda;
         a_dst[i] = smem_off<T>(r, c % T::CH);
     }
     wsrc.setup(tid, col0, cols, k);
@@ -131,8 +163,35 @@ __device__ __forceinline__ void gemm_tc_tile_rows(bf16 *sa, typename W::Ring *sw
         bf16 *a = sa + slot * T::BM * T::BK;
 #pragma unroll
         for (int i = 0; i < T::A_PER_THREAD; ++i)
-            if (a_ch[i] >= 0) fill_chunk(a + a_dst[i], a_src[i], k0 + 8 * a_ch[i], k, vec);
+            if (a_ch[i] >= 0) {
+                fill_chunk(a + a_dst[i], a_src[i], k0 + 8 * a_ch[i], k, vec);
+                if constexpr (XF != XF_NONE)   // the norm weight, or the row's up half
+                    fill_chunk(xf.aux + slot * T::BM * T::BK + a_dst[i],
+                               XF == XF_RMSNORM ? xf.norm_w : a_src[i] + k, k0 + 8 * a_ch[i],
+                               k, vec);
+            }
         wsrc.load(sw + slot * W::STAGE_ELEMS, kt, k, vec);
+    };
+    // This thread's X chunks of stage kt (landed: its own copies) rewritten in place.
+    auto fuse_stage = [&](int slot, int kt) {
+        bf16 *a = sa + slot * T::BM * T::BK;
+        const bf16 *aux = xf.aux + slot * T::BM * T::BK;
+#pragma unroll
+        for (int i = 0; i < T::A_PER_THREAD; ++i) {
+            if (a_ch[i] < 0 || kt * T::BK + 8 * a_ch[i] >= k) continue;
+            float v[8], u[8];
+            unpack8(*reinterpret_cast<const bf16x8 *>(a + a_dst[i]), v);
+            unpack8(*reinterpret_cast<const bf16x8 *>(aux + a_dst[i]), u);
+            if constexpr (XF == XF_RMSNORM) {
+                const float inv = xf.inv[(tid + i * T::THREADS) / T::CH];
+#pragma unroll
+                for (int e = 0; e < 8; ++e) v[e] = rms_scale(v[e], inv, u[e]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) v[e] = gated_act_f(v[e], xf.act) * u[e];
+            }
+            *reinterpret_cast<bf16x8 *>(a + a_dst[i]) = pack8(v);
+        }
     };
 
     // Warp tile and the shared rows its ldmatrix lanes read (clamped to the live rows).
@@ -192,8 +251,19 @@ __device__ __forceinline__ void gemm_tc_tile_rows(bf16 *sa, typename W::Ring *sw
         if (s < kt_count) load_stage(s, s);
         cp_async_commit();
     }
+    if constexpr (XF == XF_RMSNORM) {
+        // each warp the RMSNorm factor of rows warp, warp + warps, ... (the stages fly)
+        for (int r = warp; r < rows; r += T::THREADS / 32) {
+            const bf16 *xr = x + rmap.x_row(r) * lda;
+            const float ss = row_sum_squares_warp(xr, nullptr, k, (k & 7) == 0 && aligned16(xr),
+                                                  lane);
+            if (lane == 0) xf.inv[r] = rms_inv(ss, k, xf.eps);
+        }
+        __syncthreads();
+    }
     for (int kt = 0; kt < kt_count; ++kt) {
         cp_async_wait<T::STAGES - 2>();  // stage kt has landed (this thread's copies) ...
+        if constexpr (XF != XF_NONE) fuse_stage(kt % T::STAGES, kt);
         __syncthreads();                 // ... everyone's; and stage kt - 1 is consumed
         const int next = kt + T::STAGES - 1;
         if (next < kt_count) load_stage(next % T::STAGES, next);
@@ -227,8 +297,12 @@ __device__ __forceinline__ void gemm_tc_tile_rows(bf16 *sa, typename W::Ring *sw
 #pragma unroll
             for (int nt = 0; nt < T::NT; ++nt) {
                 const int c = col0 + wc0 + nt * 8 + 2 * t;
-                const float v0 = acc[mt][nt][2 * h], v1 = acc[mt][nt][2 * h + 1];
+                float v0 = acc[mt][nt][2 * h], v1 = acc[mt][nt][2 * h + 1];
                 const long long o = yrow + c;
+                if constexpr (RES) {   // y = bf16(y + bf16(acc)): read, then rewritten below
+                    v0 = c < n ? bf2f(yb[o]) + bf2f(f2bf(v0)) : v0;
+                    v1 = c + 1 < n ? bf2f(yb[o + 1]) + bf2f(f2bf(v1)) : v1;
+                }
                 if (c + 1 < n && pairs) {
                     if (yf) *reinterpret_cast<float2 *>(yf + o) = make_float2(v0, v1);
                     else *reinterpret_cast<unsigned int *>(yb + o) = pack_bf2(v0, v1);
@@ -247,11 +321,12 @@ __device__ __forceinline__ void gemm_tc_tile_rows(bf16 *sa, typename W::Ring *sw
 }
 
 // Rows blockIdx.x * BM + [0, BM) of X [m, k] and Y [m, n] (gemm_tc.cu, gemm_q.cu).
-template <class T, class W>
+template <class T, class W, int XF = XF_NONE, bool RES = false>
 __device__ __forceinline__ void gemm_tc_tile(bf16 *sa, typename W::Ring *sw, bf16 *sd,
                                              bf16 *yb, float *yf, const bf16 *x, W &wsrc,
-                                             int m, int n, int k) {
+                                             int m, int n, int k, const XFuse &xf = XFuse{}) {
     const int row0 = blockIdx.x * T::BM;
-    gemm_tc_tile_rows<T>(sa, sw, sd, yb, yf, x, wsrc, DenseRows{row0, min(T::BM, m - row0)},
-                         n, k);
+    gemm_tc_tile_rows<T, W, DenseRows, XF, RES>(sa, sw, sd, yb, yf, x, wsrc,
+                                                DenseRows{row0, min(T::BM, m - row0)}, n, k,
+                                                xf);
 }

@@ -16,80 +16,56 @@
 //   torch's LayerNorm kernel does for BF16 input)
 //
 // Shapes: x, out [n_rows, hidden]; weight, bias [hidden]; residual [n_rows, hidden].
-// Launch: grid (n_rows), one CTA per row, block = NORM threads chosen by the launcher
-// (metrale/ops/rmsnorm.py::_threads: 32..1024, a multiple of 32, ~one 8-element vector per
-// thread). Each thread strides over the row; the row is re-read from L1 for the second
-// (and third) pass instead of being cached in registers, so any hidden works. The vector
-// path (128-bit accesses, 8 bf16) is taken when hidden % 8 == 0 and every pointer is
-// 16-byte aligned; otherwise one element per access. out may equal x (every pass-1 read
-// happens before the block reduction's barrier, and each thread rewrites only what it read).
-// Static shared memory: 32 floats of reduction scratch.
-#include "common.cuh"
+// rmsnorm launch: grid (ceil(n_rows / 4)), block 128 = NORM_ROWS_PER_CTA warps, one warp per
+// row, no shared memory and no block barriers. The sum of squares is kernels/norm_row.cuh's
+// fixed per-warp order (lane l: 8-element chunks l, l + 32, ..., then the xor butterfly), the
+// order the decode GEMM that normalizes its own X tiles (gemm_tc.cu) uses too, so the fused
+// and the separate norm give a row the same bits. 128-bit accesses when hidden % 8 == 0 and
+// the pointers are 16-byte aligned, one element per access otherwise (same order, same
+// bits). out may equal x (each lane rewrites only the chunks it read; warp_sum orders every
+// pass-1 read before any write).
+// layernorm launch: grid (n_rows), one CTA per row, block = NORM threads chosen by the
+// launcher (metrale/ops/rmsnorm.py::_threads: 32..1024, a multiple of 32, ~one 8-element
+// vector per thread); each thread strides over the row, the row re-read from L1 for the
+// second and third pass; vector path as above. Static shared memory: 32 floats of reduction
+// scratch.
+#include "norm_row.cuh"
 
 #define NORM_MAX_THREADS 1024
+#define NORM_ROWS_PER_CTA 4
 
-extern "C" __global__ void __launch_bounds__(NORM_MAX_THREADS)
+extern "C" __global__ void __launch_bounds__(NORM_ROWS_PER_CTA * 32)
 rmsnorm(bf16 *out, const bf16 *x, const bf16 *weight, bf16 *residual, int n_rows, int hidden,
         float eps) {
-    __shared__ float scratch[32];
-    const int r = blockIdx.x;
-    if (r >= n_rows) return;
+    const int lane = threadIdx.x & 31;
+    const int r = blockIdx.x * NORM_ROWS_PER_CTA + (threadIdx.x >> 5);
+    if (r >= n_rows) return;  // warp-uniform: a warp owns its row, no block barriers
     const long long off = (long long)r * hidden;
     const bf16 *xr = x + off;
     bf16 *o = out + off;
     bf16 *res = residual ? residual + off : nullptr;
     const bf16 *src = res ? res : xr;  // the row that gets normalized (after pass 1)
-    const bool vec = (hidden & 7) == 0 && aligned16(xr) && aligned16(o) && aligned16(weight) &&
-                     (res == nullptr || aligned16(res));
-    float ss = 0.f;
-    if (vec) {
-        const int nv = hidden >> 3;
-        const bf16x8 *xv = reinterpret_cast<const bf16x8 *>(xr);
-        bf16x8 *rv = reinterpret_cast<bf16x8 *>(res);
-        for (int c = threadIdx.x; c < nv; c += blockDim.x) {
-            float a[8];
-            unpack8(xv[c], a);
-            if (res) {
-                float b[8];
-                unpack8(rv[c], b);
-#pragma unroll
-                for (int e = 0; e < 8; ++e) b[e] += a[e];
-                const bf16x8 s = pack8(b);
-                rv[c] = s;
-                unpack8(s, a);  // normalize the stored (rounded) value
-            }
-#pragma unroll
-            for (int e = 0; e < 8; ++e) ss = fmaf(a[e], a[e], ss);
-        }
-    } else {
-        for (int c = threadIdx.x; c < hidden; c += blockDim.x) {
-            float a = bf2f(xr[c]);
-            if (res) {
-                const bf16 s = f2bf(bf2f(res[c]) + a);
-                res[c] = s;
-                a = bf2f(s);
-            }
-            ss = fmaf(a, a, ss);
-        }
-    }
-    ss = block_sum(ss, scratch);
-    const float inv = rsqrtf(ss / (float)hidden + eps);
-    if (vec) {
-        const int nv = hidden >> 3;
+    const bool vec_in = (hidden & 7) == 0 && aligned16(xr) && (res == nullptr || aligned16(res));
+    const float inv = rms_inv(row_sum_squares_warp(xr, res, hidden, vec_in, lane), hidden, eps);
+    // pass 2 reads only chunks this lane read in pass 1 or (res) stored itself, and warp_sum
+    // orders every lane's pass 1 before any lane's pass 2: out may equal x
+    const int chunks = (hidden + 7) >> 3;
+    if (vec_in && aligned16(o) && aligned16(weight)) {
         const bf16x8 *sv = reinterpret_cast<const bf16x8 *>(src);
         const bf16x8 *wv = reinterpret_cast<const bf16x8 *>(weight);
         bf16x8 *ov = reinterpret_cast<bf16x8 *>(o);
-        for (int c = threadIdx.x; c < nv; c += blockDim.x) {
+        for (int j = lane; j < chunks; j += 32) {
             float a[8], w[8];
-            unpack8(sv[c], a);
-            unpack8(wv[c], w);
+            unpack8(sv[j], a);
+            unpack8(wv[j], w);
 #pragma unroll
-            for (int e = 0; e < 8; ++e) a[e] = bf2f(f2bf(a[e] * inv)) * w[e];
-            ov[c] = pack8(a);
+            for (int e = 0; e < 8; ++e) a[e] = rms_scale(a[e], inv, w[e]);
+            ov[j] = pack8(a);
         }
     } else {
-        for (int c = threadIdx.x; c < hidden; c += blockDim.x)
-            o[c] = f2bf(bf2f(f2bf(bf2f(src[c]) * inv)) * bf2f(weight[c]));
+        for (int j = lane; j < chunks; j += 32)
+            for (int c = 8 * j; c < min(8 * j + 8, hidden); ++c)
+                o[c] = f2bf(rms_scale(bf2f(src[c]), inv, bf2f(weight[c])));
     }
 }
 

@@ -9,6 +9,11 @@ Pre-norm residual blocks with the residual add fused into RMSNorm:
                 x = norm2(residual += o)
                 h = act(x @ Wgate^T (+ b)) * (x @ Wup^T (+ b)) @ Wdown^T (+ b)
     out = final_norm(residual += h)
+A decode step of at most 16 rows on a dense BF16 model (no tensor parallelism, no MoE, no
+o/gate_up/down bias) runs the same math in 7 launches a layer instead of 10: the norms move
+into the GEMMs that read them and the residual adds into the GEMMs that feed them
+(ops/gemm_fused.py), with the bits of the unfused sequence, so decode may fuse while verify
+and prefill do not (`decode_fusable`).
 Every linear layer (and the lm_head) is the batch-invariant tensor-core GEMM (ops.gemm_tc,
 graph-capturable), for decode, verify and prefill alike: a row's bits never depend on how
 many rows share the launch or which path runs it. `decode=True` uses split-K decode
@@ -23,7 +28,7 @@ from __future__ import annotations
 from ..formats.field_table import HF_ACTIVATIONS
 from ..gpu_runtime.types import NULL, DevicePtr
 from ..ops import activation, attention, elementwise, embedding, rmsnorm, rope
-from ..ops import attention_tc
+from ..ops import attention_tc, gemm_fused
 from .linear import run_linear
 from .moe import moe_mlp
 
@@ -47,6 +52,7 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
     linear = run_linear
     arena = ws if arena is None else arena
 
+    fuse = decode and decode_fusable(model, n)
     if not embeds_uploaded:
         if tp is None:
             embedding.embedding(b, stream, ws.residual, W.embed_tokens, ws.token_ids, n, hid,
@@ -54,12 +60,17 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
         else:
             tp.embedding(stream, ws.residual, ws.token_ids, W.embed_tokens, n)
     for i, L in enumerate(W.layers):
-        if i == 0:
-            rmsnorm.rmsnorm(b, stream, ws.normed, ws.residual, L.input_layernorm, n, hid, eps)
+        if fuse:   # ws.residual is the whole stream here: down_proj added into it
+            gemm_fused.gemm_rmsnorm(b, stream, ws.qkv, ws.residual, L.qkv, L.input_layernorm,
+                                    n, ws.qkv_dim, hid, eps)
         else:
-            rmsnorm.rmsnorm(b, stream, ws.normed, ws.hidden, L.input_layernorm, n, hid, eps,
-                            residual_ptr=ws.residual)
-        linear(b, stream, ws.qkv, ws.normed, L.qkv, n, ws.qkv_dim, hid)
+            if i == 0:
+                rmsnorm.rmsnorm(b, stream, ws.normed, ws.residual, L.input_layernorm, n, hid,
+                                eps)
+            else:
+                rmsnorm.rmsnorm(b, stream, ws.normed, ws.hidden, L.input_layernorm, n, hid,
+                                eps, residual_ptr=ws.residual)
+            linear(b, stream, ws.qkv, ws.normed, L.qkv, n, ws.qkv_dim, hid)
         if not L.qkv_bias.is_null():
             elementwise.add_bias(b, stream, ws.qkv, L.qkv_bias, n, ws.qkv_dim)
         kc, vc = arena.k_cache(i), arena.v_cache(i)
@@ -80,6 +91,15 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
                                                 n_seqs, n, max_q_len, H, KV, D,
                                                 model._block_size, ws.max_blocks_per_seq,
                                                 model._attn_scale, window)
+        if fuse:   # residual += o_proj(attn), then the MLP's norm inside gate_up, and
+            # residual += down(act_mul(gate_up)): no rmsnorm or act_mul launch
+            gemm_fused.gemm_residual(b, stream, ws.residual, ws.attn_out, L.o_proj, n, hid,
+                                     H * D)
+            gemm_fused.gemm_rmsnorm(b, stream, ws.gate_up, ws.residual, L.gate_up,
+                                    L.post_attention_layernorm, n, 2 * inter, hid, eps)
+            gemm_fused.gemm_actmul_residual(b, stream, ws.residual, ws.gate_up, L.down_proj,
+                                            n, hid, inter, act)
+            continue
         if tp is None:
             linear(b, stream, ws.hidden, ws.attn_out, L.o_proj, n, hid, H * D)
         else:
@@ -101,7 +121,23 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
             tp.row_parallel(stream, ws.hidden, ws.act, L.down_proj, n, hid, inter)
         if not L.down_bias.is_null():
             elementwise.add_bias(b, stream, ws.hidden, L.down_bias, n, hid)
-    rmsnorm.rmsnorm(b, stream, out_ptr, ws.hidden, W.norm, n, hid, eps, residual_ptr=ws.residual)
+    if fuse:
+        rmsnorm.rmsnorm(b, stream, out_ptr, ws.residual, W.norm, n, hid, eps)
+    else:
+        rmsnorm.rmsnorm(b, stream, out_ptr, ws.hidden, W.norm, n, hid, eps,
+                        residual_ptr=ws.residual)
+
+
+def decode_fusable(model, n: int) -> bool:
+    """Whether a decode step of `n` rows may run the fused GEMMs (ops/gemm_fused.py): at
+    most 16 rows (their tile), every layer a dense MLP with BF16 linears and no o_proj /
+    gate_up / down_proj bias, on one device. The bits are the unfused ones either way."""
+    if n > 16 or model._tp is not None:
+        return False
+    return all(L.moe is None and L.o_bias.is_null() and L.gate_up_bias.is_null() and
+               L.down_bias.is_null() and
+               all(isinstance(w, DevicePtr) for w in (L.qkv, L.o_proj, L.gate_up, L.down_proj))
+               for L in model._weights.layers)
 
 
 def lm_head(model, stream: int, x_ptr: DevicePtr, n_rows: int, out_ptr: DevicePtr) -> None:
@@ -119,4 +155,4 @@ def lm_head(model, stream: int, x_ptr: DevicePtr, n_rows: int, out_ptr: DevicePt
                m.vocab_size, m.hidden_size, out_fp32=model.use_fp32_logits)
 
 
-__all__ = ["run_decoder", "lm_head", "NULL"]
+__all__ = ["run_decoder", "decode_fusable", "lm_head", "NULL"]

@@ -185,19 +185,26 @@ def widen_steps(bits: np.ndarray) -> np.ndarray:
 def _gemm_tc_twin(ctx, y_ptr, x_ptr, w_ptr, m, n, k, out_fp32: bool) -> None:
     m, n, k = int(m), int(n), int(k)
     x_bits = ctx.read(x_ptr, m * k, np.uint16).reshape(m, k)
+    y = ctx.view(y_ptr, m * n, np.float32 if out_fp32 else np.uint16).reshape(m, n)
+    gemm_rows_twin(ctx, y, x_bits, w_ptr, n, k)
+
+
+def gemm_rows_twin(ctx, y: np.ndarray, x_bits: np.ndarray, w_ptr, n: int, k: int) -> None:
+    """The twin's arithmetic: y [m, n] (float32, or uint16 BF16 bits: rounded) = x_bits
+    [m, k] (BF16 bits, any host array) @ W[n, k]^T, W at device address w_ptr; also the
+    GEMM step of the fused decode twins (ops/gemm_fused.py)."""
     w_bits = ctx.read(w_ptr, n * k, np.uint16).reshape(n, k)
     be = ctx.backend
     native = getattr(be, "native", None)
-    y = ctx.view(y_ptr, m * n, np.float32 if out_fp32 else np.uint16).reshape(m, n)
     if native is not None:   # straight into y, BF16 rounding included
-        native.gemm(x_bits, w_bits, y)
+        native.gemm(np.ascontiguousarray(x_bits), w_bits, y)
         return
     cached = getattr(be, "converted", None)   # numpy: W widened once, within the budget
     w_f64 = None if cached is None else cached(
         w_ptr, n * k * 2, "gemm_tc.f64", lambda: widen_steps(w_bits),
         8 * n * (-(-k // 32) * 32))
     y32 = dot_f32(x_bits, w_bits, None, w_f64)
-    y[:] = y32 if out_fp32 else f32_to_bf16(y32)
+    y[:] = y32 if y.dtype == np.float32 else f32_to_bf16(y32)
 
 
 def _register_twins() -> None:

@@ -8,8 +8,10 @@ back first and the stored row is normalized (HF's BF16 `residual + hidden_states
 LayerNorm: FP32 mean and variance (two-pass), (x - mu) * rsqrt(var + eps) * w + b, one
 rounding (torch's LayerNorm kernel for BF16 input).
 
-One CTA per row; any hidden >= 1 (128-bit accesses when hidden % 8 == 0 and every pointer
-is 16-byte aligned, one element per access otherwise). out may equal x.
+RMSNorm: one warp per row, 4 rows per CTA, in the fixed order of kernels/norm_row.cuh (the
+decode GEMM that normalizes its own X tiles, ops/gemm_fused.py, sums in that order too).
+LayerNorm: one CTA per row. Any hidden >= 1 (128-bit accesses when hidden % 8 == 0 and every
+pointer is 16-byte aligned, one element per access otherwise). out may equal x.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from .checks import check_ptrs, check_sizes
 from .registry import twin
 
 MODULE = "rmsnorm"
+RMSNORM_ROWS_PER_CTA = 4   # NORM_ROWS_PER_CTA of kernels/rmsnorm.cu
 
 
 def _threads(hidden: int) -> int:
@@ -49,7 +52,8 @@ def rmsnorm(backend, stream: int, out_ptr, x_ptr, weight_ptr, n_rows: int, hidde
     _check("rmsnorm", n_rows, hidden, eps, out_ptr=out_ptr, x_ptr=x_ptr, weight_ptr=weight_ptr)
     if residual_ptr is None:
         residual_ptr = NULL
-    backend.launch(backend.kernel(MODULE, "rmsnorm"), (int(n_rows),), (_threads(int(hidden)),),
+    backend.launch(backend.kernel(MODULE, "rmsnorm"),
+                   (-(-int(n_rows) // RMSNORM_ROWS_PER_CTA),), (32 * RMSNORM_ROWS_PER_CTA,),
                    0, stream,
                    (DevicePtr(out_ptr), DevicePtr(x_ptr), DevicePtr(weight_ptr),
                     DevicePtr(residual_ptr), np.int32(n_rows), np.int32(hidden),
@@ -104,12 +108,18 @@ def rmsnorm_twin(ctx, out_ptr, x_ptr, weight_ptr, residual_ptr, n_rows, hidden, 
             s = f32_to_bf16(bf16_to_f32(res) + x)
             res[:] = s
             x = bf16_to_f32(s)
-        ss = np.sum(x * x, axis=1, dtype=np.float32)
-        inv = (np.float32(1.0) / np.sqrt(ss / np.float32(h) + np.float32(eps))
-               ).astype(np.float32)
-        normed = round_bf16(x * inv[:, None])
-        out[lo:hi] = f32_to_bf16(normed * w[None, :])
+        out[lo:hi] = rmsnorm_bits(x, w, eps)
     ctx.map_blocks(r, max(1, (1 << 18) // h), rows)   # ~1 MiB of float32 per block
+
+
+def rmsnorm_bits(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """The twin's RMSNorm of float32 rows x [r, h] (BF16 values) with weight w [h] (float32
+    of BF16): BF16 bits [r, h]. numpy's pairwise float32 sum of squares."""
+    h = x.shape[1]
+    ss = np.sum(x * x, axis=1, dtype=np.float32)
+    inv = (np.float32(1.0) / np.sqrt(ss / np.float32(h) + np.float32(eps))).astype(np.float32)
+    normed = round_bf16(x * inv[:, None])
+    return f32_to_bf16(normed * w[None, :])
 
 
 @twin(MODULE, "layernorm")

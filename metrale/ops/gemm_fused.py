@@ -1,0 +1,151 @@
+"""Decode GEMMs with their neighbours fused in (kernels/gemm_tc.cu, module "gemm_tc", the
+16x16 tile): fewer launches per decode step, the same bits as the separate kernels.
+
+    gemm_rmsnorm        y = rmsnorm(x; norm_weight, eps) @ W^T         replaces rmsnorm + GEMM
+    gemm_actmul_residual residual = bf16(residual + bf16(act_mul(gate_up) @ W^T))
+                                                                 replaces act_mul + GEMM + add
+    gemm_residual       residual = bf16(residual + bf16(x @ W^T))     replaces GEMM + add
+
+A batch-1 decode step of an 8B model on an H100 is ~4 ms of weight reads over ~320 launches
+of a few microseconds each: every launch that goes is ~1% (the emulator's estimate,
+benchmarks/results/emu_profile.json). The kernel hands the MMAs exactly the X values that
+rmsnorm / act_mul would have stored (the RMSNorm factor in kernels/norm_row.cuh's order, which
+the rmsnorm kernel uses too; act() from kernels/activation.cuh), and the residual add is
+rmsnorm's own (bf16 of the float sum of two BF16 values), so a row gets the bits of the
+unfused sequence and the model may fuse its decode steps while prefill stays unfused
+(layers.py). The twins are the unfused twins run in sequence on host scratch rows.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import InvalidArgument
+from ..gpu_runtime.types import DevicePtr
+from .activation import ACTIVATIONS, act_f32
+from .bf16 import bf16_to_f32, f32_to_bf16
+from .checks import check_ptrs, check_sizes
+from .gemm_tc import MODULE, TILES, gemm_rows_twin
+from .registry import twin
+from .rmsnorm import rmsnorm_bits
+
+_TILE = TILES["16x16"]
+_MAX_GRID_Y = 65535
+
+
+def _grid(what: str, m: int, n: int, k: int, **ptrs) -> tuple[int, int]:
+    check_sizes(what, m=m, n=n, k=k)
+    check_ptrs(what, **ptrs)
+    grid = _TILE.grid(m, n)
+    if grid[1] > _MAX_GRID_Y:
+        raise InvalidArgument(f"{what}: n = {n} exceeds {_MAX_GRID_Y * _TILE.bn} (grid.y limit)")
+    return grid
+
+
+def _apart(what: str, a: str, a_ptr, a_bytes: int, b: str, b_ptr, b_bytes: int) -> None:
+    a0, b0 = int(a_ptr), int(b_ptr)
+    if a0 < b0 + b_bytes and b0 < a0 + a_bytes:
+        raise InvalidArgument(f"{what}: {a} must not overlap {b} (other CTAs still read it)")
+
+
+def gemm_rmsnorm(backend, stream: int, y_ptr, x_ptr, w_ptr, norm_weight_ptr, m: int, n: int,
+                 k: int, eps: float) -> None:
+    """y[m, n] = rmsnorm(x[m, k]; norm_weight, eps) @ W[n, k]^T, BF16 out.
+
+    x: [m, k] bf16 (the residual stream); norm_weight: [k] bf16; w: [n, k] bf16; y: [m, n]
+    bf16, not overlapping x. Bits: rmsnorm.rmsnorm into a buffer, then gemm_tc.
+    """
+    grid = _grid("gemm_rmsnorm", m, n, k, y_ptr=y_ptr, x_ptr=x_ptr, w_ptr=w_ptr,
+                 norm_weight_ptr=norm_weight_ptr)
+    if not (math.isfinite(float(eps)) and float(eps) >= 0.0):
+        raise InvalidArgument(f"gemm_rmsnorm: eps must be finite and >= 0, got {eps}")
+    _apart("gemm_rmsnorm", "y", y_ptr, m * n * 2, "x", x_ptr, m * k * 2)
+    backend.launch(backend.kernel(MODULE, "gemm_tc_bf16_16x16_rmsnorm"), grid,
+                   (_TILE.threads,), 0, stream,
+                   (DevicePtr(y_ptr), DevicePtr(x_ptr), DevicePtr(w_ptr),
+                    DevicePtr(norm_weight_ptr), np.int32(m), np.int32(n), np.int32(k),
+                    np.float32(eps)))
+
+
+def gemm_actmul_residual(backend, stream: int, residual_ptr, gate_up_ptr, w_ptr, m: int,
+                         n: int, k: int, act: str = "silu") -> None:
+    """residual[m, n] = bf16(residual + bf16(act_mul(gate_up) @ W[n, k]^T)).
+
+    gate_up: [m, 2k] bf16 (gate columns, then up: act_mul's input); act: a key of
+    ACTIVATIONS (as act_mul); w: [n, k] bf16; residual: [m, n] bf16, not overlapping gate_up. Bits: act_mul,
+    gemm_tc, then the residual add of rmsnorm.
+    """
+    grid = _grid("gemm_actmul_residual", m, n, k, residual_ptr=residual_ptr,
+                 gate_up_ptr=gate_up_ptr, w_ptr=w_ptr)
+    if act not in ACTIVATIONS:
+        raise InvalidArgument(f"gemm_actmul_residual: act must be one of "
+                              f"{sorted(ACTIVATIONS)}, got {act!r}")
+    _apart("gemm_actmul_residual", "residual", residual_ptr, m * n * 2, "gate_up",
+           gate_up_ptr, m * k * 4)
+    backend.launch(backend.kernel(MODULE, "gemm_tc_bf16_16x16_actmul_res"), grid,
+                   (_TILE.threads,), 0, stream,
+                   (DevicePtr(residual_ptr), DevicePtr(gate_up_ptr), DevicePtr(w_ptr),
+                    np.int32(m), np.int32(n), np.int32(k), np.int32(ACTIVATIONS[act])))
+
+
+def gemm_residual(backend, stream: int, residual_ptr, x_ptr, w_ptr, m: int, n: int,
+                  k: int) -> None:
+    """residual[m, n] = bf16(residual + bf16(x[m, k] @ W[n, k]^T)).
+
+    x: [m, k] bf16; w: [n, k] bf16; residual: [m, n] bf16, not overlapping x.
+    """
+    grid = _grid("gemm_residual", m, n, k, residual_ptr=residual_ptr, x_ptr=x_ptr,
+                 w_ptr=w_ptr)
+    _apart("gemm_residual", "residual", residual_ptr, m * n * 2, "x", x_ptr, m * k * 2)
+    backend.launch(backend.kernel(MODULE, "gemm_tc_bf16_16x16_res"), grid, (_TILE.threads,),
+                   0, stream,
+                   (DevicePtr(residual_ptr), DevicePtr(x_ptr), DevicePtr(w_ptr), np.int32(m),
+                    np.int32(n), np.int32(k)))
+
+
+# ---- twins: the unfused twins in sequence, on host scratch rows ----------------------------
+
+def _add_residual(ctx, residual_ptr, y_bits: np.ndarray) -> None:
+    """residual = bf16(residual + y), rmsnorm's residual add (float sum, one rounding)."""
+    m, n = y_bits.shape
+    res = ctx.view(residual_ptr, m * n, np.uint16).reshape(m, n)
+    res[:] = f32_to_bf16(bf16_to_f32(res) + bf16_to_f32(y_bits))
+
+
+@twin(MODULE, "gemm_tc_bf16_16x16_rmsnorm")
+def gemm_rmsnorm_twin(ctx, y_ptr, x_ptr, w_ptr, norm_weight_ptr, m, n, k, eps) -> None:
+    m, n, k = int(m), int(n), int(k)
+    normed = np.empty((m, k), np.uint16)
+    nat = ctx.native_rows
+    if nat is not None:   # rmsnorm's twin bit for bit (native/norm_rope_act.cpp)
+        nat.rmsnorm(normed.ctypes.data, ctx.read_addr(x_ptr, m * k * 2),
+                    ctx.read_addr(norm_weight_ptr, k * 2), 0, m, k, float(eps))
+    else:
+        normed[:] = rmsnorm_bits(bf16_to_f32(ctx.read(x_ptr, m * k, np.uint16).reshape(m, k)),
+                                 bf16_to_f32(ctx.read(norm_weight_ptr, k, np.uint16)), eps)
+    gemm_rows_twin(ctx, ctx.view(y_ptr, m * n, np.uint16).reshape(m, n), normed, w_ptr, n, k)
+
+
+@twin(MODULE, "gemm_tc_bf16_16x16_actmul_res")
+def gemm_actmul_residual_twin(ctx, residual_ptr, gate_up_ptr, w_ptr, m, n, k, act) -> None:
+    m, n, k = int(m), int(n), int(k)
+    act_bits = np.empty((m, k), np.uint16)
+    nat = ctx.native_rows
+    if nat is not None and int(act) == ACTIVATIONS["silu"]:   # as act_mul's twin chooses
+        nat.silu_mul(act_bits.ctypes.data, ctx.read_addr(gate_up_ptr, m * k * 4), m, k)
+    else:
+        gu = bf16_to_f32(ctx.read(gate_up_ptr, m * 2 * k, np.uint16).reshape(m, 2 * k))
+        with np.errstate(invalid="ignore"):
+            act_bits[:] = f32_to_bf16(act_f32(gu[:, :k], int(act)) * gu[:, k:])
+    y = np.empty((m, n), np.uint16)
+    gemm_rows_twin(ctx, y, act_bits, w_ptr, n, k)
+    _add_residual(ctx, residual_ptr, y)
+
+
+@twin(MODULE, "gemm_tc_bf16_16x16_res")
+def gemm_residual_twin(ctx, residual_ptr, x_ptr, w_ptr, m, n, k) -> None:
+    m, n, k = int(m), int(n), int(k)
+    y = np.empty((m, n), np.uint16)
+    gemm_rows_twin(ctx, y, ctx.read(x_ptr, m * k, np.uint16).reshape(m, k), w_ptr, n, k)
+    _add_residual(ctx, residual_ptr, y)
