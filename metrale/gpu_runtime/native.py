@@ -115,6 +115,9 @@ class NativeKernels:
         self._rmsnorm.argtypes = [_P] * 4 + [_I64] * 2 + [ctypes.c_float]
         self._rope.argtypes = [_P] * 8 + [_I64] * 4 + [ctypes.c_float]
         self._silu.argtypes = [_P, _P, _I64, _I64]
+        self._add = lib.md_add_bf16
+        self._add.restype = None
+        self._add.argtypes = [_P, _P, _I64]
         lib.md_sum_squares.restype = None
         lib.md_sum_squares.argtypes = [_P, _I64, _I64, _P]
         self._attn_split, self._attn_combine = (lib.md_decode_attention_split,
@@ -267,6 +270,11 @@ class NativeKernels:
         host addresses, no overlap): ops.activation's twin but for exp, which is the C
         library's here (numpy's SIMD exp differs by up to 2 float32 ulps)."""
         self._silu(out_ptr, gate_up_ptr, n_rows, intermediate)
+
+    def add_bf16(self, residual_ptr: int, y_ptr: int, count: int) -> None:
+        """residual = bf16(residual + y) on `count` BF16 values at checked host addresses,
+        no overlap: rmsnorm's residual add, bit for bit (one float32 add, RNE)."""
+        self._add(residual_ptr, y_ptr, count)
 
     def gguf_dequant_bf16(self, ggml_type: int, raw: np.ndarray, out: np.ndarray) -> bool:
         """raw: a tensor's stored GGUF bytes (uint8, C-contiguous), out: C-contiguous uint16

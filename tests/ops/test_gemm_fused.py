@@ -115,6 +115,23 @@ def test_twin_equals_the_unfused_twins(host, rng, kind, act, m, n, k):
     assert np.array_equal(fused(host, kind, d, m, n, k, act), unfused(host, kind, d, m, n, k, act))
 
 
+@pytest.mark.parametrize("kind,act", CASES)
+def test_native_and_numpy_twins_same_bits(rng, kind, act):
+    """HostBackend's native rows (norm, silu, the residual add) against numpy alone: the
+    same bits (silu: the act_mul twins' own one-ulp exp difference aside, so relu here)."""
+    from metrale.gpu_runtime import HostBackend
+    nat, np_only = HostBackend(), HostBackend(native=False)
+    if nat.native is None or not nat.native.row_twins:
+        pytest.skip("no native row twins here")
+    if act == "silu":
+        act = "relu"
+    for m, n, k in ((1, 7, 19), (5, 33, 264)):
+        d = operands(rng, m, n, k)
+        d["res"][0, :3] = [0x7F80, 0xFF80, 0x7FC0]   # +inf, -inf, NaN in the residual
+        assert np.array_equal(fused(nat, kind, d, m, n, k, act),
+                              fused(np_only, kind, d, m, n, k, act)), f"{kind} {m} {n} {k}"
+
+
 def test_bad_arguments_raise_before_launch(host):
     s = host.default_stream()
     with Buffers(host) as b:

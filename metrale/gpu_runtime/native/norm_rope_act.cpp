@@ -24,6 +24,8 @@
 //   write_kv: k_cache[slot[t]] = qkv[t, k heads], v_cache[slot[t]] = qkv[t, v heads] for
 //             slot >= 0, token order (a repeated slot keeps the last token's row)
 //   act_mul:  out = bf16((g / (expf(-g) + 1)) * u)   with g, u = gate_up[:, :I], gate_up[:, I:]
+//   add:      residual = bf16(residual + y)   (rmsnorm's residual add alone: the fused decode
+//             GEMMs' epilogue, ops/gemm_fused.py)
 // Shapes: x, out, residual [rows, hidden]; qkv [n_tokens, heads + 2*kv_heads, head_dim];
 // caches [slots, kv_heads * head_dim]; gate_up [rows, 2*I], out [rows, I]. Restrictions:
 // the Python side checks pointers, positions and slots first (these routines trust them);
@@ -194,6 +196,12 @@ __attribute__((visibility("default"))) void md_silu_mul(uint16_t *out, const uin
             }
         }
     });
+}
+
+// residual[i] = bf16(residual[i] + y[i]), i < count (no overlap)
+__attribute__((visibility("default"))) void md_add_bf16(uint16_t *residual, const uint16_t *y,
+                                                        int64_t count) {
+    for (int64_t i = 0; i < count; i++) residual[i] = to_bf(bf(residual[i]) + bf(y[i]));
 }
 
 }  // extern "C"
