@@ -55,8 +55,9 @@
 // 64 threads; any m, n, k >= 1): each takes over the work of a separate launch, with the
 // same bits as the separate kernels, because X reaches the MMAs with the exact values those
 // kernels would have stored (gemm_tc_tile.cuh, XF / RES):
-//   gemm_tc_bf16_16x16_rmsnorm(y, x, w, norm_weight, m, n, k, eps)
+//   gemm_tc_bf16_16x16_rmsnorm(y, x, w, norm_weight, bias, m, n, k, eps)
 //       Y = rmsnorm(X; norm_weight, eps) @ W^T     x: the residual stream [m, k]
+//       (+ bias [n] unless NULL: bf16(bf16(acc) + bias), add_bias's formula)
 //       (7 stages: the aux ring of norm-weight chunks shares the 48 KiB)
 //   gemm_tc_bf16_16x16_actmul_res(y, x, w, m, n, k, act)
 //       Y = bf16(Y + bf16(act_mul(X) @ W^T))       x: gate|up [m, 2k], y: the residual [m, n]
@@ -107,11 +108,11 @@ typedef TcTile<16, 16, 64, 1, 2, 7> Tile16x16Fused;   // + an aux ring of the sa
 
 extern "C" __global__ void __launch_bounds__(Tile16x16Fused::THREADS, 1)
 gemm_tc_bf16_16x16_rmsnorm(bf16 *y, const bf16 *x, const bf16 *w, const bf16 *norm_weight,
-                           int m, int n, int k, float eps) {
+                           const bf16 *bias, int m, int n, int k, float eps) {
     GEMM_TC_FUSED_SMEM;
     BF16Rows<Tile16x16Fused> src{w};
     gemm_tc_tile<Tile16x16Fused, BF16Rows<Tile16x16Fused>, XF_RMSNORM, false>(
-        sa, sb, nullptr, y, nullptr, x, src, m, n, k, XFuse{norm_weight, eps, 0, saux, sinv});
+        sa, sb, nullptr, y, nullptr, x, src, m, n, k, XFuse{norm_weight, eps, 0, saux, sinv, bias});
 }
 
 extern "C" __global__ void __launch_bounds__(Tile16x16Fused::THREADS, 1)
@@ -120,7 +121,7 @@ gemm_tc_bf16_16x16_actmul_res(bf16 *y, const bf16 *x, const bf16 *w, int m, int 
     GEMM_TC_FUSED_SMEM;
     BF16Rows<Tile16x16Fused> src{w};
     gemm_tc_tile<Tile16x16Fused, BF16Rows<Tile16x16Fused>, XF_ACTMUL, true>(
-        sa, sb, nullptr, y, nullptr, x, src, m, n, k, XFuse{nullptr, 0.f, act, saux, sinv});
+        sa, sb, nullptr, y, nullptr, x, src, m, n, k, XFuse{nullptr, 0.f, act, saux, sinv, nullptr});
 }
 
 extern "C" __global__ void __launch_bounds__(Tile16x16::THREADS, 1)

@@ -41,13 +41,15 @@
 #define XF_ACTMUL 2
 
 // The run-time side of XF: the norm weight [k] and eps (XF_RMSNORM), the activation code
-// (XF_ACTMUL), the aux ring ([STAGES][BM * BK] shared) and inv ([BM] shared floats).
+// (XF_ACTMUL), the aux ring ([STAGES][BM * BK] shared), inv ([BM] shared floats), and an
+// optional bias [n] (XF != XF_NONE): Y = bf16(bf16(acc) + bias), elementwise.cu's add_bias.
 struct XFuse {
     const bf16 *norm_w;
     float eps;
     int act;
     bf16 *aux;
     float *inv;
+    const bf16 *bias;
 };
 
 template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_>
@@ -299,6 +301,12 @@ __device__ __forceinline__ void gemm_tc_tile_rows(bf16 *sa, typename W::Ring *sw
                 const int c = col0 + wc0 + nt * 8 + 2 * t;
                 float v0 = acc[mt][nt][2 * h], v1 = acc[mt][nt][2 * h + 1];
                 const long long o = yrow + c;
+                if constexpr (XF != XF_NONE) {   // y = bf16(bf16(acc) + bias[c])
+                    if (xf.bias) {
+                        v0 = c < n ? bf2f(f2bf(v0)) + bf2f(xf.bias[c]) : v0;
+                        v1 = c + 1 < n ? bf2f(f2bf(v1)) + bf2f(xf.bias[c + 1]) : v1;
+                    }
+                }
                 if constexpr (RES) {   // y = bf16(y + bf16(acc)): read, then rewritten below
                     v0 = c < n ? bf2f(yb[o]) + bf2f(f2bf(v0)) : v0;
                     v1 = c + 1 < n ? bf2f(yb[o + 1]) + bf2f(f2bf(v1)) : v1;

@@ -10,8 +10,9 @@ Pre-norm residual blocks with the residual add fused into RMSNorm:
                 h = act(x @ Wgate^T (+ b)) * (x @ Wup^T (+ b)) @ Wdown^T (+ b)
     out = final_norm(residual += h)
 A decode step of at most 16 rows on a dense BF16 model (no tensor parallelism, no MoE, no
-o/gate_up/down bias) runs the same math in 7 launches a layer instead of 10: the norms move
-into the GEMMs that read them and the residual adds into the GEMMs that feed them
+o/gate_up/down bias) runs the same math in 7 launches a layer instead of 10 (11 with a qkv
+bias): the norms (and the qkv bias) move into the GEMMs that read them (that produce it)
+and the residual adds into the GEMMs that feed them
 (ops/gemm_fused.py), with the bits of the unfused sequence, so decode may fuse while verify
 and prefill do not (`decode_fusable`).
 Every linear layer (and the lm_head) is the batch-invariant tensor-core GEMM (ops.gemm_tc,
@@ -62,7 +63,7 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
     for i, L in enumerate(W.layers):
         if fuse:   # ws.residual is the whole stream here: down_proj added into it
             gemm_fused.gemm_rmsnorm(b, stream, ws.qkv, ws.residual, L.qkv, L.input_layernorm,
-                                    n, ws.qkv_dim, hid, eps)
+                                    n, ws.qkv_dim, hid, eps, bias_ptr=L.qkv_bias)
         else:
             if i == 0:
                 rmsnorm.rmsnorm(b, stream, ws.normed, ws.residual, L.input_layernorm, n, hid,
@@ -71,8 +72,8 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
                 rmsnorm.rmsnorm(b, stream, ws.normed, ws.hidden, L.input_layernorm, n, hid,
                                 eps, residual_ptr=ws.residual)
             linear(b, stream, ws.qkv, ws.normed, L.qkv, n, ws.qkv_dim, hid)
-        if not L.qkv_bias.is_null():
-            elementwise.add_bias(b, stream, ws.qkv, L.qkv_bias, n, ws.qkv_dim)
+            if not L.qkv_bias.is_null():
+                elementwise.add_bias(b, stream, ws.qkv, L.qkv_bias, n, ws.qkv_dim)
         kc, vc = arena.k_cache(i), arena.v_cache(i)
         window = m.layer_windows[i]   # 0: full attention (per-layer windows of qwen2/qwen3)
         # rope (+ q/k norm) and the k/v cache write in one launch

@@ -1,7 +1,8 @@
 """Decode GEMMs with their neighbours fused in (kernels/gemm_tc.cu, module "gemm_tc", the
 16x16 tile): fewer launches per decode step, the same bits as the separate kernels.
 
-    gemm_rmsnorm        y = rmsnorm(x; norm_weight, eps) @ W^T         replaces rmsnorm + GEMM
+    gemm_rmsnorm        y = rmsnorm(x; norm_weight, eps) @ W^T (+ b)  replaces rmsnorm + GEMM
+                                                                            (+ add_bias)
     gemm_actmul_residual residual = bf16(residual + bf16(act_mul(gate_up) @ W^T))
                                                                  replaces act_mul + GEMM + add
     gemm_residual       residual = bf16(residual + bf16(x @ W^T))     replaces GEMM + add
@@ -22,7 +23,7 @@ import math
 import numpy as np
 
 from ..errors import InvalidArgument
-from ..gpu_runtime.types import DevicePtr
+from ..gpu_runtime.types import NULL, DevicePtr
 from .activation import ACTIVATIONS, act_f32
 from .bf16 import bf16_to_f32, f32_to_bf16
 from .checks import check_ptrs, check_sizes
@@ -50,22 +51,24 @@ def _apart(what: str, a: str, a_ptr, a_bytes: int, b: str, b_ptr, b_bytes: int) 
 
 
 def gemm_rmsnorm(backend, stream: int, y_ptr, x_ptr, w_ptr, norm_weight_ptr, m: int, n: int,
-                 k: int, eps: float) -> None:
-    """y[m, n] = rmsnorm(x[m, k]; norm_weight, eps) @ W[n, k]^T, BF16 out.
+                 k: int, eps: float, bias_ptr=NULL) -> None:
+    """y[m, n] = rmsnorm(x[m, k]; norm_weight, eps) @ W[n, k]^T (+ bias), BF16 out.
 
-    x: [m, k] bf16 (the residual stream); norm_weight: [k] bf16; w: [n, k] bf16; y: [m, n]
-    bf16, not overlapping x. Bits: rmsnorm.rmsnorm into a buffer, then gemm_tc.
+    x: [m, k] bf16 (the residual stream); norm_weight: [k] bf16; w: [n, k] bf16; bias: [n]
+    bf16 or NULL; y: [m, n] bf16, not overlapping x. Bits: rmsnorm.rmsnorm into a buffer,
+    gemm_tc, then elementwise.add_bias.
     """
     grid = _grid("gemm_rmsnorm", m, n, k, y_ptr=y_ptr, x_ptr=x_ptr, w_ptr=w_ptr,
                  norm_weight_ptr=norm_weight_ptr)
+    bias_ptr = NULL if bias_ptr is None else bias_ptr
     if not (math.isfinite(float(eps)) and float(eps) >= 0.0):
         raise InvalidArgument(f"gemm_rmsnorm: eps must be finite and >= 0, got {eps}")
     _apart("gemm_rmsnorm", "y", y_ptr, m * n * 2, "x", x_ptr, m * k * 2)
     backend.launch(backend.kernel(MODULE, "gemm_tc_bf16_16x16_rmsnorm"), grid,
                    (_TILE.threads,), 0, stream,
                    (DevicePtr(y_ptr), DevicePtr(x_ptr), DevicePtr(w_ptr),
-                    DevicePtr(norm_weight_ptr), np.int32(m), np.int32(n), np.int32(k),
-                    np.float32(eps)))
+                    DevicePtr(norm_weight_ptr), DevicePtr(bias_ptr), np.int32(m), np.int32(n),
+                    np.int32(k), np.float32(eps)))
 
 
 def gemm_actmul_residual(backend, stream: int, residual_ptr, gate_up_ptr, w_ptr, m: int,
@@ -118,7 +121,8 @@ def _add_residual(ctx, residual_ptr, y_bits: np.ndarray) -> None:
 
 
 @twin(MODULE, "gemm_tc_bf16_16x16_rmsnorm")
-def gemm_rmsnorm_twin(ctx, y_ptr, x_ptr, w_ptr, norm_weight_ptr, m, n, k, eps) -> None:
+def gemm_rmsnorm_twin(ctx, y_ptr, x_ptr, w_ptr, norm_weight_ptr, bias_ptr, m, n, k,
+                      eps) -> None:
     m, n, k = int(m), int(n), int(k)
     normed = np.empty((m, k), np.uint16)
     nat = ctx.native_rows
@@ -128,7 +132,15 @@ def gemm_rmsnorm_twin(ctx, y_ptr, x_ptr, w_ptr, norm_weight_ptr, m, n, k, eps) -
     else:
         normed[:] = rmsnorm_bits(bf16_to_f32(ctx.read(x_ptr, m * k, np.uint16).reshape(m, k)),
                                  bf16_to_f32(ctx.read(norm_weight_ptr, k, np.uint16)), eps)
-    gemm_rows_twin(ctx, ctx.view(y_ptr, m * n, np.uint16).reshape(m, n), normed, w_ptr, n, k)
+    y = ctx.view(y_ptr, m * n, np.uint16).reshape(m, n)
+    gemm_rows_twin(ctx, y, normed, w_ptr, n, k)
+    if int(bias_ptr):   # add_bias's formula: the residual add's, row by row
+        bias = np.ascontiguousarray(ctx.read(bias_ptr, n, np.uint16))
+        if nat is not None:
+            for r in range(m):
+                nat.add_bf16(y[r].ctypes.data, bias.ctypes.data, n)
+        else:
+            y[:] = f32_to_bf16(bf16_to_f32(y) + bf16_to_f32(bias)[None, :])
 
 
 @twin(MODULE, "gemm_tc_bf16_16x16_actmul_res")

@@ -1,4 +1,5 @@
-"""The decode GEMMs with rmsnorm / act_mul / the residual add fused in (ops/gemm_fused.py):
+"""The decode GEMMs with rmsnorm (+ the qkv bias) / act_mul / the residual add fused in
+(ops/gemm_fused.py):
 twin against a float64 formula, twin and kernel bit for bit against the unfused sequence
 they replace (what lets the model fuse decode and not prefill), kernel against twin, and
 the argument checks."""
@@ -7,7 +8,7 @@ import pytest
 
 from metrale.errors import InvalidArgument
 from metrale.gpu_runtime import kernel_source
-from metrale.ops import activation, gemm_fused as F, gemm_tc, rmsnorm
+from metrale.ops import activation, elementwise, gemm_fused as F, gemm_tc, rmsnorm
 from metrale.ops.bf16 import bf16_to_f32, f32_to_bf16
 from tests.conftest import assert_close, real
 from tests.helpers import Buffers
@@ -24,7 +25,7 @@ def bf16(rng, shape, scale=1.0):
 def operands(rng, m, n, k):
     return dict(x=bf16(rng, (m, k), 2.0), w=bf16(rng, (n, k), k ** -0.5),
                 nw=bf16(rng, (k,), 0.5), gate_up=bf16(rng, (m, 2 * k), 2.0),
-                res=bf16(rng, (m, n), 4.0))
+                res=bf16(rng, (m, n), 4.0), bias=bf16(rng, (n,), 1.0))
 
 
 def fused(backend, kind, d, m, n, k, act=None, x_byte_offset=0):
@@ -32,12 +33,13 @@ def fused(backend, kind, d, m, n, k, act=None, x_byte_offset=0):
     s = backend.default_stream()
     with Buffers(backend) as b:
         wp = b.put(d["w"])
-        if kind == "rmsnorm":
+        if kind.startswith("rmsnorm"):
             raw = np.zeros(d["x"].size + x_byte_offset // 2, np.uint16)
             raw[x_byte_offset // 2:] = d["x"].reshape(-1)
             xp = b.put(raw).offset(x_byte_offset)
             yp = b.empty((m, n), np.uint16)
-            F.gemm_rmsnorm(backend, s, yp, xp, wp, b.put(d["nw"]), m, n, k, EPS)
+            bias = b.put(d["bias"]) if kind == "rmsnorm_bias" else None
+            F.gemm_rmsnorm(backend, s, yp, xp, wp, b.put(d["nw"]), m, n, k, EPS, bias_ptr=bias)
             return b.get(yp, (m, n), np.uint16)
         rp = b.put(d["res"])
         if kind == "actmul":
@@ -52,10 +54,12 @@ def unfused(backend, kind, d, m, n, k, act=None):
     s = backend.default_stream()
     with Buffers(backend) as b:
         wp = b.put(d["w"])
-        if kind == "rmsnorm":
+        if kind.startswith("rmsnorm"):
             normed, yp = b.empty((m, k), np.uint16), b.empty((m, n), np.uint16)
             rmsnorm.rmsnorm(backend, s, normed, b.put(d["x"]), b.put(d["nw"]), m, k, EPS)
             gemm_tc.gemm_tc(backend, s, yp, normed, wp, m, n, k)
+            if kind == "rmsnorm_bias":
+                elementwise.add_bias(backend, s, yp, b.put(d["bias"]), m, n)
             return b.get(yp, (m, n), np.uint16)
         if kind == "actmul":
             xp = b.empty((m, k), np.uint16)
@@ -73,12 +77,15 @@ def unfused(backend, kind, d, m, n, k, act=None):
 def ref64(kind, d, k, act=None):
     """float64 formula, BF16 roundings where the kernels store."""
     w = bf16_to_f32(d["w"]).astype(np.float64)
-    if kind == "rmsnorm":
+    if kind.startswith("rmsnorm"):
         x = bf16_to_f32(d["x"]).astype(np.float64)
         inv = 1.0 / np.sqrt((x * x).mean(axis=1, keepdims=True) + EPS)
         a = bf16_to_f32(f32_to_bf16((bf16_to_f32(f32_to_bf16((x * inv).astype(np.float32)))
                                      * bf16_to_f32(d["nw"])).astype(np.float32)))
-        return a.astype(np.float64) @ w.T
+        y = a.astype(np.float64) @ w.T
+        if kind == "rmsnorm_bias":
+            y = bf16_to_f32(f32_to_bf16(y.astype(np.float32))) + bf16_to_f32(d["bias"])
+        return y
     if kind == "actmul":
         gu = bf16_to_f32(d["gate_up"]).astype(np.float64)
         g, u = gu[:, :k], gu[:, k:]
@@ -90,7 +97,8 @@ def ref64(kind, d, k, act=None):
     return bf16_to_f32(d["res"]).astype(np.float64) + y
 
 
-CASES = [("rmsnorm", None), ("actmul", "silu"), ("actmul", "relu"), ("residual", None)]
+CASES = [("rmsnorm", None), ("rmsnorm_bias", None), ("actmul", "silu"), ("actmul", "relu"),
+         ("residual", None)]
 
 
 def test_entry_points_exist():
