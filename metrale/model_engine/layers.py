@@ -11,8 +11,8 @@ Pre-norm residual blocks with the residual add fused into RMSNorm:
     out = final_norm(residual += h)
 A decode step of at most 16 rows on a dense BF16 model (no tensor parallelism, no MoE, no
 o/gate_up/down bias) runs the same math in 7 launches a layer instead of 10 (11 with a qkv
-bias): the norms (and the qkv bias) move into the GEMMs that read them (that produce it)
-and the residual adds into the GEMMs that feed them
+bias): the norms move into the GEMMs that read them, the qkv bias into the GEMM that
+produces qkv, and the residual adds into the GEMMs that feed them
 (ops/gemm_fused.py), with the bits of the unfused sequence, so decode may fuse while verify
 and prefill do not (`decode_fusable`).
 Every linear layer (and the lm_head) is the batch-invariant tensor-core GEMM (ops.gemm_tc,

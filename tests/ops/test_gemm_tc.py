@@ -80,7 +80,9 @@ def lanes_f32(x, w):
 
 
 def test_entry_points_exist():
+    # The plain GEMMs, one per output dtype and tile, plus ops/gemm_fused.py's decode entries.
     want = {f"gemm_tc_{o}_{t}" for o in ("bf16", "fp32") for t in T.TILES}
+    want |= {f"gemm_tc_bf16_16x16_{f}" for f in ("rmsnorm", "actmul_res", "res")}
     assert want == set(kernel_source.entry_points(T.MODULE))
 
 
