@@ -41,15 +41,18 @@
 // Tiles (one entry point per format, output type and tile; metrale/ops/gemm_tc.py's
 // pick_tile chooses, for speed only):
 //   tile      BM x BN   BK  warps  stages (q4 / fp8)  static smem (q4 / fp8)
-//   16x16     16 x 16   64  1 x 2     16 / 14           42 / 44 KiB
+//   16x16     16 x 16   64  1         18 / 15           45 / 45 KiB
 //   64x32     64 x 32   64  2 x 2      4 / 4            40 / 44 KiB
 //   128x128  128 x 128  32  2 x 4      3 / 3            38 / 44 KiB
 // Launch: block = warps * 32 threads, grid (ceil(m / BM), ceil(n / BN)), no dynamic shared
-// memory; ceil(n / BN) <= 65535. The 16x16 tile is the decode GEMV: n / 16 CTAs, each
-// streaming 16 rows of packed W with 15 (13) stages of 512 B (1 KiB) in flight.
+// memory; ceil(n / BN) <= 65535. The 16x16 tile is the decode GEMV (kernels/
+// gemm_q_decode.cuh: one warp, W dequantized into the MMA's registers, not through shared
+// memory): n / 16 CTAs, each streaming 16 rows of packed W with 17 (14) stages of 512 B
+// (1 KiB) in flight. The 64x32 and 128x128 tiles are gemm_tc_tile.cuh's with QuantRows.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include "gemm_q_decode.cuh"
 #include "gemm_tc_tile.cuh"
 
 __device__ __forceinline__ unsigned int bf2_bits(float lo, float hi) { return pack_bf2(lo, hi); }
@@ -96,6 +99,52 @@ struct Int4Format {
         return make_uint4(bf2_bits(v[0], v[1]), bf2_bits(v[2], v[3]), bf2_bits(v[4], v[5]),
                           bf2_bits(v[6], v[7]));
     }
+
+    // The decode tile's side (gemm_q_decode.cuh): a stage row is 32 bytes, read in place.
+    static __device__ __forceinline__ int swz(int, int ch) { return ch; }
+    struct Scale {   // the stage's group when one group spans it (group_size % 64 == 0)
+        float s, zf;
+    };
+    __device__ __forceinline__ Scale scale(const Row &r, int kt) const {
+        if (gidx != nullptr || group_size % 64) return {0.f, 0.f};
+        const long long g = (long long)r.j * groups + kt * 64 / group_size;
+        return {__half2float(__ushort_as_half(__ldg(scales + g))),
+                8388608.f + (float)__ldg(zeros + g)};
+    }
+    // dequant8's values at positions p, p + 1 (codes c & 15, (c >> 4) & 15); p >= k: the
+    // zero chunk (k % 8 == 0, so a pair is past k exactly when its chunk is). kFull: the
+    // k16 step lies inside k (no edge checks).
+    template <bool kFull>
+    __device__ __forceinline__ unsigned int pair(unsigned int c, const Row &r, const Scale &sc,
+                                                 int p, int k) const {
+        if (!kFull && p >= k) return 0u;
+        float s[2], zf[2];
+        if (gidx == nullptr && group_size % 64 == 0) {
+            s[0] = s[1] = sc.s;
+            zf[0] = zf[1] = sc.zf;
+        } else {
+            const int *rg = gidx ? gidx + (long long)__ldg(gidx_row + r.j) * k : nullptr;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const long long g =
+                    (long long)r.j * groups + (rg ? __ldg(rg + p + e) : p / group_size);
+                s[e] = __half2float(__ushort_as_half(__ldg(scales + g)));
+                zf[e] = 8388608.f + (float)__ldg(zeros + g);
+            }
+        }
+        return bf2_bits(__fmul_rn(__uint_as_float(0x4B000000u | (c & 15u)) - zf[0], s[0]),
+                        __fmul_rn(__uint_as_float(0x4B000000u | ((c >> 4) & 15u)) - zf[1], s[1]));
+    }
+    // A' registers of W row `row` (stage bytes srow), k16 step ks at k position kk: lo =
+    // positions kk + 2t, +1, hi = kk + 8 + 2t, +1 (one 64-bit load: the step's two words)
+    template <bool kFull>
+    __device__ __forceinline__ void frag(const unsigned char *srow, int, int ks, int t,
+                                         const Row &r, const Scale &sc, int kk, int k,
+                                         unsigned int &lo, unsigned int &hi) const {
+        const uint2 w = *reinterpret_cast<const uint2 *>(srow + 8 * ks);
+        lo = pair<kFull>(w.x >> (8 * t), r, sc, kk + 2 * t, k);
+        hi = pair<kFull>(w.y >> (8 * t), r, sc, kk + 8 + 2 * t, k);
+    }
 };
 
 // float8_e4m3fn codes: 8 values of one row from 8 bytes of the stage.
@@ -135,6 +184,43 @@ struct Fp8Format {
             out[p] = bf2_bits(__fmul_rn(lo, s), __fmul_rn(hi, s));
         }
         return make_uint4(out[0], out[1], out[2], out[3]);
+    }
+
+    // The decode tile's side (gemm_q_decode.cuh): a stage row is 64 bytes in 4 chunks,
+    // chunk ch of row r stored at ch ^ ((r / 2) % 4) (conflict-free 32-bit fragment loads).
+    static __device__ __forceinline__ int swz(int r, int ch) { return ch ^ ((r >> 1) & 3); }
+    struct Scale {   // the stage's scale when one block spans it (block_k % 64 == 0)
+        float s;
+    };
+    __device__ __forceinline__ Scale scale(const Row &r, int kt) const {
+        return {block_k % 64 == 0 ? __ldg(r.s + kt * 64 / block_k) : 0.f};
+    }
+    // dequant8's values at positions p, p + 1 (codes: the low and high byte of c): zero
+    // when their 8-chunk is past k, codes at or past k masked to 0 in the chunk across k
+    // (kFull: the k16 step lies inside k)
+    template <bool kFull>
+    __device__ __forceinline__ unsigned int pair(unsigned int c, const Row &r, const Scale &sc,
+                                                 int p, int k) const {
+        if constexpr (!kFull) {
+            if ((p & ~7) >= k) return 0u;
+            c &= p + 1 < k ? 0xFFFFu : p < k ? 0xFFu : 0u;
+        }
+        const float s = block_k % 64 == 0 ? sc.s : __ldg(r.s + p / block_k);
+        const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)c, __NV_E4M3);
+        return bf2_bits(__fmul_rn(__half2float(__ushort_as_half(h.x)), s),
+                        __fmul_rn(__half2float(__ushort_as_half(h.y)), s));
+    }
+    // A' registers of W row `row`, k16 step ks at k position kk (see Int4Format::frag): the
+    // pair at byte 2t of the step's chunk and the one at byte 8 + 2t (two 32-bit loads)
+    template <bool kFull>
+    __device__ __forceinline__ void frag(const unsigned char *srow, int row, int ks, int t,
+                                         const Row &r, const Scale &sc, int kk, int k,
+                                         unsigned int &lo, unsigned int &hi) const {
+        const unsigned char *c = srow + 16 * swz(row, ks) + 4 * (t >> 1);
+        const int sh = 16 * (t & 1);
+        lo = pair<kFull>(*reinterpret_cast<const unsigned int *>(c) >> sh, r, sc, kk + 2 * t, k);
+        hi = pair<kFull>(*reinterpret_cast<const unsigned int *>(c + 8) >> sh, r, sc,
+                         kk + 8 + 2 * t, k);
     }
 };
 
@@ -192,10 +278,8 @@ struct QuantRows {
     }
 };
 
-typedef TcTile<16, 16, 64, 1, 2, 16> Q4Tile16x16;
 typedef TcTile<64, 32, 64, 2, 2, 4> Q4Tile64x32;
 typedef TcTile<128, 128, 32, 2, 4, 3> Q4Tile128x128;
-typedef TcTile<16, 16, 64, 1, 2, 14> F8Tile16x16;
 typedef TcTile<64, 32, 64, 2, 2, 4> F8Tile64x32;
 typedef TcTile<128, 128, 32, 2, 4, 3> F8Tile128x128;
 
@@ -236,6 +320,39 @@ typedef TcTile<128, 128, 32, 2, 4, 3> F8Tile128x128;
     GEMM_F8_ENTRY(bf16, bf16, y, nullptr, NAME, F8Tile##NAME, MIN_BLOCKS)                      \
     GEMM_F8_ENTRY(fp32, float, nullptr, y, NAME, F8Tile##NAME, MIN_BLOCKS)
 
-GEMM_Q_ENTRIES(16x16, 1)
 GEMM_Q_ENTRIES(64x32, 1)
 GEMM_Q_ENTRIES(128x128, 2)
+
+// The 16x16 entries: gemm_q_decode.cuh's one-warp tile (same arguments as the others).
+#define Q4_DECODE_STAGES 18   // x 2 KiB + W 512 B a stage: 45 KiB
+#define F8_DECODE_STAGES 15   // x 2 KiB + W 1 KiB a stage: 45 KiB
+#define GEMM_Q_DECODE_SMEM(F, STAGES)                                                         \
+    __shared__ __align__(128) bf16 sx[STAGES * 16 * 64];                                      \
+    __shared__ __align__(128) unsigned char sw[STAGES * 16 * 64 * F::BITS / 8]
+
+#define GEMM_Q4_DECODE_ENTRY(OUT, YT, YB, YF)                                                 \
+    extern "C" __global__ void __launch_bounds__(32, 4)                                       \
+        gemm_q4_##OUT##_16x16(YT *y, const bf16 *x, const unsigned int *q,                     \
+                              const unsigned short *scales, const unsigned char *zeros,        \
+                              const int *gidx, const int *gidx_row, int m, int n, int k,     \
+                              int groups, int group_size) {                                   \
+        GEMM_Q_DECODE_SMEM(Int4Format, Q4_DECODE_STAGES);                                     \
+        const Int4Format f{q, scales, zeros, gidx, gidx_row, groups, group_size,             \
+                           ((k + 31) / 32) * 16, k};                                          \
+        gemm_q_decode<Int4Format, Q4_DECODE_STAGES>(sx, sw, YB, YF, x, f, m, n, k);           \
+    }
+
+#define GEMM_F8_DECODE_ENTRY(OUT, YT, YB, YF)                                                 \
+    extern "C" __global__ void __launch_bounds__(32, 4)                                       \
+        gemm_fp8_##OUT##_16x16(YT *y, const bf16 *x, const unsigned char *q,                   \
+                               const float *scales, const int *scale_row, int m, int n,       \
+                               int k, int k_blocks, int block_k) {                            \
+        GEMM_Q_DECODE_SMEM(Fp8Format, F8_DECODE_STAGES);                                      \
+        const Fp8Format f{q, scales, scale_row, k_blocks, block_k, ((k + 31) / 32) * 32};    \
+        gemm_q_decode<Fp8Format, F8_DECODE_STAGES>(sx, sw, YB, YF, x, f, m, n, k);            \
+    }
+
+GEMM_Q4_DECODE_ENTRY(bf16, bf16, y, nullptr)
+GEMM_Q4_DECODE_ENTRY(fp32, float, nullptr, y)
+GEMM_F8_DECODE_ENTRY(bf16, bf16, y, nullptr)
+GEMM_F8_DECODE_ENTRY(fp32, float, nullptr, y)

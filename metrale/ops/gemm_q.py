@@ -83,6 +83,11 @@ def dequant_fp8(q: np.ndarray, scales: np.ndarray, scale_row: np.ndarray, k: int
         return f32_to_bf16(vals * s.astype(np.float32))
 
 
+def _threads(tile) -> int:
+    """Threads of a tile's CTA: the 16x16 entries are gemm_q_decode.cuh's one-warp tile."""
+    return 32 if tile.name == "16x16" else tile.threads
+
+
 def gemm_q4(backend, stream: int, y_ptr, x_ptr, q_ptr, scales_ptr, zeros_ptr, gidx_ptr,
             gidx_row_ptr, m: int, n: int, k: int, groups: int, group_size: int,
             out_fp32: bool = False, tile: str | None = None) -> None:
@@ -108,7 +113,7 @@ def gemm_q4(backend, stream: int, y_ptr, x_ptr, q_ptr, scales_ptr, zeros_ptr, gi
                                   f"({groups})")
     t = resolve_tile(m, n, tile, what)
     func = f"gemm_q4_{'fp32' if out_fp32 else 'bf16'}_{t.name}"
-    backend.launch(backend.kernel(MODULE, func), t.grid(m, n), (t.threads,), 0, stream,
+    backend.launch(backend.kernel(MODULE, func), t.grid(m, n), (_threads(t),), 0, stream,
                    (DevicePtr(y_ptr), DevicePtr(x_ptr), DevicePtr(q_ptr),
                     DevicePtr(scales_ptr), DevicePtr(zeros_ptr), DevicePtr(gidx_ptr),
                     DevicePtr(gidx_row_ptr), np.int32(m), np.int32(n), np.int32(k),
@@ -135,7 +140,7 @@ def gemm_fp8(backend, stream: int, y_ptr, x_ptr, q_ptr, scales_ptr, scale_row_pt
                               f"k_blocks ({k_blocks}) = ceil(k / block_k)")
     t = resolve_tile(m, n, tile, what)
     func = f"gemm_fp8_{'fp32' if out_fp32 else 'bf16'}_{t.name}"
-    backend.launch(backend.kernel(MODULE, func), t.grid(m, n), (t.threads,), 0, stream,
+    backend.launch(backend.kernel(MODULE, func), t.grid(m, n), (_threads(t),), 0, stream,
                    (DevicePtr(y_ptr), DevicePtr(x_ptr), DevicePtr(q_ptr),
                     DevicePtr(scales_ptr), DevicePtr(scale_row_ptr), np.int32(m),
                     np.int32(n), np.int32(k), np.int32(k_blocks), np.int32(block_k)))
