@@ -109,6 +109,51 @@ inline v16u mask_past_k(v16u hb, int64_t blk, int64_t k) {
 }
 
 
+#if defined(MD_DP)
+// a / d for a >= 0: a shift when d is a power of two (group and block sizes are; a 64-bit
+// division per block and column cost more than the block's dequantization)
+inline int64_t div_pow2(int64_t a, int64_t d) {
+    return (d & (d - 1)) == 0 ? a >> __builtin_ctzll(uint64_t(d)) : a / d;
+}
+
+// AVX-512 BF16 (DpStep: a step is a whole 32-position block as BF16 words, word l =
+// positions 2l | 2l + 1 << 16): the block's words from 512-bit permutes and conversions
+// instead of four 8-lane dequantizations, with the same bits (RNE to BF16 of the same
+// float32 value; the tests compare this build with numpy).
+
+// 4-bit, one group for the block: the group's 16 values bf16_rn((c - z) s) as a table of
+// words, the 32 codes as word indices (dword l = byte l's low nibble | high nibble << 16),
+// one vpermw. (c - z) s is finite and exact, so vcvtneps2bf16's RNE is the only rounding.
+inline v16u q4_block_words(const uint8_t *p, float s, float z) {
+    const __m512 v = _mm512_mul_ps(
+        _mm512_sub_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                      _mm512_set1_ps(z)),
+        _mm512_set1_ps(s));
+    const __m256i table16 = (__m256i)_mm512_cvtneps_pbh(v);   // a bit cast
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
+    const __m512i idx = _mm512_and_si512(_mm512_or_si512(b, _mm512_slli_epi32(b, 12)),
+                                         _mm512_set1_epi32(0x000F000F));
+    return reinterpret_cast<v16u>(_mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(table16)));
+}
+
+// FP8, one scale for the block: e4m3 -> FP16 bits in place (gemm_avx2 F8x8's mapping, 2^-8
+// times the value, subnormals included), widened exactly, times 256 (exact), times s (the
+// one float32 rounding), RNE to BF16 by vcvtne2ps2bf16; NaN codes give 0x7FFF as
+// bf16_high<true> does.
+inline v16u fp8_block_words(const uint8_t *p, float s) {
+    const __m512i c = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)));
+    const __m512i mag = _mm512_and_si512(c, _mm512_set1_epi16(0x7F));
+    const __m512i h = _mm512_or_si512(
+        _mm512_slli_epi16(mag, 7), _mm512_slli_epi16(_mm512_and_si512(c, _mm512_set1_epi16(0x80)), 8));
+    const __m512 k256 = _mm512_set1_ps(256.f), sv = _mm512_set1_ps(s);
+    const __m512 lo = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), k256), sv);
+    const __m512 hi = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), k256), sv);
+    const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);   // lo's 16 words first
+    const __mmask32 nan = _mm512_cmpeq_epi16_mask(mag, _mm512_set1_epi16(0x7F));
+    return reinterpret_cast<v16u>(_mm512_mask_mov_epi16(w, nan, _mm512_set1_epi16(0x7FFF)));
+}
+#endif
+
 #if defined(MD_AVX2)
 // AVX2 + FMA: gemm_avx2.h's tiles take W through a view of each source (Q4x8, F8x8 below)
 // that gives the 8 float32 lanes of one step and lane half, dequantized in registers. Each
@@ -200,7 +245,22 @@ struct WQ4 {
         }
         return mask_past_k<H>(hb, blk, k);   // (q - z) * s exact: one rounding, to BF16
     }
-    v16f load(int64_t row, int64_t s) const { return step_of<S>(*this, row, s); }
+    // (the fast path inlined into the tile, the general one called: inlined as well, its
+    // registers and stack frame made every load a heavy call)
+    __attribute__((noinline)) v16f load_general(int64_t row, int64_t s) const {
+        return step_of<S>(*this, row, s);
+    }
+    __attribute__((always_inline)) v16f load(int64_t row, int64_t s) const {
+#if defined(MD_DP)
+        if constexpr (std::is_same_v<S, DpStep>)   // a whole block, one group: q4_block_words
+            if (gidx == nullptr && group_size % 32 == 0 && 32 * s + 32 <= k) {
+                const int64_t g = row * groups + div_pow2(32 * s, group_size);
+                return S::from_bits(q4_block_words(q + row * row_bytes + 16 * s,
+                                                   _cvtsh_ss(scales[g]), float(zeros[g])), 0);
+            }
+#endif
+        return load_general(row, s);
+    }
 
 };
 
@@ -250,7 +310,19 @@ struct WF8 {
         }
         return mask_past_k<H>(hb, blk, k);
     }
-    v16f load(int64_t row, int64_t s) const { return step_of<S>(*this, row, s); }
+    __attribute__((noinline)) v16f load_general(int64_t row, int64_t s) const {
+        return step_of<S>(*this, row, s);
+    }
+    __attribute__((always_inline)) v16f load(int64_t row, int64_t s) const {
+#if defined(MD_DP)
+        if constexpr (std::is_same_v<S, DpStep>)   // a whole block, one scale: fp8_block_words
+            if (block_k % 32 == 0 && 32 * s + 32 <= k)
+                return S::from_bits(fp8_block_words(q + row * row_bytes + 32 * s,
+                                                    scales[int64_t(scale_row[row]) * k_blocks +
+                                                           div_pow2(32 * s, block_k)]), 0);
+#endif
+        return load_general(row, s);
+    }
 
 };
 
