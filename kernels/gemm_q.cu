@@ -352,6 +352,57 @@ GEMM_Q_ENTRIES(128x128, 2)
         gemm_q_decode<Fp8Format, F8_DECODE_STAGES>(sx, sw, YB, YF, x, f, m, n, k);            \
     }
 
+// The decode entries with fused neighbours (gemm_tc.cu's DECODE ENTRIES WITH FUSED
+// NEIGHBOURS, on quantized W; ops/gemm_fused.py): BF16 out, W's arguments as above.
+//   gemm_{q4,fp8}_bf16_16x16_rmsnorm(y, x, <W>, norm_weight, bias, m, n, k, <W scalars>, eps)
+//   gemm_{q4,fp8}_bf16_16x16_actmul_res(y, x, <W>, m, n, k, <W scalars>, act)
+//   gemm_{q4,fp8}_bf16_16x16_res(y, x, <W>, m, n, k, <W scalars>)
+// (the aux ring of norm-weight / up chunks takes shared memory from the stages)
+#define Q4_FUSED_STAGES 10    // x + aux 4 KiB + W 512 B a stage: 45 KiB
+#define F8_FUSED_STAGES 9     // x + aux 4 KiB + W 1 KiB a stage: 45 KiB
+#define GEMM_Q_FUSED_SMEM(F, STAGES)                                                          \
+    GEMM_Q_DECODE_SMEM(F, STAGES);                                                            \
+    __shared__ __align__(128) bf16 saux[STAGES * 16 * 64];                                    \
+    __shared__ float sinv[16]
+
+#define Q4_W_PARAMS                                                                           \
+    const unsigned int *q, const unsigned short *scales, const unsigned char *zeros,          \
+        const int *gidx, const int *gidx_row
+#define Q4_FORMAT                                                                             \
+    Int4Format { q, scales, zeros, gidx, gidx_row, groups, group_size, ((k + 31) / 32) * 16, k }
+#define F8_W_PARAMS const unsigned char *q, const float *scales, const int *scale_row
+#define F8_FORMAT Fp8Format { q, scales, scale_row, k_blocks, block_k, ((k + 31) / 32) * 32 }
+
+#define GEMM_Q_FUSED_ENTRIES(FMT, F, WPARAMS, WSCALARS, FORMAT, STAGES, PLAIN_STAGES)         \
+    extern "C" __global__ void __launch_bounds__(32, 4) gemm_##FMT##_bf16_16x16_rmsnorm(      \
+        bf16 *y, const bf16 *x, WPARAMS, const bf16 *norm_weight, const bf16 *bias, int m,   \
+        int n, int k, WSCALARS, float eps) {                                                  \
+        GEMM_Q_FUSED_SMEM(F, STAGES);                                                         \
+        const F f = FORMAT;                                                                   \
+        const XFuse xf{norm_weight, eps, 0, saux, sinv, bias};                                \
+        gemm_q_decode<F, STAGES, XF_RMSNORM>(sx, sw, y, nullptr, x, f, m, n, k, xf);          \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(32, 4) gemm_##FMT##_bf16_16x16_actmul_res(  \
+        bf16 *y, const bf16 *x, WPARAMS, int m, int n, int k, WSCALARS, int act) {            \
+        GEMM_Q_FUSED_SMEM(F, STAGES);                                                         \
+        const F f = FORMAT;                                                                   \
+        const XFuse xf{nullptr, 0.f, act, saux, sinv, nullptr};                               \
+        gemm_q_decode<F, STAGES, XF_ACTMUL, true>(sx, sw, y, nullptr, x, f, m, n, k, xf);     \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(32, 4) gemm_##FMT##_bf16_16x16_res(         \
+        bf16 *y, const bf16 *x, WPARAMS, int m, int n, int k, WSCALARS) {                     \
+        GEMM_Q_DECODE_SMEM(F, PLAIN_STAGES);                                                  \
+        const F f = FORMAT;                                                                   \
+        gemm_q_decode<F, PLAIN_STAGES, XF_NONE, true>(sx, sw, y, nullptr, x, f, m, n, k);     \
+    }
+
+#define Q4_W_SCALARS int groups, int group_size
+#define F8_W_SCALARS int k_blocks, int block_k
+GEMM_Q_FUSED_ENTRIES(q4, Int4Format, Q4_W_PARAMS, Q4_W_SCALARS, Q4_FORMAT, Q4_FUSED_STAGES,
+                     Q4_DECODE_STAGES)
+GEMM_Q_FUSED_ENTRIES(fp8, Fp8Format, F8_W_PARAMS, F8_W_SCALARS, F8_FORMAT, F8_FUSED_STAGES,
+                     F8_DECODE_STAGES)
+
 GEMM_Q4_DECODE_ENTRY(bf16, bf16, y, nullptr)
 GEMM_Q4_DECODE_ENTRY(fp32, float, nullptr, y)
 GEMM_F8_DECODE_ENTRY(bf16, bf16, y, nullptr)

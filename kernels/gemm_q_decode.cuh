@@ -21,6 +21,12 @@
 // from +0.0f and a step wholly past k is skipped: y[i, j] is the same function of (x[i, :],
 // W's row j, k) as in every other tile (gemm_tc.cu's batch-invariance argument).
 //
+// Fused neighbours (XF, RES: gemm_tc_tile.cuh's meaning, the gemm_q *_16x16_rmsnorm /
+// _actmul_res / _res entries): each lane rewrites the X chunks it copied itself right after
+// its cp.async wait (the RMSNorm factor of the row from norm_row.cuh's warp order, or
+// act(gate) * up), before the __syncwarp that publishes the stage, and the epilogue adds the
+// bias / residual, so the fused rows have the bits of the separate kernels.
+//
 // Launch: 32 threads (one warp), grid (ceil(m / 16), ceil(n / 16)), no dynamic shared
 // memory. A warp waits for its own cp.async groups and orders its lanes with __syncwarp: no
 // __syncthreads. Shared memory per stage: X ring 16 x 64 BF16 (2 KiB, gemm_tc's swizzled
@@ -33,25 +39,32 @@
 // F (gemm_q.cu's Int4Format / Fp8Format) provides BITS, row_bytes, row_bytes_at(j),
 // swz(r, ch), a per-row Row (row(j)) with scale(kt) for the stage-uniform case, and
 // frag(...) that dequantizes one row's two A' registers of a k16 step.
-template <class F, int STAGES>
+// sx: [STAGES][16 * 64] bf16, sw: [STAGES][16 * RB] bytes, and with XF != XF_NONE xf.aux
+// [STAGES][16 * 64] bf16 and xf.inv [16] floats, all shared.
+template <class F, int STAGES, int XF = XF_NONE, bool RES = false>
 __device__ __forceinline__ void gemm_q_decode(bf16 *sx, unsigned char *sw, bf16 *yb,
                                               float *yf, const bf16 *x, const F &f, int m,
-                                              int n, int k) {
+                                              int n, int k, const XFuse &xf = XFuse{}) {
     typedef TcTile<16, 16, 64, 1, 1, STAGES> T;        // the X ring's layout (smem_off)
     constexpr int RB = 64 * F::BITS / 8, RCH = RB / 16;   // W bytes / chunks of a stage row
     static_assert(16 * RCH % 32 == 0, "whole W chunks per lane");
     const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
     const int row0 = blockIdx.x * 16, rows = min(16, m - row0);
     const int col0 = blockIdx.y * 16, cols = min(16, n - col0);
-    const bool vec = (k & 7) == 0 && aligned16(x);
+    const long long lda = XF == XF_ACTMUL ? 2LL * k : (long long)k;   // x's row stride
+    const bool vec = (k & 7) == 0 && aligned16(x) && (XF != XF_RMSNORM || aligned16(xf.norm_w));
     const int kt_count = (k + 63) / 64;
-    const bf16 *xs = x + (long long)row0 * k;
+    const bf16 *xs = x + row0 * lda;
 
     auto load_stage = [&](int slot, int kt) {
         bf16 *xa = sx + slot * 16 * 64;
-        for (int c = lane; c < rows * 8; c += 32)   // X rows past m are not loaded
-            fill_chunk(xa + smem_off<T>(c >> 3, c & 7), xs + (long long)(c >> 3) * k,
-                       kt * 64 + 8 * (c & 7), k, vec);
+        for (int c = lane; c < rows * 8; c += 32) {   // X rows past m are not loaded
+            const bf16 *xr = xs + (c >> 3) * lda;
+            fill_chunk(xa + smem_off<T>(c >> 3, c & 7), xr, kt * 64 + 8 * (c & 7), k, vec);
+            if constexpr (XF != XF_NONE)   // the norm weight, or the row's up half
+                fill_chunk(xf.aux + slot * 16 * 64 + smem_off<T>(c >> 3, c & 7),
+                           XF == XF_RMSNORM ? xf.norm_w : xr + k, kt * 64 + 8 * (c & 7), k, vec);
+        }
         unsigned char *wa = sw + slot * 16 * RB;
 #pragma unroll
         for (int i = 0; i < 16 * RCH / 32; ++i) {
@@ -71,6 +84,28 @@ __device__ __forceinline__ void gemm_q_decode(bf16 *sx, unsigned char *sw, bf16 
     const int xrow = min((lane & 7) + 8 * (lane >> 4), rows - 1), xkh = (lane >> 3) & 1;
     const bool two = rows > 8;   // CTA-uniform: a second n8 tile of X rows 8-15
 
+    // This lane's X chunks of stage kt (landed: its own copies) rewritten in place.
+    auto fuse_stage = [&](int slot, int kt) {
+        bf16 *xa = sx + slot * 16 * 64;
+        const bf16 *aux = xf.aux + slot * 16 * 64;
+        for (int c = lane; c < rows * 8; c += 32) {
+            if (kt * 64 + 8 * (c & 7) >= k) continue;
+            const int off = smem_off<T>(c >> 3, c & 7);
+            float v[8], u[8];
+            unpack8(*reinterpret_cast<const bf16x8 *>(xa + off), v);
+            unpack8(*reinterpret_cast<const bf16x8 *>(aux + off), u);
+            if constexpr (XF == XF_RMSNORM) {
+                const float inv = xf.inv[c >> 3];
+#pragma unroll
+                for (int e = 0; e < 8; ++e) v[e] = rms_scale(v[e], inv, u[e]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) v[e] = gated_act_f(v[e], xf.act) * u[e];
+            }
+            *reinterpret_cast<bf16x8 *>(xa + off) = pack8(v);
+        }
+    };
+
     float acc[2][4];
 #pragma unroll
     for (int h = 0; h < 2; ++h)
@@ -82,8 +117,18 @@ __device__ __forceinline__ void gemm_q_decode(bf16 *sx, unsigned char *sw, bf16 
         if (s < kt_count) load_stage(s, s);
         cp_async_commit();
     }
+    if constexpr (XF == XF_RMSNORM) {   // the rows' RMSNorm factors while the stages fly
+        for (int r = 0; r < rows; ++r) {
+            const bf16 *xr = xs + r * lda;
+            const float ss = row_sum_squares_warp(xr, nullptr, k, (k & 7) == 0 && aligned16(xr),
+                                                  lane);
+            if (lane == 0) xf.inv[r] = rms_inv(ss, k, xf.eps);
+        }
+        __syncwarp();
+    }
     for (int kt = 0; kt < kt_count; ++kt) {
         cp_async_wait<STAGES - 2>();   // stage kt has landed (this lane's copies) ...
+        if constexpr (XF != XF_NONE) fuse_stage(kt % STAGES, kt);
         __syncwarp();                  // ... every lane's; and stage kt - 1 is consumed
         const int next = kt + STAGES - 1;
         if (next < kt_count) load_stage(next % STAGES, next);
@@ -132,7 +177,11 @@ __device__ __forceinline__ void gemm_q_decode(bf16 *sx, unsigned char *sw, bf16 
                 const int r = 8 * h + 2 * t + e, c = g + 8 * hw;
                 if (r >= rows || c >= cols) continue;
                 const long long o = (long long)(row0 + r) * n + col0 + c;
-                if (yf) yf[o] = acc[h][2 * hw + e];
-                else yb[o] = f2bf(acc[h][2 * hw + e]);
+                float v = acc[h][2 * hw + e];
+                if constexpr (XF != XF_NONE)   // y = bf16(bf16(acc) + bias[c])
+                    if (xf.bias) v = bf2f(f2bf(v)) + bf2f(xf.bias[col0 + c]);
+                if constexpr (RES) v = bf2f(yb[o]) + bf2f(f2bf(v));   // y = bf16(y + bf16(acc))
+                if (yf) yf[o] = v;
+                else yb[o] = f2bf(v);
             }
 }

@@ -9,10 +9,10 @@ Pre-norm residual blocks with the residual add fused into RMSNorm:
                 x = norm2(residual += o)
                 h = act(x @ Wgate^T (+ b)) * (x @ Wup^T (+ b)) @ Wdown^T (+ b)
     out = final_norm(residual += h)
-A decode step of at most 16 rows on a dense BF16 model (no tensor parallelism, no MoE, no
-o/gate_up/down bias) runs the same math in 7 launches a layer instead of 10 (11 with a qkv
-bias): the norms move into the GEMMs that read them, the qkv bias into the GEMM that
-produces qkv, and the residual adds into the GEMMs that feed them
+A decode step of at most 16 rows on a dense model (BF16 or quantized linears; no tensor
+parallelism, no MoE, no o/gate_up/down bias) runs the same math in 7 launches a layer
+instead of 10 (11 with a qkv bias): the norms move into the GEMMs that read them, the qkv
+bias into the GEMM that produces qkv, and the residual adds into the GEMMs that feed them
 (ops/gemm_fused.py), with the bits of the unfused sequence, so decode may fuse while verify
 and prefill do not (`decode_fusable`).
 Every linear layer (and the lm_head) is the batch-invariant tensor-core GEMM (ops.gemm_tc,
@@ -30,7 +30,7 @@ from ..formats.field_table import HF_ACTIVATIONS
 from ..gpu_runtime.types import NULL, DevicePtr
 from ..ops import activation, attention, elementwise, embedding, rmsnorm, rope
 from ..ops import attention_tc, gemm_fused
-from .linear import run_linear
+from .linear import Fp8Linear, Q4Linear, fused_operand, run_linear
 from .moe import moe_mlp
 
 
@@ -62,8 +62,9 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
             tp.embedding(stream, ws.residual, ws.token_ids, W.embed_tokens, n)
     for i, L in enumerate(W.layers):
         if fuse:   # ws.residual is the whole stream here: down_proj added into it
-            gemm_fused.gemm_rmsnorm(b, stream, ws.qkv, ws.residual, L.qkv, L.input_layernorm,
-                                    n, ws.qkv_dim, hid, eps, bias_ptr=L.qkv_bias)
+            gemm_fused.gemm_rmsnorm(b, stream, ws.qkv, ws.residual, fused_operand(L.qkv),
+                                    L.input_layernorm, n, ws.qkv_dim, hid, eps,
+                                    bias_ptr=L.qkv_bias)
         else:
             if i == 0:
                 rmsnorm.rmsnorm(b, stream, ws.normed, ws.residual, L.input_layernorm, n, hid,
@@ -94,12 +95,12 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
                                                 model._attn_scale, window)
         if fuse:   # residual += o_proj(attn), then the MLP's norm inside gate_up, and
             # residual += down(act_mul(gate_up)): no rmsnorm or act_mul launch
-            gemm_fused.gemm_residual(b, stream, ws.residual, ws.attn_out, L.o_proj, n, hid,
-                                     H * D)
-            gemm_fused.gemm_rmsnorm(b, stream, ws.gate_up, ws.residual, L.gate_up,
+            gemm_fused.gemm_residual(b, stream, ws.residual, ws.attn_out,
+                                     fused_operand(L.o_proj), n, hid, H * D)
+            gemm_fused.gemm_rmsnorm(b, stream, ws.gate_up, ws.residual, fused_operand(L.gate_up),
                                     L.post_attention_layernorm, n, 2 * inter, hid, eps)
-            gemm_fused.gemm_actmul_residual(b, stream, ws.residual, ws.gate_up, L.down_proj,
-                                            n, hid, inter, act)
+            gemm_fused.gemm_actmul_residual(b, stream, ws.residual, ws.gate_up,
+                                            fused_operand(L.down_proj), n, hid, inter, act)
             continue
         if tp is None:
             linear(b, stream, ws.hidden, ws.attn_out, L.o_proj, n, hid, H * D)
@@ -131,13 +132,15 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
 
 def decode_fusable(model, n: int) -> bool:
     """Whether a decode step of `n` rows may run the fused GEMMs (ops/gemm_fused.py): at
-    most 16 rows (their tile), every layer a dense MLP with BF16 linears and no o_proj /
-    gate_up / down_proj bias, on one device. The bits are the unfused ones either way."""
+    most 16 rows (their tile), every layer a dense MLP with BF16 or quantized linears and
+    no o_proj / gate_up / down_proj bias, on one device. The bits are the unfused ones
+    either way."""
     if n > 16 or model._tp is not None:
         return False
     return all(L.moe is None and L.o_bias.is_null() and L.gate_up_bias.is_null() and
                L.down_bias.is_null() and
-               all(isinstance(w, DevicePtr) for w in (L.qkv, L.o_proj, L.gate_up, L.down_proj))
+               all(isinstance(w, (DevicePtr, Q4Linear, Fp8Linear))
+                   for w in (L.qkv, L.o_proj, L.gate_up, L.down_proj))
                for L in model._weights.layers)
 
 

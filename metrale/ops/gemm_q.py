@@ -11,6 +11,8 @@ for BF16, and the same bits as gemm_tc on the dequantized weights.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..errors import InvalidArgument
@@ -83,6 +85,56 @@ def dequant_fp8(q: np.ndarray, scales: np.ndarray, scale_row: np.ndarray, k: int
         return f32_to_bf16(vals * s.astype(np.float32))
 
 
+@dataclass(frozen=True)
+class QuantW:
+    """A quantized W [n, k] as the fused decode GEMMs take it (ops/gemm_fused.py): fmt "q4"
+    with ptrs (q, scales, zeros, gidx, gidx_row) and scalars (groups, group_size), or "fp8"
+    with ptrs (q, scales, scale_row) and scalars (k_blocks, block_k): gemm_q4 / gemm_fp8's
+    arguments, in their order."""
+    fmt: str
+    ptrs: tuple
+    scalars: tuple
+    n: int
+    k: int
+
+    def check(self, what: str, m: int) -> None:
+        """gemm_q4 / gemm_fp8's argument checks for an [m, k] x (InvalidArgument)."""
+        if self.fmt == "q4":
+            check_q4(what, m, self.n, self.k, *self.ptrs, *self.scalars)
+        elif self.fmt == "fp8":
+            check_fp8(what, m, self.n, self.k, *self.ptrs, *self.scalars)
+        else:
+            raise InvalidArgument(f"{what}: unknown quantized format {self.fmt!r}")
+
+
+def check_q4(what: str, m, n, k, q_ptr, scales_ptr, zeros_ptr, gidx_ptr, gidx_row_ptr,
+             groups, group_size) -> None:
+    """gemm_q4's argument checks (InvalidArgument before any launch)."""
+    check_sizes(what, m=m, n=n, k=k, groups=groups)
+    check_ptrs(what, scales_ptr=scales_ptr, zeros_ptr=zeros_ptr)
+    check_ptrs(what, 16, q_ptr=q_ptr)
+    if k % 8:
+        raise InvalidArgument(f"{what}: k = {k} must be a multiple of 8 (8 codes a word)")
+    if (int(gidx_ptr) == 0) != (int(gidx_row_ptr) == 0):
+        raise InvalidArgument(f"{what}: gidx and gidx_row go together (both NULL or neither)")
+    if int(gidx_ptr) == 0:
+        if group_size < 8 or group_size % 8 or -(-k // group_size) > groups:
+            raise InvalidArgument(f"{what}: group_size {group_size} must be a positive "
+                                  f"multiple of 8 with ceil(k / group_size) <= groups "
+                                  f"({groups})")
+
+
+def check_fp8(what: str, m, n, k, q_ptr, scales_ptr, scale_row_ptr, k_blocks,
+              block_k) -> None:
+    """gemm_fp8's argument checks (InvalidArgument before any launch)."""
+    check_sizes(what, m=m, n=n, k=k, k_blocks=k_blocks, block_k=block_k)
+    check_ptrs(what, scales_ptr=scales_ptr, scale_row_ptr=scale_row_ptr)
+    check_ptrs(what, 16, q_ptr=q_ptr)
+    if block_k % 8 or k_blocks != -(-k // block_k):
+        raise InvalidArgument(f"{what}: block_k {block_k} must be a multiple of 8 and "
+                              f"k_blocks ({k_blocks}) = ceil(k / block_k)")
+
+
 def _threads(tile) -> int:
     """Threads of a tile's CTA: the 16x16 entries are gemm_q_decode.cuh's one-warp tile."""
     return 32 if tile.name == "16x16" else tile.threads
@@ -99,18 +151,9 @@ def gemm_q4(backend, stream: int, y_ptr, x_ptr, q_ptr, scales_ptr, zeros_ptr, gi
     group_size % 8 == 0); y: [m, n] bf16, or float32 when out_fp32. k % 8 == 0.
     """
     what = "gemm_q4"
-    check_sizes(what, m=m, n=n, k=k, groups=groups)
-    check_ptrs(what, y_ptr=y_ptr, x_ptr=x_ptr, scales_ptr=scales_ptr, zeros_ptr=zeros_ptr)
-    check_ptrs(what, 16, q_ptr=q_ptr)
-    if k % 8:
-        raise InvalidArgument(f"{what}: k = {k} must be a multiple of 8 (8 codes a word)")
-    if (int(gidx_ptr) == 0) != (int(gidx_row_ptr) == 0):
-        raise InvalidArgument(f"{what}: gidx and gidx_row go together (both NULL or neither)")
-    if int(gidx_ptr) == 0:
-        if group_size < 8 or group_size % 8 or -(-k // group_size) > groups:
-            raise InvalidArgument(f"{what}: group_size {group_size} must be a positive "
-                                  f"multiple of 8 with ceil(k / group_size) <= groups "
-                                  f"({groups})")
+    check_ptrs(what, y_ptr=y_ptr, x_ptr=x_ptr)
+    check_q4(what, m, n, k, q_ptr, scales_ptr, zeros_ptr, gidx_ptr, gidx_row_ptr, groups,
+             group_size)
     t = resolve_tile(m, n, tile, what)
     func = f"gemm_q4_{'fp32' if out_fp32 else 'bf16'}_{t.name}"
     backend.launch(backend.kernel(MODULE, func), t.grid(m, n), (_threads(t),), 0, stream,
@@ -131,13 +174,8 @@ def gemm_fp8(backend, stream: int, y_ptr, x_ptr, q_ptr, scales_ptr, scale_row_pt
     k_blocks = ceil(k / block_k); y: [m, n] bf16, or float32 when out_fp32.
     """
     what = "gemm_fp8"
-    check_sizes(what, m=m, n=n, k=k, k_blocks=k_blocks, block_k=block_k)
-    check_ptrs(what, y_ptr=y_ptr, x_ptr=x_ptr, scales_ptr=scales_ptr,
-               scale_row_ptr=scale_row_ptr)
-    check_ptrs(what, 16, q_ptr=q_ptr)
-    if block_k % 8 or k_blocks != -(-k // block_k):
-        raise InvalidArgument(f"{what}: block_k {block_k} must be a multiple of 8 and "
-                              f"k_blocks ({k_blocks}) = ceil(k / block_k)")
+    check_ptrs(what, y_ptr=y_ptr, x_ptr=x_ptr)
+    check_fp8(what, m, n, k, q_ptr, scales_ptr, scale_row_ptr, k_blocks, block_k)
     t = resolve_tile(m, n, tile, what)
     func = f"gemm_fp8_{'fp32' if out_fp32 else 'bf16'}_{t.name}"
     backend.launch(backend.kernel(MODULE, func), t.grid(m, n), (_threads(t),), 0, stream,
@@ -147,21 +185,21 @@ def gemm_fp8(backend, stream: int, y_ptr, x_ptr, q_ptr, scales_ptr, scale_row_pt
 
 
 # --------------------------------------------------------------------------- the twins
-def _finish(ctx, y_ptr, m, n, out_fp32, x_bits, w_bits) -> None:
-    y = ctx.view(y_ptr, m * n, np.float32 if out_fp32 else np.uint16).reshape(m, n)
+def _finish(ctx, y: np.ndarray, x_bits, w_bits) -> None:
     native = getattr(ctx.backend, "native", None)
     if native is not None:
         native.gemm(x_bits, np.ascontiguousarray(w_bits), y)
         return
     y32 = dot_f32(x_bits, w_bits)
-    y[:] = y32 if out_fp32 else f32_to_bf16(y32)
+    y[:] = y32 if y.dtype == np.float32 else f32_to_bf16(y32)
 
 
-def _gemm_q4_twin(ctx, y_ptr, x_ptr, q_ptr, s_ptr, z_ptr, g_ptr, gr_ptr, m, n, k, groups,
-                  gs, out_fp32: bool) -> None:
-    m, n, k, groups, gs = int(m), int(n), int(k), int(groups), int(gs)
+def q4_rows_twin(ctx, y: np.ndarray, x: np.ndarray, q_ptr, s_ptr, z_ptr, g_ptr, gr_ptr,
+                 n: int, k: int, groups: int, gs: int) -> None:
+    """y [m, n] (float32, or uint16 BF16 bits) = x [m, k] (BF16 bits, any host array) @
+    dequant_q4(W)^T, W's data at device addresses: the twin's arithmetic, also the GEMM
+    step of the fused decode twins (ops/gemm_fused.py)."""
     words = q4_row_bytes(k) // 4
-    x = ctx.read(x_ptr, m * k, np.uint16).reshape(m, k)
     q = ctx.read(q_ptr, n * words, np.uint32).reshape(n, words)
     s = ctx.read(s_ptr, n * groups, np.uint16).reshape(n, groups)
     z = ctx.read(z_ptr, n * groups, np.uint8).reshape(n, groups)
@@ -169,29 +207,48 @@ def _gemm_q4_twin(ctx, y_ptr, x_ptr, q_ptr, s_ptr, z_ptr, g_ptr, gr_ptr, m, n, k
     if int(g_ptr) != 0:
         rows = ctx.read(gr_ptr, n, np.int32)
         g = ctx.read(g_ptr, (int(rows.max()) + 1) * k, np.int32).reshape(-1, k)
+    x = np.ascontiguousarray(x)
     native = getattr(ctx.backend, "native", None)
     if native is not None and hasattr(native, "gemm_q4"):
-        y = ctx.view(y_ptr, m * n, np.float32 if out_fp32 else np.uint16).reshape(m, n)
         native.gemm_q4(x, q, s, z, g, rows, k, gs, y)
         return
-    _finish(ctx, y_ptr, m, n, out_fp32, x, dequant_q4(q, s, z, k, gs, g, rows))
+    _finish(ctx, y, x, dequant_q4(q, s, z, k, gs, g, rows))
 
 
-def _gemm_fp8_twin(ctx, y_ptr, x_ptr, q_ptr, s_ptr, r_ptr, m, n, k, k_blocks, block_k,
-                   out_fp32: bool) -> None:
-    m, n, k, kb, bk = int(m), int(n), int(k), int(k_blocks), int(block_k)
+def fp8_rows_twin(ctx, y: np.ndarray, x: np.ndarray, q_ptr, s_ptr, r_ptr, n: int, k: int,
+                  kb: int, bk: int) -> None:
+    """As q4_rows_twin for FP8 W (dequant_fp8)."""
     kp = fp8_row_bytes(k)
-    x = ctx.read(x_ptr, m * k, np.uint16).reshape(m, k)
     q = ctx.read(q_ptr, n * kp, np.uint8).reshape(n, kp)
     rows = ctx.read(r_ptr, n, np.int32)
     n_rows = int(rows.max()) + 1
     s = ctx.read(s_ptr, n_rows * kb, np.float32).reshape(n_rows, kb)
+    x = np.ascontiguousarray(x)
     native = getattr(ctx.backend, "native", None)
     if native is not None and hasattr(native, "gemm_fp8"):
-        y = ctx.view(y_ptr, m * n, np.float32 if out_fp32 else np.uint16).reshape(m, n)
         native.gemm_fp8(x, q, s, rows, k, bk, y)
         return
-    _finish(ctx, y_ptr, m, n, out_fp32, x, dequant_fp8(q, s, rows, k, bk))
+    _finish(ctx, y, x, dequant_fp8(q, s, rows, k, bk))
+
+
+def _out(ctx, y_ptr, m: int, n: int, out_fp32: bool) -> np.ndarray:
+    return ctx.view(y_ptr, m * n, np.float32 if out_fp32 else np.uint16).reshape(m, n)
+
+
+def _gemm_q4_twin(ctx, y_ptr, x_ptr, q_ptr, s_ptr, z_ptr, g_ptr, gr_ptr, m, n, k, groups,
+                  gs, out_fp32: bool) -> None:
+    m, n, k = int(m), int(n), int(k)
+    x = ctx.read(x_ptr, m * k, np.uint16).reshape(m, k)
+    q4_rows_twin(ctx, _out(ctx, y_ptr, m, n, out_fp32), x, q_ptr, s_ptr, z_ptr, g_ptr,
+                 gr_ptr, n, k, int(groups), int(gs))
+
+
+def _gemm_fp8_twin(ctx, y_ptr, x_ptr, q_ptr, s_ptr, r_ptr, m, n, k, k_blocks, block_k,
+                   out_fp32: bool) -> None:
+    m, n, k = int(m), int(n), int(k)
+    x = ctx.read(x_ptr, m * k, np.uint16).reshape(m, k)
+    fp8_rows_twin(ctx, _out(ctx, y_ptr, m, n, out_fp32), x, q_ptr, s_ptr, r_ptr, n, k,
+                  int(k_blocks), int(block_k))
 
 
 def _register_twins() -> None:
@@ -207,5 +264,6 @@ def _register_twins() -> None:
 
 _register_twins()
 
-__all__ = ["gemm_q4", "gemm_fp8", "dequant_q4", "dequant_fp8", "e4m3_table", "NULL",
+__all__ = ["gemm_q4", "gemm_fp8", "QuantW", "check_q4", "check_fp8", "q4_rows_twin",
+           "fp8_rows_twin", "dequant_q4", "dequant_fp8", "e4m3_table", "NULL",
            "q4_row_bytes", "fp8_row_bytes", "FP8_MAX"]

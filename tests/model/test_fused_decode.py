@@ -8,10 +8,16 @@ from metrale.gpu_runtime import HostBackend
 from metrale.model_engine import layers
 from tests.model.common import load, logits_rows
 
-FUSABLE = ["llama_gqa", "qwen2", "qwen3", "llama_gelu"]   # qwen2: the qkv bias fused too
+# qwen2: the qkv bias fused too; q_*: quantized linears (gemm_q.cu's fused entries)
+QUANT = ["q_fp8_block", "q_fp8_head", "q_ct_fp8_channel", "q_gptq_v1", "q_gptq_v2_actorder",
+         "q_awq"]
+FUSABLE = ["llama_gqa", "qwen2", "qwen3", "llama_gelu"] + QUANT
 NOT_FUSABLE = ["llama_mlp_bias", "mixtral"]               # an MLP bias; a MoE block
-FUSED_KERNELS = {"gemm_tc_bf16_16x16_rmsnorm", "gemm_tc_bf16_16x16_res",
-                 "gemm_tc_bf16_16x16_actmul_res"}
+FUSED = ("_16x16_rmsnorm", "_16x16_res", "_16x16_actmul_res")   # gemm_tc_bf16 / gemm_q*_bf16
+
+
+def fused_kinds(launched) -> set:
+    return {f for f in FUSED if any(name.endswith(f) for name in launched)}
 
 
 def decode_logits(name, backend, rows=2, steps=3):
@@ -48,10 +54,12 @@ def test_which_models_fuse(name):
 
 def _check(name, backend_factory, monkeypatch):
     fused, launched = decode_logits(name, backend_factory())
-    assert FUSED_KERNELS <= launched and "act_mul" not in launched, sorted(launched)
+    assert fused_kinds(launched) == set(FUSED) and "act_mul" not in launched, sorted(launched)
+    if name in QUANT:   # the quantized entries, not BF16 copies
+        assert any(f.startswith(("gemm_q4_", "gemm_fp8_")) for f in launched), sorted(launched)
     monkeypatch.setattr(layers, "decode_fusable", lambda model, n: False)
     unfused, launched_u = decode_logits(name, backend_factory())
-    assert not FUSED_KERNELS & launched_u and "act_mul" in launched_u
+    assert not fused_kinds(launched_u) and "act_mul" in launched_u
     assert np.array_equal(fused.view(np.uint32), unfused.view(np.uint32)), \
         f"{name}: fused decode logits differ from the unfused steps'"
 
@@ -62,6 +70,7 @@ def test_fused_decode_has_the_unfused_bits(name, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["llama_gqa", "qwen2"])
+@pytest.mark.parametrize("name", ["llama_gqa", "qwen2", "q_fp8_block", "q_gptq_v2_actorder",
+                                  "q_awq"])
 def test_gpu_fused_decode_has_the_unfused_bits(device, name, monkeypatch):
     _check(name, lambda: device, monkeypatch)

@@ -8,8 +8,9 @@ import pytest
 
 from metrale.errors import InvalidArgument
 from metrale.gpu_runtime import kernel_source
-from metrale.ops import activation, elementwise, gemm_fused as F, gemm_tc, rmsnorm
+from metrale.ops import activation, elementwise, gemm_fused as F, gemm_q, gemm_tc, rmsnorm
 from metrale.ops.bf16 import bf16_to_f32, f32_to_bf16
+from metrale.ops.gemm_q import QuantW
 from tests.conftest import assert_close, real
 from tests.helpers import Buffers
 
@@ -28,11 +29,26 @@ def operands(rng, m, n, k):
                 res=bf16(rng, (m, n), 4.0), bias=bf16(rng, (n,), 1.0))
 
 
-def fused(backend, kind, d, m, n, k, act=None, x_byte_offset=0):
+def put_w(b, d, wq):
+    """W on the device: d["w"] (BF16 bits) as a pointer, or the quantized wq (test_gemm_q's
+    Q4 / F8) as a gemm_q.QuantW."""
+    return b.put(d["w"]) if wq is None else wq.put(b)
+
+
+def gemm(backend, s, y, x, w, m, n, k):
+    """The unfused GEMM of W's kind (gemm_tc, or gemm_q's launcher for a QuantW)."""
+    if isinstance(w, QuantW):
+        run = gemm_q.gemm_q4 if w.fmt == "q4" else gemm_q.gemm_fp8
+        run(backend, s, y, x, *w.ptrs, m, n, k, *w.scalars)
+    else:
+        gemm_tc.gemm_tc(backend, s, y, x, w, m, n, k)
+
+
+def fused(backend, kind, d, m, n, k, act=None, x_byte_offset=0, wq=None):
     """The fused launch; returns its output (y, or the updated residual)."""
     s = backend.default_stream()
     with Buffers(backend) as b:
-        wp = b.put(d["w"])
+        wp = put_w(b, d, wq)
         if kind.startswith("rmsnorm"):
             raw = np.zeros(d["x"].size + x_byte_offset // 2, np.uint16)
             raw[x_byte_offset // 2:] = d["x"].reshape(-1)
@@ -49,15 +65,15 @@ def fused(backend, kind, d, m, n, k, act=None, x_byte_offset=0):
         return b.get(rp, (m, n), np.uint16)
 
 
-def unfused(backend, kind, d, m, n, k, act=None):
+def unfused(backend, kind, d, m, n, k, act=None, wq=None):
     """The launches the fused one replaces, as the model ran them before."""
     s = backend.default_stream()
     with Buffers(backend) as b:
-        wp = b.put(d["w"])
+        wp = put_w(b, d, wq)
         if kind.startswith("rmsnorm"):
             normed, yp = b.empty((m, k), np.uint16), b.empty((m, n), np.uint16)
             rmsnorm.rmsnorm(backend, s, normed, b.put(d["x"]), b.put(d["nw"]), m, k, EPS)
-            gemm_tc.gemm_tc(backend, s, yp, normed, wp, m, n, k)
+            gemm(backend, s, yp, normed, wp, m, n, k)
             if kind == "rmsnorm_bias":
                 elementwise.add_bias(backend, s, yp, b.put(d["bias"]), m, n)
             return b.get(yp, (m, n), np.uint16)
@@ -67,7 +83,7 @@ def unfused(backend, kind, d, m, n, k, act=None):
         else:
             xp = b.put(d["x"])
         hidden, rp = b.empty((m, n), np.uint16), b.put(d["res"])
-        gemm_tc.gemm_tc(backend, s, hidden, xp, wp, m, n, k)
+        gemm(backend, s, hidden, xp, wp, m, n, k)
         # the residual add of the next rmsnorm (its normalized output is not compared)
         rmsnorm.rmsnorm(backend, s, b.empty((m, n), np.uint16), hidden,
                         b.put(np.ones(n, np.uint16) * 0x3F80), m, n, EPS, residual_ptr=rp)
@@ -181,3 +197,65 @@ def test_gpu_rmsnorm_scalar_path_same_bits(device, rng, k, offset):
     d = operands(rng, 5, 21, k)
     want = unfused(device, "rmsnorm", d, 5, 21, k)
     assert np.array_equal(fused(device, "rmsnorm", d, 5, 21, k, x_byte_offset=offset), want)
+
+
+# ---------------------------------------------------------------------------------------
+# Quantized W (kernels/gemm_q.cu's fused entries, the one-warp decode tile)
+
+def quant_w(rng, fmt, n, k):
+    from tests.ops.test_gemm_q import F8, Q4
+    k8 = k - k % 8
+    if fmt == "fp8":
+        return F8(rng, n, k, (16, 16)), k
+    return Q4(rng, n, k8, 8 if k8 % 32 else 32, act_order=fmt == "q4_act"), k8
+
+
+QUANT = ["q4", "q4_act", "fp8"]
+QUANT_SIZES = [(1, 7, 24), (7, 19, 111), (12, 33, 264), (19, 40, 136)]
+
+
+def test_quant_entry_points_exist():
+    names = set(kernel_source.entry_points(gemm_q.MODULE))
+    assert {f"gemm_{f}_bf16_16x16_{x}" for f in ("q4", "fp8")
+            for x in ("rmsnorm", "actmul_res", "res")} <= names
+
+
+@pytest.mark.parametrize("fmt", QUANT)
+@pytest.mark.parametrize("kind,act", CASES)
+@pytest.mark.parametrize("m,n,k", QUANT_SIZES)
+def test_quant_twin_equals_unfused_and_float64(host, rng, fmt, kind, act, m, n, k):
+    wq, k = quant_w(rng, fmt, n, k)
+    d = operands(rng, m, n, k)
+    got = fused(host, kind, d, m, n, k, act, wq=wq)
+    assert np.array_equal(got, unfused(host, kind, d, m, n, k, act, wq=wq))
+    d["w"] = wq.dequant()   # the formula on the dequantized weights
+    assert_close(bf16_to_f32(got), ref64(kind, d, k, act).astype(np.float32), "twin_bf16",
+                 f"{fmt} {kind} m={m} n={n} k={k}")
+
+
+def test_quant_bad_arguments_raise_before_launch(host, rng):
+    s = host.default_stream()
+    wq, _ = quant_w(rng, "q4", 8, 64)
+    with Buffers(host) as b:
+        x, y, w = b.empty((2, 64), np.uint16), b.empty((2, 8), np.uint16), wq.put(b)
+        with pytest.raises(InvalidArgument, match=r"shape \[8, 64\] used as \[8, 32\]"):
+            F.gemm_residual(host, s, y, x, w, 2, 8, 32)
+        bad = QuantW("q4", w.ptrs, (w.scalars[0], 12), 8, 64)
+        with pytest.raises(InvalidArgument, match="group_size"):
+            F.gemm_rmsnorm(host, s, y, x, bad, x, 2, 8, 64, EPS)
+        with pytest.raises(InvalidArgument, match="format"):
+            F.gemm_residual(host, s, y, x, QuantW("q3", w.ptrs, w.scalars, 8, 64), 2, 8, 64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", QUANT)
+@pytest.mark.parametrize("kind,act", CASES)
+@pytest.mark.parametrize("m,n,k", QUANT_SIZES + [real(1, 6144, 4096), real(1, 4096, 14336)])
+def test_gpu_quant_fused_equals_unfused_and_twin(device, host, rng, fmt, kind, act, m, n, k):
+    wq, k = quant_w(rng, fmt, n, k)
+    d = operands(rng, m, n, k)
+    got = fused(device, kind, d, m, n, k, act, wq=wq)
+    assert np.array_equal(got, unfused(device, kind, d, m, n, k, act, wq=wq)), \
+        f"{fmt} {kind} m={m} n={n} k={k}: the fused kernel's bits differ from the unfused"
+    assert_close(bf16_to_f32(got), bf16_to_f32(fused(host, kind, d, m, n, k, act, wq=wq)),
+                 "gpu_vs_twin_bf16", f"{fmt} {kind} m={m} n={n} k={k}")

@@ -47,6 +47,13 @@ class Q4:
         return Q.dequant_q4(self.q, self.scales, self.zeros, self.k, self.group_size,
                             self.gidx, self.gidx_row)
 
+    def put(self, b) -> Q.QuantW:
+        """Upload into Buffers b: the fused decode GEMMs' operand."""
+        g = NULL if self.gidx is None else b.put(self.gidx)
+        gr = NULL if self.gidx is None else b.put(self.gidx_row)
+        return Q.QuantW("q4", (b.put(self.q), b.put(self.scales), b.put(self.zeros), g, gr),
+                        (self.groups, self.group_size), self.n, self.k)
+
     def launch(self, backend, x, out_fp32=False, rows=None, tile=None):
         m_all = x.shape[0]
         r0, r1 = (0, m_all) if rows is None else rows
@@ -85,6 +92,10 @@ class F8:
 
     def dequant(self):
         return Q.dequant_fp8(self.q, self.scales, self.scale_row, self.k, self.block_k)
+
+    def put(self, b) -> Q.QuantW:
+        return Q.QuantW("fp8", (b.put(self.q), b.put(self.scales), b.put(self.scale_row)),
+                        (self.k_blocks, self.block_k), self.n, self.k)
 
     def launch(self, backend, x, out_fp32=False, rows=None, tile=None):
         m_all = x.shape[0]
@@ -142,6 +153,9 @@ def fp8_formula(w: F8) -> np.ndarray:
 # ----------------------------------------------------------------------------- CPU
 def test_entry_points_exist():
     want = {f"gemm_{f}_{o}_{t}" for f in ("q4", "fp8") for o in ("bf16", "fp32") for t in T.TILES}
+    # and the decode entries with fused neighbours (ops/gemm_fused.py)
+    want |= {f"gemm_{f}_bf16_16x16_{x}" for f in ("q4", "fp8")
+             for x in ("rmsnorm", "actmul_res", "res")}
     assert want == set(kernel_source.entry_points(Q.MODULE))
 
 
