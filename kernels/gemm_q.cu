@@ -102,11 +102,14 @@ struct Int4Format {
 
     // The decode tile's side (gemm_q_decode.cuh): a stage row is 32 bytes, read in place.
     static __device__ __forceinline__ int swz(int, int ch) { return ch; }
-    struct Scale {   // the stage's group when one group spans it (group_size % 64 == 0)
+    struct Scale {   // the stage's group when one group spans every stage (uniform())
         float s, zf;
     };
+    __device__ __forceinline__ bool uniform() const {
+        return gidx == nullptr && group_size % 64 == 0;
+    }
     __device__ __forceinline__ Scale scale(const Row &r, int kt) const {
-        if (gidx != nullptr || group_size % 64) return {0.f, 0.f};
+        if (!uniform()) return {0.f, 0.f};
         const long long g = (long long)r.j * groups + kt * 64 / group_size;
         return {__half2float(__ushort_as_half(__ldg(scales + g))),
                 8388608.f + (float)__ldg(zeros + g)};
@@ -119,7 +122,7 @@ struct Int4Format {
                                                  int p, int k) const {
         if (!kFull && p >= k) return 0u;
         float s[2], zf[2];
-        if (gidx == nullptr && group_size % 64 == 0) {
+        if (uniform()) {
             s[0] = s[1] = sc.s;
             zf[0] = zf[1] = sc.zf;
         } else {
@@ -189,11 +192,12 @@ struct Fp8Format {
     // The decode tile's side (gemm_q_decode.cuh): a stage row is 64 bytes in 4 chunks,
     // chunk ch of row r stored at ch ^ ((r / 2) % 4) (conflict-free 32-bit fragment loads).
     static __device__ __forceinline__ int swz(int r, int ch) { return ch ^ ((r >> 1) & 3); }
-    struct Scale {   // the stage's scale when one block spans it (block_k % 64 == 0)
+    struct Scale {   // the stage's scale when one block spans every stage (uniform())
         float s;
     };
+    __device__ __forceinline__ bool uniform() const { return block_k % 64 == 0; }
     __device__ __forceinline__ Scale scale(const Row &r, int kt) const {
-        return {block_k % 64 == 0 ? __ldg(r.s + kt * 64 / block_k) : 0.f};
+        return {uniform() ? __ldg(r.s + kt * 64 / block_k) : 0.f};
     }
     // dequant8's values at positions p, p + 1 (codes: the low and high byte of c): zero
     // when their 8-chunk is past k, codes at or past k masked to 0 in the chunk across k
@@ -205,7 +209,7 @@ struct Fp8Format {
             if ((p & ~7) >= k) return 0u;
             c &= p + 1 < k ? 0xFFFFu : p < k ? 0xFFu : 0u;
         }
-        const float s = block_k % 64 == 0 ? sc.s : __ldg(r.s + p / block_k);
+        const float s = uniform() ? sc.s : __ldg(r.s + p / block_k);
         const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)c, __NV_E4M3);
         return bf2_bits(__fmul_rn(__half2float(__ushort_as_half(h.x)), s),
                         __fmul_rn(__half2float(__ushort_as_half(h.y)), s));
@@ -323,87 +327,75 @@ typedef TcTile<128, 128, 32, 2, 4, 3> F8Tile128x128;
 GEMM_Q_ENTRIES(64x32, 1)
 GEMM_Q_ENTRIES(128x128, 2)
 
-// The 16x16 entries: gemm_q_decode.cuh's one-warp tile (same arguments as the others).
-#define Q4_DECODE_STAGES 18   // x 2 KiB + W 512 B a stage: 45 KiB
-#define F8_DECODE_STAGES 15   // x 2 KiB + W 1 KiB a stage: 45 KiB
-#define GEMM_Q_DECODE_SMEM(F, STAGES)                                                         \
-    __shared__ __align__(128) bf16 sx[STAGES * 16 * 64];                                      \
-    __shared__ __align__(128) unsigned char sw[STAGES * 16 * 64 * F::BITS / 8]
-
-#define GEMM_Q4_DECODE_ENTRY(OUT, YT, YB, YF)                                                 \
-    extern "C" __global__ void __launch_bounds__(32, 4)                                       \
-        gemm_q4_##OUT##_16x16(YT *y, const bf16 *x, const unsigned int *q,                     \
-                              const unsigned short *scales, const unsigned char *zeros,        \
-                              const int *gidx, const int *gidx_row, int m, int n, int k,     \
-                              int groups, int group_size) {                                   \
-        GEMM_Q_DECODE_SMEM(Int4Format, Q4_DECODE_STAGES);                                     \
-        const Int4Format f{q, scales, zeros, gidx, gidx_row, groups, group_size,             \
-                           ((k + 31) / 32) * 16, k};                                          \
-        gemm_q_decode<Int4Format, Q4_DECODE_STAGES>(sx, sw, YB, YF, x, f, m, n, k);           \
-    }
-
-#define GEMM_F8_DECODE_ENTRY(OUT, YT, YB, YF)                                                 \
-    extern "C" __global__ void __launch_bounds__(32, 4)                                       \
-        gemm_fp8_##OUT##_16x16(YT *y, const bf16 *x, const unsigned char *q,                   \
-                               const float *scales, const int *scale_row, int m, int n,       \
-                               int k, int k_blocks, int block_k) {                            \
-        GEMM_Q_DECODE_SMEM(Fp8Format, F8_DECODE_STAGES);                                      \
-        const Fp8Format f{q, scales, scale_row, k_blocks, block_k, ((k + 31) / 32) * 32};    \
-        gemm_q_decode<Fp8Format, F8_DECODE_STAGES>(sx, sw, YB, YF, x, f, m, n, k);            \
-    }
-
-// The decode entries with fused neighbours (gemm_tc.cu's DECODE ENTRIES WITH FUSED
-// NEIGHBOURS, on quantized W; ops/gemm_fused.py): BF16 out, W's arguments as above.
+// The 16x16 entries: gemm_q_decode.cuh's one-warp tile (same arguments as the others),
+// and the decode entries with fused neighbours (gemm_tc.cu's DECODE ENTRIES WITH FUSED
+// NEIGHBOURS, on quantized W; ops/gemm_fused.py), BF16 out:
 //   gemm_{q4,fp8}_bf16_16x16_rmsnorm(y, x, <W>, norm_weight, bias, m, n, k, <W scalars>, eps)
 //   gemm_{q4,fp8}_bf16_16x16_actmul_res(y, x, <W>, m, n, k, <W scalars>, act)
 //   gemm_{q4,fp8}_bf16_16x16_res(y, x, <W>, m, n, k, <W scalars>)
 // (the aux ring of norm-weight / up chunks takes shared memory from the stages)
-#define Q4_FUSED_STAGES 10    // x + aux 4 KiB + W 512 B a stage: 45 KiB
-#define F8_FUSED_STAGES 9     // x + aux 4 KiB + W 1 KiB a stage: 45 KiB
+// Per format FMT (q4, fp8): FMT_F its format type, FMT_W_PARAMS / FMT_W_SCALARS W's
+// parameters, FMT_FORMAT the format object, FMT_STAGES / FMT_FUSED_STAGES the rings.
+#define q4_F Int4Format
+#define q4_STAGES 18          // x 2 KiB + W 512 B a stage: 45 KiB
+#define q4_FUSED_STAGES 10    // x + aux 4 KiB + W 512 B a stage: 45 KiB
+#define q4_W_PARAMS                                                                           \
+    const unsigned int *q, const unsigned short *scales, const unsigned char *zeros,          \
+        const int *gidx, const int *gidx_row
+#define q4_W_SCALARS int groups, int group_size
+#define q4_FORMAT                                                                             \
+    Int4Format { q, scales, zeros, gidx, gidx_row, groups, group_size, ((k + 31) / 32) * 16, k }
+#define fp8_F Fp8Format
+#define fp8_STAGES 15         // x 2 KiB + W 1 KiB a stage: 45 KiB
+#define fp8_FUSED_STAGES 9    // x + aux 4 KiB + W 1 KiB a stage: 45 KiB
+#define fp8_W_PARAMS const unsigned char *q, const float *scales, const int *scale_row
+#define fp8_W_SCALARS int k_blocks, int block_k
+#define fp8_FORMAT Fp8Format { q, scales, scale_row, k_blocks, block_k, ((k + 31) / 32) * 32 }
+
+#define GEMM_Q_DECODE_SMEM(F, STAGES)                                                         \
+    __shared__ __align__(128) bf16 sx[STAGES * 16 * 64];                                      \
+    __shared__ __align__(128) unsigned char sw[STAGES * 16 * 64 * F::BITS / 8]
 #define GEMM_Q_FUSED_SMEM(F, STAGES)                                                          \
     GEMM_Q_DECODE_SMEM(F, STAGES);                                                            \
     __shared__ __align__(128) bf16 saux[STAGES * 16 * 64];                                    \
     __shared__ float sinv[16]
 
-#define Q4_W_PARAMS                                                                           \
-    const unsigned int *q, const unsigned short *scales, const unsigned char *zeros,          \
-        const int *gidx, const int *gidx_row
-#define Q4_FORMAT                                                                             \
-    Int4Format { q, scales, zeros, gidx, gidx_row, groups, group_size, ((k + 31) / 32) * 16, k }
-#define F8_W_PARAMS const unsigned char *q, const float *scales, const int *scale_row
-#define F8_FORMAT Fp8Format { q, scales, scale_row, k_blocks, block_k, ((k + 31) / 32) * 32 }
-
-#define GEMM_Q_FUSED_ENTRIES(FMT, F, WPARAMS, WSCALARS, FORMAT, STAGES, PLAIN_STAGES)         \
-    extern "C" __global__ void __launch_bounds__(32, 4) gemm_##FMT##_bf16_16x16_rmsnorm(      \
-        bf16 *y, const bf16 *x, WPARAMS, const bf16 *norm_weight, const bf16 *bias, int m,   \
-        int n, int k, WSCALARS, float eps) {                                                  \
-        GEMM_Q_FUSED_SMEM(F, STAGES);                                                         \
-        const F f = FORMAT;                                                                   \
-        const XFuse xf{norm_weight, eps, 0, saux, sinv, bias};                                \
-        gemm_q_decode<F, STAGES, XF_RMSNORM>(sx, sw, y, nullptr, x, f, m, n, k, xf);          \
-    }                                                                                         \
-    extern "C" __global__ void __launch_bounds__(32, 4) gemm_##FMT##_bf16_16x16_actmul_res(  \
-        bf16 *y, const bf16 *x, WPARAMS, int m, int n, int k, WSCALARS, int act) {            \
-        GEMM_Q_FUSED_SMEM(F, STAGES);                                                         \
-        const F f = FORMAT;                                                                   \
-        const XFuse xf{nullptr, 0.f, act, saux, sinv, nullptr};                               \
-        gemm_q_decode<F, STAGES, XF_ACTMUL, true>(sx, sw, y, nullptr, x, f, m, n, k, xf);     \
-    }                                                                                         \
-    extern "C" __global__ void __launch_bounds__(32, 4) gemm_##FMT##_bf16_16x16_res(         \
-        bf16 *y, const bf16 *x, WPARAMS, int m, int n, int k, WSCALARS) {                     \
-        GEMM_Q_DECODE_SMEM(F, PLAIN_STAGES);                                                  \
-        const F f = FORMAT;                                                                   \
-        gemm_q_decode<F, PLAIN_STAGES, XF_NONE, true>(sx, sw, y, nullptr, x, f, m, n, k);     \
+#define GEMM_Q_DECODE_ENTRY(FMT, OUT, YT, YB, YF)                                             \
+    extern "C" __global__ void __launch_bounds__(32, 4) gemm_##FMT##_##OUT##_16x16(           \
+        YT *y, const bf16 *x, FMT##_W_PARAMS, int m, int n, int k, FMT##_W_SCALARS) {         \
+        GEMM_Q_DECODE_SMEM(FMT##_F, FMT##_STAGES);                                            \
+        const FMT##_F f = FMT##_FORMAT;                                                       \
+        gemm_q_decode<FMT##_F, FMT##_STAGES>(sx, sw, YB, YF, x, f, m, n, k);                  \
     }
 
-#define Q4_W_SCALARS int groups, int group_size
-#define F8_W_SCALARS int k_blocks, int block_k
-GEMM_Q_FUSED_ENTRIES(q4, Int4Format, Q4_W_PARAMS, Q4_W_SCALARS, Q4_FORMAT, Q4_FUSED_STAGES,
-                     Q4_DECODE_STAGES)
-GEMM_Q_FUSED_ENTRIES(fp8, Fp8Format, F8_W_PARAMS, F8_W_SCALARS, F8_FORMAT, F8_FUSED_STAGES,
-                     F8_DECODE_STAGES)
+#define GEMM_Q_DECODE_ENTRIES(FMT)                                                            \
+    GEMM_Q_DECODE_ENTRY(FMT, bf16, bf16, y, nullptr)                                          \
+    GEMM_Q_DECODE_ENTRY(FMT, fp32, float, nullptr, y)                                         \
+    extern "C" __global__ void __launch_bounds__(32, 4) gemm_##FMT##_bf16_16x16_rmsnorm(      \
+        bf16 *y, const bf16 *x, FMT##_W_PARAMS, const bf16 *norm_weight, const bf16 *bias,   \
+        int m, int n, int k, FMT##_W_SCALARS, float eps) {                                    \
+        GEMM_Q_FUSED_SMEM(FMT##_F, FMT##_FUSED_STAGES);                                       \
+        const FMT##_F f = FMT##_FORMAT;                                                       \
+        const XFuse xf{norm_weight, eps, 0, saux, sinv, bias};                                \
+        gemm_q_decode<FMT##_F, FMT##_FUSED_STAGES, XF_RMSNORM>(sx, sw, y, nullptr, x, f, m,   \
+                                                               n, k, xf);                     \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(32, 4) gemm_##FMT##_bf16_16x16_actmul_res(  \
+        bf16 *y, const bf16 *x, FMT##_W_PARAMS, int m, int n, int k, FMT##_W_SCALARS,        \
+        int act) {                                                                            \
+        GEMM_Q_FUSED_SMEM(FMT##_F, FMT##_FUSED_STAGES);                                       \
+        const FMT##_F f = FMT##_FORMAT;                                                       \
+        const XFuse xf{nullptr, 0.f, act, saux, sinv, nullptr};                               \
+        gemm_q_decode<FMT##_F, FMT##_FUSED_STAGES, XF_ACTMUL, true>(sx, sw, y, nullptr, x, f, \
+                                                                    m, n, k, xf);             \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(32, 4) gemm_##FMT##_bf16_16x16_res(         \
+        bf16 *y, const bf16 *x, FMT##_W_PARAMS, int m, int n, int k, FMT##_W_SCALARS) {       \
+        GEMM_Q_DECODE_SMEM(FMT##_F, FMT##_STAGES);                                            \
+        const FMT##_F f = FMT##_FORMAT;                                                       \
+        gemm_q_decode<FMT##_F, FMT##_STAGES, XF_NONE, true>(sx, sw, y, nullptr, x, f, m, n,   \
+                                                            k);                               \
+    }
 
-GEMM_Q4_DECODE_ENTRY(bf16, bf16, y, nullptr)
-GEMM_Q4_DECODE_ENTRY(fp32, float, nullptr, y)
-GEMM_F8_DECODE_ENTRY(bf16, bf16, y, nullptr)
-GEMM_F8_DECODE_ENTRY(fp32, float, nullptr, y)
+GEMM_Q_DECODE_ENTRIES(q4)
+GEMM_Q_DECODE_ENTRIES(fp8)
