@@ -11,6 +11,7 @@ kernel would feed its MMAs, so the model computes the same values either way.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -35,15 +36,14 @@ class Q4Linear:
     group_size: int
     nbytes: int
 
+    @cached_property
     def operand(self) -> gemm_q.QuantW:
-        """This W as the fused decode GEMMs take it (ops/gemm_fused.py)."""
+        """This W as gemm_q's launchers and the fused decode GEMMs take it (built once)."""
         return gemm_q.QuantW("q4", (self.q, self.scales, self.zeros, self.gidx, self.gidx_row),
                              (self.groups, self.group_size), self.n, self.k)
 
     def run(self, backend, stream, y_ptr, x_ptr, m: int, out_fp32: bool = False) -> None:
-        gemm_q.gemm_q4(backend, stream, y_ptr, x_ptr, self.q, self.scales, self.zeros,
-                       self.gidx, self.gidx_row, m, self.n, self.k, self.groups,
-                       self.group_size, out_fp32=out_fp32)
+        self.operand.run(backend, stream, y_ptr, x_ptr, m, out_fp32)
 
 
 @dataclass
@@ -58,19 +58,19 @@ class Fp8Linear:
     block_k: int
     nbytes: int
 
+    @cached_property
     def operand(self) -> gemm_q.QuantW:
-        """This W as the fused decode GEMMs take it (ops/gemm_fused.py)."""
+        """This W as gemm_q's launchers and the fused decode GEMMs take it (built once)."""
         return gemm_q.QuantW("fp8", (self.q, self.scales, self.scale_row),
                              (self.k_blocks, self.block_k), self.n, self.k)
 
     def run(self, backend, stream, y_ptr, x_ptr, m: int, out_fp32: bool = False) -> None:
-        gemm_q.gemm_fp8(backend, stream, y_ptr, x_ptr, self.q, self.scales, self.scale_row, m,
-                        self.n, self.k, self.k_blocks, self.block_k, out_fp32=out_fp32)
+        self.operand.run(backend, stream, y_ptr, x_ptr, m, out_fp32)
 
 
 def fused_operand(w):
     """W for ops/gemm_fused.py: a BF16 DevicePtr as it is, a quantized linear's QuantW."""
-    return w.operand() if isinstance(w, (Q4Linear, Fp8Linear)) else w
+    return w.operand if isinstance(w, (Q4Linear, Fp8Linear)) else w
 
 
 def run_linear(backend, stream: int, y_ptr, x_ptr, w, m: int, n: int, k: int,

@@ -97,14 +97,21 @@ class QuantW:
     n: int
     k: int
 
+    def __post_init__(self) -> None:
+        if self.fmt not in ("q4", "fp8"):
+            raise InvalidArgument(f"QuantW: unknown quantized format {self.fmt!r} (q4, fp8)")
+
     def check(self, what: str, m: int) -> None:
         """gemm_q4 / gemm_fp8's argument checks for an [m, k] x (InvalidArgument)."""
-        if self.fmt == "q4":
-            check_q4(what, m, self.n, self.k, *self.ptrs, *self.scalars)
-        elif self.fmt == "fp8":
-            check_fp8(what, m, self.n, self.k, *self.ptrs, *self.scalars)
-        else:
-            raise InvalidArgument(f"{what}: unknown quantized format {self.fmt!r}")
+        check = check_q4 if self.fmt == "q4" else check_fp8
+        check(what, m, self.n, self.k, *self.ptrs, *self.scalars)
+
+    def run(self, backend, stream: int, y_ptr, x_ptr, m: int, out_fp32: bool = False,
+            tile: str | None = None) -> None:
+        """Y[m, n] = X[m, k] @ dequant(W)^T: gemm_q4 / gemm_fp8 with this W."""
+        gemm = gemm_q4 if self.fmt == "q4" else gemm_fp8
+        gemm(backend, stream, y_ptr, x_ptr, *self.ptrs, m, self.n, self.k, *self.scalars,
+             out_fp32=out_fp32, tile=tile)
 
 
 def check_q4(what: str, m, n, k, q_ptr, scales_ptr, zeros_ptr, gidx_ptr, gidx_row_ptr,

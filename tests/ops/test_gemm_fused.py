@@ -38,8 +38,7 @@ def put_w(b, d, wq):
 def gemm(backend, s, y, x, w, m, n, k):
     """The unfused GEMM of W's kind (gemm_tc, or gemm_q's launcher for a QuantW)."""
     if isinstance(w, QuantW):
-        run = gemm_q.gemm_q4 if w.fmt == "q4" else gemm_q.gemm_fp8
-        run(backend, s, y, x, *w.ptrs, m, n, k, *w.scalars)
+        w.run(backend, s, y, x, m)
     else:
         gemm_tc.gemm_tc(backend, s, y, x, w, m, n, k)
 
