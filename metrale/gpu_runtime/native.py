@@ -38,7 +38,8 @@ SOURCES = tuple(Path(__file__).resolve().parent / "native" / name
                 for name in ("gemm_f32.cpp", "gemm_quant.cpp", "convert_bf16.cpp",
                              "dequant_gguf.cpp", "norm_rope_act.cpp", "attention_f32.cpp"))
 HEADERS = tuple(Path(__file__).resolve().parent / "native" / name
-                for name in ("pool.h", "gemm_core.h", "gemm_avx2.h"))
+                for name in ("pool.h", "gemm_core.h", "gemm_avx2.h",
+                             "gemm_quant_dp.h"))
 # Adversarial blocks the load-time check runs through VDPBF16PS and the formula (~40 ms).
 SELFCHECK_BLOCKS = 1 << 16
 # IEEE arithmetic (no -ffast-math: signed zeros, NaN and subnormals are kept); FMA

@@ -253,6 +253,38 @@ def test_every_row_count_and_tile_edge_gives_the_same_bits(rng, fmt, k, path):
             assert np.array_equal(bits(got), bits(want[:m])), m
 
 
+@pytest.mark.parametrize("case", ["q4_g64", "q4_g128", "fp8_128", "fp8_rows12", "fp8_k64",
+                                  "fp8_signed"])
+@pytest.mark.parametrize("path", GEMM_PATHS)
+def test_decode_tables_give_the_same_bits(rng, case, path):
+    """Decode (m = 1..8) where the native AVX-512 BF16 build looks W's values up in per-chunk
+    tables (native/gemm_quant_dp.h): groups and scale blocks of several 32-blocks, a partial
+    last block, FP8 tiles that straddle a scale block's edge (12-row blocks) and others that
+    share one, negative scales with +-0 and NaN codes (the sign flip of zeros): every row
+    equals numpy's dot_f32 on the dequantized bits."""
+    from metrale.gpu_runtime import HostBackend
+    n, k = 45, 904   # 28 full 32-blocks and 8 positions
+    if case.startswith("q4"):
+        w = Q4(rng, n, k, int(case[4:]))
+    else:
+        block = {"fp8_128": (128, 128), "fp8_rows12": (12, 128), "fp8_k64": (16, 64),
+                 "fp8_signed": (8, 32)}[case]
+        w = F8(rng, n, k, block)
+        if case == "fp8_signed":
+            w.scales[::2] *= -1
+            w.q[:, :64:3] &= 0x80   # +0 and -0 codes
+            w.q[5, 70], w.q[30, 900] = 0x7F, 0xFF   # two NaN rows
+    x = xs(rng, 8, w.k)
+    want = T.dot_f32(x, w.dequant())
+    with gemm_twin_path(path) as nat:
+        be = HostBackend(native=False)
+        be.native = nat
+        for m in range(1, 9):
+            got = w.launch(be, x[:m], True)
+            assert np.array_equal(bits(got), bits(want[:m])), m
+            assert np.array_equal(w.launch(be, x[:m], False), f32_to_bf16(want[:m])), m
+
+
 @pytest.mark.parametrize("fmt", ["q4", "fp8"])
 def test_twin_is_batch_invariant(host, rng, fmt):
     w = Q4(rng, 45, 4104, 8) if fmt == "q4" else F8(rng, 45, 4104)

@@ -321,12 +321,18 @@ struct Job {
     int64_t m, n, k, steps;
 };
 
+// Decode through a view of W that builds its values per chunk instead of per block: none
+// here; gemm_quant_dp.h overloads it for quantized W (found at instantiation, by ADL).
+template <class W>
+bool direct_quant(const Job<W> &, int64_t, int64_t) { return false; }
+
 // Columns [j_lo, j_hi) of one job, on one thread (noinline: the float work stays inside
 // the caller's FlushScope).
 template <class S, class W>
 __attribute__((noinline)) void columns(const Job<W> &job, int64_t j_lo, int64_t j_hi) {
     if (job.m <= kDirectRows) {
-        direct<S, kDirectRows>(job.x, job.m, job.steps, job.w.rows(j_lo), job.out, j_lo, j_hi);
+        if (!direct_quant(job, j_lo, j_hi))   // gemm_quant_dp.h's overloads, if W has one
+            direct<S, kDirectRows>(job.x, job.m, job.steps, job.w.rows(j_lo), job.out, j_lo, j_hi);
         return;
     }
     // W in blocks of about 192 KiB as the steps read it (a multiple of NR rows), copied
@@ -372,7 +378,11 @@ void gemm(const uint16_t *x, const W &w, int64_t m, int64_t n, int64_t k, Out ou
     const int64_t k32 = (k + 31) / 32 * 32;
     int nt = int(std::min<int64_t>(g_threads.load(), (m * n * k32) >> 18));
     nt = int(std::min<int64_t>(std::max(nt, 1), (n + NR - 1) / NR));
-    const int64_t per = ((n + nt - 1) / nt + NR - 1) / NR * NR;
+    // (decode: multiples of 16 columns, so a thread's tiles of 8 or 4 rows start on the
+    // edges of FP8's 128-row scale blocks, and share their tables; the bits never depend
+    // on the split)
+    const int64_t align = m <= kDirectRows ? 16 : NR;
+    const int64_t per = ((n + nt - 1) / nt + align - 1) / align * align;
     // Row blocks of about 2 MiB of x (at least 16 MR-row groups): every W block is read
     // once per row block, and the x rows that pass over it come from L2/L3, not DRAM
     // (1024 rows at k = 4864: 115 -> 180 GF/s of FMAs). Rows never interact: same bits.

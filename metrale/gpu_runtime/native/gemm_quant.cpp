@@ -468,6 +468,8 @@ Out out_of(float *y32, uint16_t *ybf16, int64_t n) { return Out{y32, ybf16, n}; 
 }  // namespace
 }  // namespace md
 
+#include "gemm_quant_dp.h"   // decode with AVX-512 BF16: W's values from per-chunk tables
+
 extern "C" {
 
 // y [m, n] = x [m, k] @ dequant_q4(W)^T: float32 into y32, or BF16 bits into ybf16 (one of
