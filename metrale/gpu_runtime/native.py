@@ -345,8 +345,11 @@ def load() -> NativeKernels:
     this machine cannot (no compiler, or the build fails with and without -march=native)."""
     try:
         return NativeKernels(_build(TUNE))
-    except KernelError:
-        return NativeKernels(_build(()))   # a compiler without -march=native
+    except KernelError as e:   # a compiler without -march=native (or a source that fails
+        # only with this CPU's instruction sets: said, as the generic build is much slower)
+        log.warning("metrale: the native library's build for this CPU failed, using the "
+                    "generic build: %s", str(e).splitlines()[-1])
+        return NativeKernels(_build(()))
 
 
 @lru_cache(maxsize=1)

@@ -22,13 +22,32 @@
 namespace md {
 namespace {
 
+// Each of the tile's C rows is a stream prefetched kAheadBytes ahead of block blk into L2;
+// past a row's end, in the row that follows it in the next tile (row b + C), so the
+// streams stay ahead across tiles. Decode reads W from DRAM once: with prefetches into L1
+// two tiles ahead (gemm_core.h's `tile`) the FP8 body of a Qwen2.5-0.5B step read 13-17
+// GB/s; into L2, 1-4 KiB ahead, 23-27 GB/s, the machine's read bandwidth (4-bit: 20% faster,
+// bound by its dequantization).
+constexpr int64_t kAheadBytes = 2048;
+constexpr int kPrefetchL2 = 2;   // __builtin_prefetch's locality for prefetcht1
+
+
+// c - z for every uint8 zero z: the 16 floats from 255 - z are -z .. 15 - z (exact).
+struct CodeMinusZero {
+    float f[271];
+    constexpr CodeMinusZero() : f{} {
+        for (int i = 0; i < 271; i++) f[i] = float(i - 255);
+    }
+};
+constexpr CodeMinusZero kCodeMinusZero{};
+
 // 4-bit W without act-order, group_size % 32 == 0: one table per row.
 struct Q4View {
     WQ4<DpStep> w;
-    static constexpr bool kPerRow = true;
-    static constexpr int kBlocksPerLine = 4;   // 16 bytes a block
+    static constexpr bool kPerRow = true, kPairs = false;
+    static constexpr int kBlockBytes = 16, kBlocksPerLine = 4;
     struct State {
-        __m512i table;   // words 0..15: bf16_rn((c - z) s) for c = 0..15
+        __m512i table;   // words c and c + 16: bf16_rn((c - z) s) for c = 0..15
     };
     Q4View rows(int64_t r0) const { return {w.rows(r0)}; }
     bool shared(int) const { return true; }
@@ -37,41 +56,70 @@ struct Q4View {
         const int64_t per = w.group_size / 32;
         return std::min(b1, (blk / per + 1) * per);
     }
+    // c - z for c = 0..15 in one load (kCodeMinusZero), s widened from FP16 in every lane,
+    // both halves of the table from one vcvtne2ps2bf16
     __attribute__((always_inline)) void refresh(int b, int64_t blk, State &st) const {
         const int64_t g = b * w.groups + div_pow2(32 * blk, w.group_size);
-        const __m512 v = _mm512_mul_ps(
-            _mm512_sub_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                          _mm512_set1_ps(float(w.zeros[g]))),
-            _mm512_set1_ps(_cvtsh_ss(w.scales[g])));
-        st.table = _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(v));
+        const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(kCodeMinusZero.f + 255 - w.zeros[g]),
+                                       _mm512_cvtph_ps(_mm256_set1_epi16(int16_t(w.scales[g]))));
+        st.table = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(v, v));
     }
-    // the block's 32 codes as word indices (dword l = byte l's low nibble | high << 16)
+    // The block's 32 codes as word indices: dword l = byte l | byte l << 12, so word 2l's
+    // 5 index bits are the low nibble and the high one's lowest bit (the table's copy at
+    // + 16 makes that bit harmless), word 2l + 1 is the high nibble.
     __attribute__((always_inline)) v16f block(int b, int64_t blk, const State &st) const {
         const __m512i c = _mm512_cvtepu8_epi32(
             _mm_loadu_si128(reinterpret_cast<const __m128i *>(w.q + b * w.row_bytes + 16 * blk)));
-        const __m512i idx = _mm512_and_si512(_mm512_or_si512(c, _mm512_slli_epi32(c, 12)),
-                                             _mm512_set1_epi32(0x000F000F));
+        const __m512i idx = _mm512_or_si512(c, _mm512_slli_epi32(c, 12));
         return reinterpret_cast<v16f>(_mm512_permutexvar_epi16(idx, st.table));
     }
-    void prefetch(int64_t row, int64_t blk) const { w.prefetch(row, blk); }
-};
-
-// The FP8 codes 0..127, the table's arguments.
-struct Codes128 {
-    alignas(64) uint8_t c[128];
-    constexpr Codes128() : c{} {
-        for (int i = 0; i < 128; i++) c[i] = uint8_t(i);
+    void prefetch(int64_t row, int64_t blk) const {
+        __builtin_prefetch(reinterpret_cast<const void *>(reinterpret_cast<uintptr_t>(w.q) +
+                                                          uintptr_t(row * w.row_bytes + 16 * blk)), 0, kPrefetchL2);
     }
 };
-constexpr Codes128 kCodes128{};
 
-// FP8 W, block_k % 32 == 0: one table for the tile when its rows share a scale row.
+// The e4m3 magnitudes 0..127 as float32 (exact: 2^(e - 7) (1 + m / 8), or m 2^-9 for e = 0;
+// 127, the NaN code, as 0 here: its word is set to 0x7FFF after the conversion).
+struct E4m3Magnitudes {
+    alignas(64) float f[128];
+    constexpr E4m3Magnitudes() : f{} {
+        for (int c = 0; c < 127; c++) {
+            const int e = c >> 3, m = c & 7;
+            float v = e == 0 ? float(m) : float(8 + m);   // times 2^-9, or 2^(e - 10)
+            for (int i = 0; i < (e == 0 ? 9 : 10 - e); i++) v *= 0.5f;
+            for (int i = 0; i < e - 10; i++) v *= 2.f;
+            f[c] = v;
+        }
+    }
+};
+constexpr E4m3Magnitudes kE4m3{};
+
+// Byte indices: vpermt2b's picks of the low (even) and high (odd) bytes of 64 words, and
+// kSpread, which puts the codes of two blocks where vpunpck{l,h}bw takes them in order:
+// byte 16 L + i <- code 8 L + i (the first block), 16 L + 8 + i <- 32 + 8 L + i.
+struct ByteIndices {
+    alignas(64) uint8_t even[64], odd[64], spread[64];
+    constexpr ByteIndices() : even{}, odd{}, spread{} {
+        for (int i = 0; i < 64; i++) {
+            even[i] = uint8_t(2 * i);
+            odd[i] = uint8_t(2 * i + 1);
+            spread[i] = uint8_t((i & 8 ? 32 : 0) + 8 * (i >> 4) + (i & 7));
+        }
+    }
+};
+constexpr ByteIndices kBytes{};
+
+// FP8 W, block_k % 32 == 0: one table for the tile when its rows share a scale row, as the
+// low and high bytes of the 128 magnitudes' words (two vpermi2b of 128 entries each). Two
+// blocks (64 codes) at a time: spread, the two lookups, the sign into the high bytes, and
+// the bytes interleaved into the two blocks' words (6 operations for 64 weights).
 struct F8View {
     WF8<DpStep> w;
-    static constexpr bool kPerRow = false;
-    static constexpr int kBlocksPerLine = 2;   // 32 bytes a block
+    static constexpr bool kPerRow = false, kPairs = true;
+    static constexpr int kBlockBytes = 32, kBlocksPerLine = 2;
     struct State {
-        __m512i t[4];   // words of magnitudes 0..31, 32..63, 64..95, 96..127
+        __m512i lo0, lo1, hi0, hi1;   // bytes of magnitudes 0..63 and 64..127
     };
     F8View rows(int64_t r0) const { return {w.rows(r0)}; }
     bool shared(int rows) const {
@@ -84,57 +132,109 @@ struct F8View {
         const int64_t per = w.block_k / 32;
         return std::min(b1, (blk / per + 1) * per);
     }
+    // bf16_rn(f32_rn(e4m3(c) s)) for c = 0..127, fp8_block_words' roundings (the NaN code
+    // 0x7FFF as there)
     void refresh(int, int64_t blk, State &st) const {
-        const float s = w.scales[int64_t(w.scale_row[0]) * w.k_blocks + div_pow2(32 * blk, w.block_k)];
+        const __m512 s = _mm512_set1_ps(
+            w.scales[int64_t(w.scale_row[0]) * w.k_blocks + div_pow2(32 * blk, w.block_k)]);
+        __m512i t[4];
         for (int i = 0; i < 4; i++)
-            st.t[i] = reinterpret_cast<__m512i>(fp8_block_words(kCodes128.c + 32 * i, s));
+            t[i] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_load_ps(kE4m3.f + 32 * i + 16), s),
+                                               _mm512_mul_ps(_mm512_load_ps(kE4m3.f + 32 * i), s));
+        t[3] = _mm512_mask_mov_epi16(t[3], __mmask32(1u << 31), _mm512_set1_epi16(0x7FFF));
+        const __m512i even = _mm512_load_si512(kBytes.even), odd = _mm512_load_si512(kBytes.odd);
+        st.lo0 = _mm512_permutex2var_epi8(t[0], even, t[1]);
+        st.hi0 = _mm512_permutex2var_epi8(t[0], odd, t[1]);
+        st.lo1 = _mm512_permutex2var_epi8(t[2], even, t[3]);
+        st.hi1 = _mm512_permutex2var_epi8(t[2], odd, t[3]);
+    }
+    // blocks blk and blk + 1 from their 64 codes (c: loaded, or the one block zero-extended)
+    __attribute__((always_inline)) void words(__m512i c, const State &st, v16f &w0, v16f &w1) const {
+        const __m512i p = _mm512_permutexvar_epi8(_mm512_load_si512(kBytes.spread), c);
+        const __m512i lo = _mm512_permutex2var_epi8(st.lo0, p, st.lo1);   // index bits 0-6
+        __m512i hi = _mm512_permutex2var_epi8(st.hi0, p, st.hi1);
+        hi = _mm512_xor_si512(hi, _mm512_and_si512(p, _mm512_set1_epi8(int8_t(0x80))));   // the sign
+        w0 = reinterpret_cast<v16f>(_mm512_unpacklo_epi8(lo, hi));
+        w1 = reinterpret_cast<v16f>(_mm512_unpackhi_epi8(lo, hi));
+    }
+    __attribute__((always_inline)) void pair(int b, int64_t blk, const State &st, v16f &w0,
+                                             v16f &w1) const {
+        words(_mm512_loadu_si512(w.q + b * w.row_bytes + 32 * blk), st, w0, w1);
     }
     __attribute__((always_inline)) v16f block(int b, int64_t blk, const State &st) const {
-        const __m512i c = _mm512_cvtepu8_epi16(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i *>(w.q + b * w.row_bytes + 32 * blk)));
-        const __m512i lo = _mm512_permutex2var_epi16(st.t[0], c, st.t[1]);   // index bits 0-5
-        const __m512i hi = _mm512_permutex2var_epi16(st.t[2], c, st.t[3]);
-        const __m512i mag = _mm512_mask_blend_epi16(
-            _mm512_test_epi16_mask(c, _mm512_set1_epi16(0x40)), lo, hi);
-        const __m512i sign = _mm512_and_si512(_mm512_slli_epi16(c, 8), _mm512_set1_epi16(int16_t(0x8000)));
-        return reinterpret_cast<v16f>(_mm512_xor_si512(mag, sign));
+        v16f w0, w1;
+        words(_mm512_zextsi256_si512(_mm256_loadu_si256(
+                  reinterpret_cast<const __m256i *>(w.q + b * w.row_bytes + 32 * blk))),
+              st, w0, w1);
+        return w0;
     }
-    void prefetch(int64_t row, int64_t blk) const { w.prefetch(row, blk); }
+    void prefetch(int64_t row, int64_t blk) const {
+        __builtin_prefetch(reinterpret_cast<const void *>(reinterpret_cast<uintptr_t>(w.q) +
+                                                          uintptr_t(row * w.row_bytes + 32 * blk)), 0, kPrefetchL2);
+    }
 };
 
+// Every loop over a tile's rows and columns unrolled (as gemm_avx2.h's MD_UNROLL), so
+// the accumulators stay in registers: a loop GCC leaves rolled indexes them in memory (a
+// store and a load per VDPBF16PS: FP8 decode ran 1.3x slower that way).
+#define MD_DP_UNROLL _Pragma("GCC unroll 16")
+
+// acc[a * C + b] after step blk of x row a with W operand wv[b]
+template <int R, int C>
+__attribute__((always_inline)) inline void dp_step(v16f (&acc)[R * C], const v16f *x,
+                                                   int64_t steps, int64_t blk,
+                                                   const v16f (&wv)[C]) {
+    MD_DP_UNROLL for (int a = 0; a < R; a++) {
+        v16f xv = x[a * steps + blk];
+        pin(xv);
+        MD_DP_UNROLL for (int b = 0; b < C; b++)
+            acc[a * C + b] = DpStep::step(acc[a * C + b], xv, wv[b]);
+    }
+}
+
+template <int C, class V>
+__attribute__((always_inline)) inline void ahead(const V &v, int64_t blk, int64_t full) {
+    const int64_t d = std::min<int64_t>(kAheadBytes / V::kBlockBytes, full);
+    int64_t at = blk + d, row = 0;
+    if (at >= full) at -= full, row = C;
+    MD_DP_UNROLL for (int b = 0; b < C; b++) v.prefetch(row + b, at);
+}
+
 // y[i0 + a, j + b] for a < R, b < C: gemm_core.h's `tile` with DpStep, W's full blocks from
-// the view's tables (a chunk's tables built before its blocks), the partial last block from
-// the source's own load.
+// the view's tables (a chunk's tables built before its blocks; FP8 two blocks at a time,
+// each accumulator still taking step blk before blk + 1), the partial last block from the
+// source's own load.
 template <int R, int C, class V>
 inline void tile_view(const v16f *x, int64_t steps, const V &v, const Out &out, int64_t i0,
                       int64_t j) {
     constexpr int NS = V::kPerRow ? C : 1;
     v16f acc[R * C];
-    for (int e = 0; e < R * C; e++) acc[e] = v16f{};
+    MD_DP_UNROLL for (int e = 0; e < R * C; e++) acc[e] = v16f{};
     typename V::State st[NS];
-    auto run = [&](int64_t blk, const v16f (&wv)[C]) {
-        for (int a = 0; a < R; a++) {
-            v16f xv = x[a * steps + blk];
-            pin(xv);
-            for (int b = 0; b < C; b++) acc[a * C + b] = DpStep::step(acc[a * C + b], xv, wv[b]);
-        }
-    };
     const int64_t full = v.full_blocks();
     for (int64_t blk = 0; blk < full;) {
         const int64_t end = v.chunk_end(blk, full);
-        for (int b = 0; b < NS; b++) v.refresh(b, blk, st[b]);
+        MD_DP_UNROLL for (int b = 0; b < NS; b++) v.refresh(b, blk, st[b]);
+        if constexpr (V::kPairs)
+            for (; blk + 2 <= end; blk += 2) {   // one cache line of each row
+                ahead<C>(v, blk, full);
+                v16f w0[C], w1[C];
+                MD_DP_UNROLL for (int b = 0; b < C; b++)
+                    v.pair(b, blk, st[V::kPerRow ? b : 0], w0[b], w1[b]);
+                dp_step<R, C>(acc, x, steps, blk, w0);
+                dp_step<R, C>(acc, x, steps, blk + 1, w1);
+            }
         for (; blk < end; blk++) {
-            if (blk % V::kBlocksPerLine == 0)   // one prefetch a cache line
-                for (int b = 0; b < C; b++) v.prefetch(b + 2 * C, blk);   // the tile after next
+            if (blk % V::kBlocksPerLine == 0) ahead<C>(v, blk, full);   // one a cache line
             v16f wv[C];
-            for (int b = 0; b < C; b++) wv[b] = v.block(b, blk, st[V::kPerRow ? b : 0]);
-            run(blk, wv);
+            MD_DP_UNROLL for (int b = 0; b < C; b++) wv[b] = v.block(b, blk, st[V::kPerRow ? b : 0]);
+            dp_step<R, C>(acc, x, steps, blk, wv);
         }
     }
     for (int64_t blk = full; blk < steps; blk++) {
         v16f wv[C];
-        for (int b = 0; b < C; b++) wv[b] = v.w.load(b, blk);
-        run(blk, wv);
+        MD_DP_UNROLL for (int b = 0; b < C; b++) wv[b] = v.w.load(b, blk);
+        dp_step<R, C>(acc, x, steps, blk, wv);
     }
     store_tile<R, C>(acc, out, i0, j);
 }
