@@ -22,16 +22,6 @@
 namespace md {
 namespace {
 
-// Each of the tile's C rows is a stream prefetched kAheadBytes ahead of block blk into L2;
-// past a row's end, in the row that follows it in the next tile (row b + C), so the
-// streams stay ahead across tiles. Decode reads W from DRAM once: with prefetches into L1
-// two tiles ahead (gemm_core.h's `tile`) the FP8 body of a Qwen2.5-0.5B step read 13-17
-// GB/s; into L2, 1-4 KiB ahead, 23-27 GB/s, the machine's read bandwidth (4-bit: 20% faster,
-// bound by its dequantization).
-constexpr int64_t kAheadBytes = 2048;
-constexpr int kPrefetchL2 = 2;   // __builtin_prefetch's locality for prefetcht1
-
-
 // c - z for every uint8 zero z: the 16 floats from 255 - z are -z .. 15 - z (exact).
 struct CodeMinusZero {
     float f[271];
@@ -45,7 +35,7 @@ constexpr CodeMinusZero kCodeMinusZero{};
 struct Q4View {
     WQ4<DpStep> w;
     static constexpr bool kPerRow = true, kPairs = false;
-    static constexpr int kBlockBytes = 16, kBlocksPerLine = 4;
+    static constexpr int kBlocksPerLine = 4;   // 16 bytes a block
     struct State {
         __m512i table;   // words c and c + 16: bf16_rn((c - z) s) for c = 0..15
     };
@@ -72,10 +62,6 @@ struct Q4View {
             _mm_loadu_si128(reinterpret_cast<const __m128i *>(w.q + b * w.row_bytes + 16 * blk)));
         const __m512i idx = _mm512_or_si512(c, _mm512_slli_epi32(c, 12));
         return reinterpret_cast<v16f>(_mm512_permutexvar_epi16(idx, st.table));
-    }
-    void prefetch(int64_t row, int64_t blk) const {
-        __builtin_prefetch(reinterpret_cast<const void *>(reinterpret_cast<uintptr_t>(w.q) +
-                                                          uintptr_t(row * w.row_bytes + 16 * blk)), 0, kPrefetchL2);
     }
 };
 
@@ -117,7 +103,7 @@ constexpr ByteIndices kBytes{};
 struct F8View {
     WF8<DpStep> w;
     static constexpr bool kPerRow = false, kPairs = true;
-    static constexpr int kBlockBytes = 32, kBlocksPerLine = 2;
+    static constexpr int kBlocksPerLine = 2;   // 32 bytes a block
     struct State {
         __m512i lo0, lo1, hi0, hi1;   // bytes of magnitudes 0..63 and 64..127
     };
@@ -168,10 +154,6 @@ struct F8View {
               st, w0, w1);
         return w0;
     }
-    void prefetch(int64_t row, int64_t blk) const {
-        __builtin_prefetch(reinterpret_cast<const void *>(reinterpret_cast<uintptr_t>(w.q) +
-                                                          uintptr_t(row * w.row_bytes + 32 * blk)), 0, kPrefetchL2);
-    }
 };
 
 // Every loop over a tile's rows and columns unrolled (as gemm_avx2.h's MD_UNROLL), so
@@ -192,14 +174,6 @@ __attribute__((always_inline)) inline void dp_step(v16f (&acc)[R * C], const v16
     }
 }
 
-template <int C, class V>
-__attribute__((always_inline)) inline void ahead(const V &v, int64_t blk, int64_t full) {
-    const int64_t d = std::min<int64_t>(kAheadBytes / V::kBlockBytes, full);
-    int64_t at = blk + d, row = 0;
-    if (at >= full) at -= full, row = C;
-    MD_DP_UNROLL for (int b = 0; b < C; b++) v.prefetch(row + b, at);
-}
-
 // y[i0 + a, j + b] for a < R, b < C: gemm_core.h's `tile` with DpStep, W's full blocks from
 // the view's tables (a chunk's tables built before its blocks; FP8 two blocks at a time,
 // each accumulator still taking step blk before blk + 1), the partial last block from the
@@ -217,7 +191,7 @@ inline void tile_view(const v16f *x, int64_t steps, const V &v, const Out &out, 
         MD_DP_UNROLL for (int b = 0; b < NS; b++) v.refresh(b, blk, st[b]);
         if constexpr (V::kPairs)
             for (; blk + 2 <= end; blk += 2) {   // one cache line of each row
-                ahead<C>(v, blk, full);
+                MD_DP_UNROLL for (int b = 0; b < C; b++) v.w.prefetch(b, blk, C);
                 v16f w0[C], w1[C];
                 MD_DP_UNROLL for (int b = 0; b < C; b++)
                     v.pair(b, blk, st[V::kPerRow ? b : 0], w0[b], w1[b]);
@@ -225,7 +199,8 @@ inline void tile_view(const v16f *x, int64_t steps, const V &v, const Out &out, 
                 dp_step<R, C>(acc, x, steps, blk + 1, w1);
             }
         for (; blk < end; blk++) {
-            if (blk % V::kBlocksPerLine == 0) ahead<C>(v, blk, full);   // one a cache line
+            if (blk % V::kBlocksPerLine == 0)   // once a cache line
+                MD_DP_UNROLL for (int b = 0; b < C; b++) v.w.prefetch(b, blk, C);
             v16f wv[C];
             MD_DP_UNROLL for (int b = 0; b < C; b++) wv[b] = v.block(b, blk, st[V::kPerRow ? b : 0]);
             dp_step<R, C>(acc, x, steps, blk, wv);
