@@ -3,7 +3,8 @@
 tree's library against the library built from another git revision, interleaved.
 
     python benchmarks/native_gemm_cpu.py [--baseline-rev REV] [--m 1 128]
-                                         [--formats bf16 q4 fp8] [--json FILE]
+                                         [--formats bf16 q4 fp8] [--cold-mib 128]
+                                         [--json FILE]
 
 Shapes (n, k) are the linears of SmolLM2-135M (hidden 576, intermediate 1536, 9 heads / 3
 KV heads of 64, vocab 49152) and Qwen2.5-0.5B (896, 4864, 14 / 2 heads of 64, vocab
@@ -12,12 +13,16 @@ KV heads of 64, vocab 49152) and Qwen2.5-0.5B (896, 4864, 14 / 2 heads of 64, vo
 scales, uint8 zeros) or FP8 e4m3 with 128x128 block scales, as ops.gemm_q passes them.
 Every measurement is the median of `--reps` calls (at least ~0.2 s of calls each), rounds
 alternate the libraries so a busy machine slows both alike; the library threads are the
-process's usable CPUs. Reported: ms per call, GMAC/s and GB/s of W read. The 1-minute load
+process's usable CPUs. Without --cold-mib a small W stays in the caches between calls;
+decode reads every weight once a step, from DRAM, which --cold-mib reproduces (the calls
+rotate over copies of W filling that many MiB). Reported: ms per call, GMAC/s and GB/s of
+W read. The 1-minute load
 average is recorded before and after: on a shared machine numbers are indicative only.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -61,27 +66,36 @@ def build_revision(rev: str, out_dir: Path) -> Path:
     return lib
 
 
-def make_call(lib, fmt: str, x: np.ndarray, n: int, k: int, rng):
-    """(a zero-argument GEMM call, bytes of W it reads)."""
+def make_call(fmt: str, x: np.ndarray, n: int, k: int, rng, cold_bytes: int = 0):
+    """(call(lib): one GEMM, bytes of W it reads). With cold_bytes, the calls rotate over
+    enough copies of W to fill that many bytes, so each reads its W from DRAM as a decode
+    step does (one pass over every weight) instead of from the caches."""
     m = len(x)
     out = np.empty((m, n), np.float32)
     if fmt == "bf16":
-        w = f32_to_bf16(rng.standard_normal((n, k), dtype=np.float32))
-        return (lambda: lib.gemm(x, w, out)), w.nbytes
-    if fmt == "q4":   # [n, ceil(k / 32) * 4] uint32 words, FP16 scales, uint8 zeros
-        q = rng.integers(0, 2**32, (n, (k + 31) // 32 * 4), dtype=np.uint32)
-        groups = -(-k // GROUP)
-        scales = (rng.uniform(0.005, 0.02, (n, groups)).astype(np.float16)).view(np.uint16)
-        zeros = rng.integers(0, 16, (n, groups), dtype=np.uint8)
-        nbytes = q.nbytes + scales.nbytes + zeros.nbytes
-        return (lambda: lib.gemm_q4(x, q, scales, zeros, None, None, k, GROUP, out)), nbytes
-    # fp8: e4m3 codes without the NaN ones, float32 scales per 128 x 128 block
-    q = rng.integers(0, 256, (n, (k + 31) // 32 * 32), dtype=np.uint8)
-    q[(q & 0x7F) == 0x7F] = 0x3C
-    scales = rng.uniform(0.001, 0.01, (-(-n // BLOCK), -(-k // BLOCK))).astype(np.float32)
-    scale_row = (np.arange(n) // BLOCK).astype(np.int32)
-    nbytes = q.nbytes + scales.nbytes
-    return (lambda: lib.gemm_fp8(x, q, scales, scale_row, k, BLOCK, out)), nbytes
+        def make():
+            return (f32_to_bf16(rng.standard_normal((n, k), dtype=np.float32)),)
+        run = lambda lib, w: lib.gemm(x, *w, out)   # noqa: E731
+    elif fmt == "q4":   # [n, ceil(k / 32) * 4] uint32 words, FP16 scales, uint8 zeros
+        def make():
+            q = rng.integers(0, 2**32, (n, (k + 31) // 32 * 4), dtype=np.uint32)
+            groups = -(-k // GROUP)
+            scales = (rng.uniform(0.005, 0.02, (n, groups)).astype(np.float16)).view(np.uint16)
+            return q, scales, rng.integers(0, 16, (n, groups), dtype=np.uint8)
+        run = lambda lib, w: lib.gemm_q4(x, *w, None, None, k, GROUP, out)   # noqa: E731
+    else:   # fp8: e4m3 codes without the NaN ones, float32 scales per 128 x 128 block
+        def make():
+            q = rng.integers(0, 256, (n, (k + 31) // 32 * 32), dtype=np.uint8)
+            q[(q & 0x7F) == 0x7F] = 0x3C
+            scales = rng.uniform(0.001, 0.01, (-(-n // BLOCK), -(-k // BLOCK))).astype(np.float32)
+            return q, scales, (np.arange(n) // BLOCK).astype(np.int32)
+        run = lambda lib, w: lib.gemm_fp8(x, *w, k, BLOCK, out)   # noqa: E731
+    copies = [make()]
+    nbytes = sum(a.nbytes for a in copies[0])
+    while len(copies) * nbytes < cold_bytes:
+        copies.append(tuple(a.copy() for a in copies[0]))
+    turn = iter(range(1 << 62))
+    return (lambda lib: run(lib, copies[next(turn) % len(copies)])), nbytes
 
 
 def median_call_s(call, reps: int, min_s: float = 0.2) -> float:
@@ -107,6 +121,9 @@ def main(argv=None) -> int:
     ap.add_argument("--formats", nargs="+", default=["bf16"], choices=["bf16", "q4", "fp8"])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--cold-mib", type=int, default=0,
+                    help="rotate over copies of W filling this many MiB (e.g. 256, past the "
+                         "caches: each call reads W from DRAM, as decode does)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
 
@@ -125,10 +142,10 @@ def main(argv=None) -> int:
                         continue
                     x = f32_to_bf16(rng.standard_normal((m, k), dtype=np.float32))
                     for fmt in args.formats:
-                        calls, nbytes = {}, 0
-                        for name, lib in libs.items():
-                            calls[name], nbytes = make_call(lib, fmt, x, n, k,
-                                                            np.random.default_rng(1))
+                        call, nbytes = make_call(fmt, x, n, k, np.random.default_rng(1),
+                                                 args.cold_mib << 20)
+                        calls = {name: functools.partial(call, lib)
+                                 for name, lib in libs.items()}
                         cases.append((model, linear, fmt, m, n, k, calls, nbytes))
         times = {(i, name): [] for i in range(len(cases)) for name in libs}
         for _ in range(args.rounds):
@@ -154,6 +171,7 @@ def main(argv=None) -> int:
             print(line, flush=True)
     report = {"benchmark": "native_gemm_cpu", "gemm_kind": libs["this"].kind,
               "threads": native.usable_cpus(), "baseline_rev": args.baseline_rev,
+              "cold_mib": args.cold_mib,
               "rounds": args.rounds, "loadavg_before": before, "loadavg_after": loadavg(),
               "rows": rows}
     if args.json:
