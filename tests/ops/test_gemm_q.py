@@ -263,7 +263,7 @@ def test_decode_tables_give_the_same_bits(rng, case, path):
     share one, negative scales with +-0 and NaN codes (the sign flip of zeros): every row
     equals numpy's dot_f32 on the dequantized bits."""
     from metrale.gpu_runtime import HostBackend
-    n, k = 45, 904   # 28 full 32-blocks and 8 positions
+    n, k = 45, 936   # 29 full 32-blocks (FP8: a lone block after the pairs) and 8 positions
     if case.startswith("q4"):
         w = Q4(rng, n, k, int(case[4:]))
     else:

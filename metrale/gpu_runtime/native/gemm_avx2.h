@@ -46,12 +46,11 @@ struct Bits8 {
     void refresh(int64_t, int64_t, State &) const {}
     Bits8 rows(int64_t r0) const { return {p + r0 * k, k}; }
     int64_t full_blocks() const { return k / 32; }
-    // block s / 2 of the same row in the tile after next, into L1 (never faults). (This
-    // path reads each W block twice, once per lane half: gemm_core.h's stream into L2 made
-    // the quantized decode steps 11-18% slower here.)
+    // block s / 2 of the same row in the tile after next, into L1. (This path reads each
+    // W block twice, once per lane half: gemm_core.h's stream into L2 made the quantized
+    // decode steps 11-18% slower here.)
     void prefetch(int64_t row, int64_t s, int c) const {
-        __builtin_prefetch(reinterpret_cast<const void *>(
-            reinterpret_cast<uintptr_t>(p) + uintptr_t(((row + 2 * c) * k + s / 2 * 32) * 2)));
+        prefetch_at<3>(p, ((row + 2 * c) * k + s / 2 * 32) * 2);
     }
     template <int P, int L, bool kTail>
     __m256 half8(int64_t row, int64_t blk, State &) const {

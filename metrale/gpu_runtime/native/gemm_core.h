@@ -25,10 +25,6 @@
 
 #include "pool.h"
 
-#ifndef MD_BF_AHEAD
-#define MD_BF_AHEAD 2048
-#define MD_BF_LOC 3
-#endif
 namespace md {
 namespace {
 
@@ -70,6 +66,24 @@ constexpr float kMinNormal = 1.17549435e-38f;   // 2^-126
 // reads 39-46 GB/s, FP8 23-27 (its tile's work bounds it), 1-4 KiB ahead alike.
 constexpr int64_t kAheadBytes = 2048;
 constexpr int kPrefetchL2 = 2;   // __builtin_prefetch's locality for prefetcht1
+
+// A prefetch of base + offset, the address formed as an integer (no out-of-range pointer:
+// prefetches never fault, so rows past W's end are harmless).
+template <int kLocality = kPrefetchL2>
+inline void prefetch_at(const void *base, int64_t offset) {
+    __builtin_prefetch(reinterpret_cast<const void *>(reinterpret_cast<uintptr_t>(base) +
+                                                      uintptr_t(offset)),
+                       0, kLocality);
+}
+
+// The offset kAheadBytes ahead of block blk of row `row` (rows of `blocks` blocks of
+// block_bytes, row_bytes apart), past the row's end in row + c: the tile's next row there.
+inline int64_t stream_ahead(int64_t row, int64_t blk, int c, int64_t blocks,
+                            int64_t block_bytes, int64_t row_bytes) {
+    int64_t at = blk + std::min<int64_t>(kAheadBytes / block_bytes, blocks);
+    if (at >= blocks) at -= blocks, row += c;
+    return row * row_bytes + at * block_bytes;
+}
 
 inline uint16_t f32_to_bf16(float f) {
     uint32_t u;
@@ -208,15 +222,9 @@ struct WBits {
         return S::from_bits(words, int(s % S::kPerBlock));
     }
     WBits rows(int64_t r0) const { return {p + r0 * k, k, k_full}; }
-    // Row `row`'s stream kAheadBytes ahead of step s (a tile of c rows). Prefetches never
-    // fault, so rows past W's end are harmless; the address is formed as an integer (no
-    // out-of-range pointer).
+    // row's stream ahead of step s, in a tile of c rows
     void prefetch(int64_t row, int64_t s, int c) const {
-        const int64_t blocks = (k + 31) / 32, d = std::min<int64_t>(kAheadBytes / 64, blocks);
-        int64_t at = s / S::kPerBlock + d;
-        if (at >= blocks) at -= blocks, row += c;
-        __builtin_prefetch(reinterpret_cast<const void *>(
-            reinterpret_cast<uintptr_t>(p) + uintptr_t((row * k + at * 32) * 2)), 0, kPrefetchL2);
+        prefetch_at(p, stream_ahead(row, s / S::kPerBlock, c, (k + 31) / 32, 64, 2 * k));
     }
 };
 

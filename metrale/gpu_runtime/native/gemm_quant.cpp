@@ -208,14 +208,9 @@ struct WQ4 {
     const int32_t *table(int64_t row) const {
         return gidx ? gidx + int64_t(gidx_row[row]) * k : nullptr;
     }
-    // row's stream kAheadBytes ahead of step s, in a tile of c rows (gemm_core.h's WBits)
+    // row's stream ahead of step s, in a tile of c rows
     void prefetch(int64_t row, int64_t s, int c) const {
-        const int64_t blocks = (k + 31) / 32, d = std::min<int64_t>(kAheadBytes / 16, blocks);
-        int64_t at = s / S::kPerBlock + d;
-        if (at >= blocks) at -= blocks, row += c;
-        __builtin_prefetch(reinterpret_cast<const void *>(reinterpret_cast<uintptr_t>(q) +
-                                                          uintptr_t(row * row_bytes + at * 16)),
-                           0, kPrefetchL2);
+        prefetch_at(q, stream_ahead(row, s / S::kPerBlock, c, (k + 31) / 32, 16, row_bytes));
     }
     // (q - z) * s of 8 lanes (bytes b: position 2l in the low nibble, 2l + 1 in the high)
     template <int H>
@@ -281,14 +276,9 @@ struct WF8 {
     WF8 rows(int64_t r0) const {
         return {q + r0 * row_bytes, scales, scale_row + r0, row_bytes, k_blocks, block_k, k};
     }
-    // row's stream kAheadBytes ahead of step s, in a tile of c rows (gemm_core.h's WBits)
+    // row's stream ahead of step s, in a tile of c rows
     void prefetch(int64_t row, int64_t s, int c) const {
-        const int64_t blocks = (k + 31) / 32, d = std::min<int64_t>(kAheadBytes / 32, blocks);
-        int64_t at = s / S::kPerBlock + d;
-        if (at >= blocks) at -= blocks, row += c;
-        __builtin_prefetch(reinterpret_cast<const void *>(reinterpret_cast<uintptr_t>(q) +
-                                                          uintptr_t(row * row_bytes + at * 32)),
-                           0, kPrefetchL2);
+        prefetch_at(q, stream_ahead(row, s / S::kPerBlock, c, (k + 31) / 32, 32, row_bytes));
     }
     // e4m3(code) * s of 8 lanes (byte pairs: position 2l low, 2l + 1 high), one rounding
     // to float32: normal 2^(e-7) (1 + m/8) as float32 bits, e = 0: m 2^-9 (a normal float32)
@@ -354,8 +344,7 @@ struct Q4x8 {
     Q4x8 rows(int64_t r0) const { return {w.rows(r0)}; }
     int64_t full_blocks() const { return w.k / 32; }
     void prefetch(int64_t row, int64_t s, int c) const {   // as Bits8::prefetch
-        __builtin_prefetch(reinterpret_cast<const void *>(reinterpret_cast<uintptr_t>(w.q) +
-            uintptr_t((row + 2 * c) * w.row_bytes + s / 2 * 16)));
+        prefetch_at<3>(w.q, (row + 2 * c) * w.row_bytes + s / 2 * 16);
     }
     // the blocks from blk that share one group (kTable), else all of them
     int64_t chunk_end(int64_t blk, int64_t b1) const {
@@ -433,8 +422,7 @@ struct F8x8 {
     F8x8 rows(int64_t r0) const { return {w.rows(r0)}; }
     int64_t full_blocks() const { return w.k / 32; }
     void prefetch(int64_t row, int64_t s, int c) const {   // as Bits8::prefetch
-        __builtin_prefetch(reinterpret_cast<const void *>(reinterpret_cast<uintptr_t>(w.q) +
-            uintptr_t((row + 2 * c) * w.row_bytes + s / 2 * 32)));
+        prefetch_at<3>(w.q, (row + 2 * c) * w.row_bytes + s / 2 * 32);
     }
     int64_t chunk_end(int64_t blk, int64_t b1) const {
         return kBlock ? std::min(b1, (32 * blk / w.block_k + 1) * w.block_k / 32) : b1;

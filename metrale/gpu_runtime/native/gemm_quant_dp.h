@@ -3,18 +3,20 @@
 // the same order, so the same bits), with W's blocks looked up in a table instead of
 // dequantized one by one. A table holds every value one scale can produce, so it is built
 // once per chunk of blocks that share the scale and reused for each block of the chunk:
-//   4-bit  the 16 values bf16_rn((c - z) s) of a (row, group): one table per tile row,
-//          rebuilt every group_size / 32 blocks; a block is then 3 operations on its 16
-//          bytes (32 word indices) and one vpermw.
-//   FP8    the 128 magnitudes bf16_rn(f32_rn(e4m3(c) s)) of a scale block (4 x 32 words,
-//          q4_block_words' and fp8_block_words' own formulas on the codes 0..127), shared by
-//          the tile's rows when they have one scale row (128-row blocks: all but the tiles
-//          that straddle a block's edge, which take the per-block loads); rebuilt every
-//          block_k / 32 blocks. A block is two vpermi2w, a blend on the code's bit 6 and the
-//          sign: the code's sign bit flips the value's (RNE and e4m3 are symmetric, zeros
-//          included; a NaN code gives a NaN either way).
+//   4-bit  the 16 values bf16_rn((c - z) s) of a (row, group), (c - z) s exact as in
+//          q4_block_words: one table per tile row, rebuilt every group_size / 32 blocks;
+//          a block is then 3 operations on its 16 bytes (32 word indices) and one vpermw.
+//   FP8    bf16_rn(f32_rn(e4m3(c) s)) for the 128 magnitudes c of a scale block, as
+//          fp8_block_words rounds them, kept as the low and the high bytes of the words
+//          (two 128-byte tables): shared by the tile's rows when they have one scale row
+//          (128-row blocks: all but the tiles that straddle a block's edge, which take the
+//          per-block loads), rebuilt every block_k / 32 blocks. Two blocks (64 codes) at a
+//          time: one byte permute, two vpermi2b, the sign, two unpacks. The code's sign bit
+//          flips the value's (RNE and e4m3 are symmetric, zeros included; a NaN code gives
+//          a NaN either way).
 // At m = 1 on one Zen 4 core the per-block dequantization cost 2-3x the VDPBF16PS; with the
-// tables a 4-bit block is 5 vector operations with its VDPBF16PS instead of ~14.
+// tables a 4-bit block is 5 vector operations with its VDPBF16PS instead of ~14, an FP8
+// block 3-4 instead of ~15.
 #pragma once
 
 #if defined(MD_DP)
