@@ -67,6 +67,88 @@ struct Q4View {
     }
 };
 
+// 4-bit W with act-order (a group per position, gidx), at most 64 groups: no table of
+// values (a block's positions have up to 32 groups), but one of the groups' FP16 scales and
+// zero points per row, looked up for the block's 32 positions by vpermi2w on the groups'
+// word indices, then (c - z) s computed exactly as half_bits does, rounded by one
+// vcvtne2ps2bf16. About 20 operations a block (the scalar path: ~40x that).
+struct Q4ActView {
+    WQ4<DpStep> w;
+    // gidx of the tile's part as word indices, built when a tile of another part starts
+    struct Groups {
+        std::vector<uint16_t> of_pos;
+        int64_t part = -1;
+    };
+    Groups *groups;
+    struct State {
+        __m512i s_lo, s_hi, z_lo, z_hi;   // FP16 scale and zero of groups 0..31, 32..63
+    };
+    static constexpr bool kPerRow = true, kPairs = false;
+    static constexpr int kBlocksPerLine = 4;   // 16 bytes a block
+    Q4ActView rows(int64_t r0) const { return {w.rows(r0), groups}; }
+    bool shared(int rows) const {   // one part (gidx table) for the tile
+        for (int b = 1; b < rows; b++)
+            if (w.gidx_row[b] != w.gidx_row[0]) return false;
+        return true;
+    }
+    int64_t full_blocks() const { return w.k / 32; }
+    int64_t chunk_end(int64_t, int64_t b1) const { return b1; }
+    // the first n of 32 lanes (n <= 0: none; masked-off lanes are not read)
+    static __mmask32 first(int64_t n) {
+        return n >= 32 ? ~__mmask32(0) : n <= 0 ? __mmask32(0) : __mmask32((1u << n) - 1);
+    }
+    // the FP16 scales of 32 groups from p, n of them there (zero words past them)
+    static __m512i half_words(const uint16_t *p, int64_t n) {
+        return _mm512_maskz_loadu_epi16(first(n), p);
+    }
+    static __m512i zero_words(const uint8_t *p, int64_t n) {   // uint8 zeros as FP16 (exact)
+        const __m512i z = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(first(n), p));
+        const __m256i lo = _mm512_cvtps_ph(
+            _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(z))), _MM_FROUND_TO_NEAREST_INT);
+        const __m256i hi = _mm512_cvtps_ph(
+            _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(z, 1))),
+            _MM_FROUND_TO_NEAREST_INT);
+        return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    }
+    void refresh(int b, int64_t, State &st) const {
+        if (b == 0 && groups->part != w.gidx_row[0]) {
+            groups->part = w.gidx_row[0];
+            groups->of_pos.resize(size_t(w.k));
+            const int32_t *g = w.table(0);
+            for (int64_t i = 0; i < w.k; i++) groups->of_pos[size_t(i)] = uint16_t(g[i]);
+        }
+        const uint16_t *sr = w.scales + b * w.groups;
+        const uint8_t *zr = w.zeros + b * w.groups;
+        st.s_lo = half_words(sr, w.groups);
+        st.s_hi = half_words(sr + 32, w.groups - 32);
+        st.z_lo = zero_words(zr, w.groups);
+        st.z_hi = zero_words(zr + 32, w.groups - 32);
+    }
+    // (c - z) s of 16 positions: codes, zero and scale words in the low (h = 0) or high half
+    template <int H>
+    static __m512 half_values(__m512i codes, __m512i z, __m512i s) {
+        const auto half = [](__m512i v) {
+            return H == 0 ? _mm512_castsi512_si256(v) : _mm512_extracti64x4_epi64(v, 1);
+        };
+        const __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(half(codes)));
+        return _mm512_mul_ps(_mm512_sub_ps(c, _mm512_cvtph_ps(half(z))), _mm512_cvtph_ps(half(s)));
+    }
+    __attribute__((always_inline)) v16f block(int b, int64_t blk, const State &st) const {
+        const __m512i g = _mm512_loadu_si512(groups->of_pos.data() + 32 * blk);
+        const __m512i s = _mm512_permutex2var_epi16(st.s_lo, g, st.s_hi);
+        const __m512i z = _mm512_permutex2var_epi16(st.z_lo, g, st.z_hi);
+        // the 32 codes in position order as words: qword i holds positions 4i..4i + 3 (its
+        // 16 low bits), each word's low byte the 8 bits from its nibble, masked to it
+        const __m512i q = _mm512_cvtepu16_epi64(
+            _mm_loadu_si128(reinterpret_cast<const __m128i *>(w.q + b * w.row_bytes + 16 * blk)));
+        const __m512i codes = _mm512_and_si512(
+            _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x000C000800040000LL), q),
+            _mm512_set1_epi16(15));
+        return reinterpret_cast<v16f>(_mm512_cvtne2ps_pbh(half_values<1>(codes, z, s),
+                                                          half_values<0>(codes, z, s)));
+    }
+};
+
 // The e4m3 magnitudes 0..127 as float32 (exact: 2^(e - 7) (1 + m / 8), or m 2^-9 for e = 0;
 // 127, the NaN code, as 0 here: its word is set to 0x7FFF after the conversion).
 struct E4m3Magnitudes {
@@ -241,7 +323,14 @@ void direct_view(const v16f *x, int64_t m, int64_t steps, const V &v, const Out 
 
 // gemm_core.h's `columns` asks these first at m <= kDirectRows (false: no view for W).
 bool direct_quant(const Job<WQ4<DpStep>> &job, int64_t j_lo, int64_t j_hi) {
-    if (job.w.gidx != nullptr || job.w.group_size % 32 != 0) return false;
+    if (job.w.gidx != nullptr) {
+        if (job.w.groups > 64) return false;
+        Q4ActView::Groups groups;
+        direct_view<kDirectRows>(job.x, job.m, job.steps, Q4ActView{job.w.rows(j_lo), &groups},
+                                 job.out, j_lo, j_hi);
+        return true;
+    }
+    if (job.w.group_size % 32 != 0) return false;
     direct_view<kDirectRows>(job.x, job.m, job.steps, Q4View{job.w.rows(j_lo)}, job.out, j_lo,
                              j_hi);
     return true;
