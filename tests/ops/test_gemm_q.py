@@ -253,16 +253,16 @@ def test_every_row_count_and_tile_edge_gives_the_same_bits(rng, fmt, k, path):
             assert np.array_equal(bits(got), bits(want[:m])), m
 
 
-@pytest.mark.parametrize("case", ["q4_g64", "q4_g128", "q4_act32", "q4_act16", "fp8_128",
-                                  "fp8_rows12", "fp8_k64", "fp8_signed"])
+@pytest.mark.parametrize("case", ["q4_g64", "q4_g128", "q4_act32", "q4_act16", "q4_act8",
+                                  "fp8_128", "fp8_rows12", "fp8_k64", "fp8_signed"])
 @pytest.mark.parametrize("path", GEMM_PATHS)
 def test_decode_tables_give_the_same_bits(rng, case, path):
     """Decode (m = 1..8) where the native AVX-512 BF16 build looks W's values up in per-chunk
     tables (native/gemm_quant_dp.h): groups and scale blocks of several 32-blocks, a partial
     last block, FP8 tiles that straddle a scale block's edge (12-row blocks) and others that
     share one, negative scales with +-0 and NaN codes (the sign flip of zeros): every row
-    equals numpy's dot_f32 on the dequantized bits. Act-order (30 or 59 groups, three parts
-    whose tiles straddle the parts' edges): the groups' scales and zeros looked up per
+    equals numpy's dot_f32 on the dequantized bits. Act-order (30, 59 or 117 groups, three
+    parts whose tiles straddle the parts' edges): the groups' scales and zeros looked up per
     position."""
     from metrale.gpu_runtime import HostBackend
     n, k = 45, 936   # 29 full 32-blocks (FP8: a lone block after the pairs) and 8 positions

@@ -67,21 +67,26 @@ struct Q4View {
     }
 };
 
-// 4-bit W with act-order (a group per position, gidx), at most 64 groups: no table of
-// values (a block's positions have up to 32 groups), but one of the groups' FP16 scales and
-// zero points per row, looked up for the block's 32 positions by vpermi2w on the groups'
-// word indices, then (c - z) s computed exactly as half_bits does, rounded by one
-// vcvtne2ps2bf16. About 20 operations a block (the scalar path: ~40x that).
+// 4-bit W with act-order (a group per position, gidx), at most 64 groups (kWide: 128): no
+// table of values (a block's positions have up to 32 groups), but one of the groups' FP16
+// scales and zero points per row, looked up for the block's 32 positions by vpermi2w on the
+// groups' word indices (kWide: two, and a blend on the index's bit 6), then (c - z) s
+// computed exactly as half_bits does, rounded by one vcvtne2ps2bf16. About 20 operations a
+// block (the scalar path: ~40x that).
+// gidx of a tile's part as word indices, built when a tile of another part starts (one
+// thread's)
+struct ActGroups {
+    std::vector<uint16_t> of_pos;
+    int64_t part = -1;
+};
+
+template <bool kWide>
 struct Q4ActView {
     WQ4<DpStep> w;
-    // gidx of the tile's part as word indices, built when a tile of another part starts
-    struct Groups {
-        std::vector<uint16_t> of_pos;
-        int64_t part = -1;
-    };
-    Groups *groups;
+    ActGroups *groups;
+    static constexpr int kTables = kWide ? 4 : 2;
     struct State {
-        __m512i s_lo, s_hi, z_lo, z_hi;   // FP16 scale and zero of groups 0..31, 32..63
+        __m512i s[kTables], z[kTables];   // FP16 scale and zero of groups 32 t .. 32 t + 31
     };
     static constexpr bool kPerRow = true, kPairs = false;
     static constexpr int kBlocksPerLine = 4;   // 16 bytes a block
@@ -119,10 +124,17 @@ struct Q4ActView {
         }
         const uint16_t *sr = w.scales + b * w.groups;
         const uint8_t *zr = w.zeros + b * w.groups;
-        st.s_lo = half_words(sr, w.groups);
-        st.s_hi = half_words(sr + 32, w.groups - 32);
-        st.z_lo = zero_words(zr, w.groups);
-        st.z_hi = zero_words(zr + 32, w.groups - 32);
+        for (int t = 0; t < kTables; t++) {
+            st.s[t] = half_words(sr + 32 * t, w.groups - 32 * t);
+            st.z[t] = zero_words(zr + 32 * t, w.groups - 32 * t);
+        }
+    }
+    // the words of groups g (word indices) from tables t[]
+    static __m512i lookup(__m512i g, const __m512i *t) {
+        const __m512i lo = _mm512_permutex2var_epi16(t[0], g, t[1]);   // index bits 0-5
+        if constexpr (!kWide) return lo;
+        const __m512i hi = _mm512_permutex2var_epi16(t[2], g, t[3]);
+        return _mm512_mask_blend_epi16(_mm512_test_epi16_mask(g, _mm512_set1_epi16(64)), lo, hi);
     }
     // (c - z) s of 16 positions: codes, zero and scale words in the low (h = 0) or high half
     template <int H>
@@ -135,8 +147,7 @@ struct Q4ActView {
     }
     __attribute__((always_inline)) v16f block(int b, int64_t blk, const State &st) const {
         const __m512i g = _mm512_loadu_si512(groups->of_pos.data() + 32 * blk);
-        const __m512i s = _mm512_permutex2var_epi16(st.s_lo, g, st.s_hi);
-        const __m512i z = _mm512_permutex2var_epi16(st.z_lo, g, st.z_hi);
+        const __m512i s = lookup(g, st.s), z = lookup(g, st.z);
         // the 32 codes in position order as words: qword i holds positions 4i..4i + 3 (its
         // 16 low bits), each word's low byte the 8 bits from its nibble, masked to it
         const __m512i q = _mm512_cvtepu16_epi64(
@@ -324,10 +335,14 @@ void direct_view(const v16f *x, int64_t m, int64_t steps, const V &v, const Out 
 // gemm_core.h's `columns` asks these first at m <= kDirectRows (false: no view for W).
 bool direct_quant(const Job<WQ4<DpStep>> &job, int64_t j_lo, int64_t j_hi) {
     if (job.w.gidx != nullptr) {
-        if (job.w.groups > 64) return false;
-        Q4ActView::Groups groups;
-        direct_view<kDirectRows>(job.x, job.m, job.steps, Q4ActView{job.w.rows(j_lo), &groups},
-                                 job.out, j_lo, j_hi);
+        if (job.w.groups > 128) return false;
+        ActGroups groups;
+        if (job.w.groups <= 64)
+            direct_view<kDirectRows>(job.x, job.m, job.steps,
+                                     Q4ActView<false>{job.w.rows(j_lo), &groups}, job.out, j_lo, j_hi);
+        else
+            direct_view<kDirectRows>(job.x, job.m, job.steps,
+                                     Q4ActView<true>{job.w.rows(j_lo), &groups}, job.out, j_lo, j_hi);
         return true;
     }
     if (job.w.group_size % 32 != 0) return false;
