@@ -124,9 +124,10 @@ struct Q4ActView {
         }
         const uint16_t *sr = w.scales + b * w.groups;
         const uint8_t *zr = w.zeros + b * w.groups;
-        for (int t = 0; t < kTables; t++) {
-            st.s[t] = half_words(sr + 32 * t, w.groups - 32 * t);
-            st.z[t] = zero_words(zr + 32 * t, w.groups - 32 * t);
+        for (int t = 0; t < kTables; t++) {   // (no pointer formed past the groups)
+            const bool any = w.groups > 32 * t;
+            st.s[t] = any ? half_words(sr + 32 * t, w.groups - 32 * t) : _mm512_setzero_si512();
+            st.z[t] = any ? zero_words(zr + 32 * t, w.groups - 32 * t) : _mm512_setzero_si512();
         }
     }
     // the words of groups g (word indices) from tables t[]
