@@ -337,11 +337,13 @@ struct WF8 {
 template <bool kTable>
 struct Q4x8 {
     WQ4<FmaStep> w;
+    float *rows_f32 = nullptr;   // !kTable: 8 slots of a row's scales and zeros as float32
     struct State {
         __m256i tl, th;   // kTable: low and high bytes of the 16 values, in both 128-bit lanes
         __m256i pairs;    // the word pairs of the (blk, L) of the last half8<0, L>
+        const float *s = nullptr, *z = nullptr;   // !kTable: the row's groups, in rows_f32
     };
-    Q4x8 rows(int64_t r0) const { return {w.rows(r0)}; }
+    Q4x8 rows(int64_t r0) const { return {w.rows(r0), rows_f32}; }
     int64_t full_blocks() const { return w.k / 32; }
     void prefetch(int64_t row, int64_t s, int c) const {   // as Bits8::prefetch
         prefetch_at<3>(w.q, (row + 2 * c) * w.row_bytes + s / 2 * 16);
@@ -368,6 +370,14 @@ struct Q4x8 {
             const __m256i bytes = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(words, split), 0xD8);
             st.tl = _mm256_permute2x128_si256(bytes, bytes, 0x00);
             st.th = _mm256_permute2x128_si256(bytes, bytes, 0x11);
+        } else {   // the row's groups widened once (slot row % 8: a tile has <= 8 rows)
+            float *d = rows_f32 + (row & 7) * 2 * w.groups;
+            for (int64_t g = 0; g < w.groups; g++) {
+                d[g] = half_to_f32(w.scales[row * w.groups + g]);
+                d[w.groups + g] = float(w.zeros[row * w.groups + g]);
+            }
+            st.s = d;
+            st.z = d + w.groups;
         }
     }
     // lanes 8L..8L+7 of step 2 blk + P: bytes 8L..8L+7 of the block, high nibbles (P = 0)
@@ -386,17 +396,23 @@ struct Q4x8 {
                 st.pairs = _mm256_or_si256(_mm256_shuffle_epi8(st.tl, il), _mm256_shuffle_epi8(st.th, ih));
             }
             v = widen_words<P>(st.pairs);
-        } else {   // a group per lane: (c - z) * s computed
+        } else {   // a group per lane: (c - z) * s computed, s and z gathered by group
             const __m256i c = P == 0 ? _mm256_srli_epi32(b, 4) : b;
-            alignas(32) float sc[8], z[8];
-            for (int l = 0; l < 8; l++) {
-                const int64_t pos = std::min(32 * blk + 16 * L + 2 * l + (P == 0), w.k - 1);
-                const int64_t g = w.gidx ? int64_t(w.table(row)[pos]) : pos / w.group_size;
-                sc[l] = half_to_f32(w.scales[row * w.groups + g]);
-                z[l] = float(w.zeros[row * w.groups + g]);
+            __m256i pos = _mm256_add_epi32(_mm256_set1_epi32(int(32 * blk + 16 * L + (P == 0))),
+                                           _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+            if constexpr (kTail) pos = _mm256_min_epi32(pos, _mm256_set1_epi32(int(w.k - 1)));
+            __m256i g;
+            if (w.gidx) {
+                g = _mm256_i32gather_epi32(w.table(row), pos, 4);
+            } else {
+                alignas(32) int32_t gl[8];
+                _mm256_store_si256(reinterpret_cast<__m256i *>(gl), pos);
+                for (int l = 0; l < 8; l++) gl[l] = int32_t(gl[l] / w.group_size);
+                g = _mm256_load_si256(reinterpret_cast<const __m256i *>(gl));
             }
             const __m256 cf = _mm256_cvtepi32_ps(_mm256_and_si256(c, _mm256_set1_epi32(15)));
-            v = bf16_round8(_mm256_mul_ps(_mm256_sub_ps(cf, _mm256_load_ps(z)), _mm256_load_ps(sc)));
+            v = bf16_round8(_mm256_mul_ps(_mm256_sub_ps(cf, _mm256_i32gather_ps(st.z, g, 4)),
+                                          _mm256_i32gather_ps(st.s, g, 4)));
         }
         if constexpr (kTail) v = zero_past_k(v, 32 * blk + 16 * L + (P == 0), w.k);
         return v;
@@ -405,8 +421,9 @@ struct Q4x8 {
 
 template <class F>
 void visit8(const WQ4<FmaStep> &w, F &&f) {
-    if (w.gidx == nullptr && w.group_size % 32 == 0) f(Q4x8<true>{w});
-    else f(Q4x8<false>{w});
+    if (w.gidx == nullptr && w.group_size % 32 == 0) return f(Q4x8<true>{w});
+    std::vector<float> rows_f32(size_t(16 * w.groups));   // this thread's 8 slots
+    f(Q4x8<false>{w, rows_f32.data()});
 }
 
 // gemm_avx2.h's view of FP8 W. e4m3 -> FP16 bits in place (sign, then the 7 bits below it
