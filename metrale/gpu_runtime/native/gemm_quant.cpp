@@ -121,19 +121,32 @@ inline int64_t div_pow2(int64_t a, int64_t d) {
 // instead of four 8-lane dequantizations, with the same bits (RNE to BF16 of the same
 // float32 value; the tests compare this build with numpy).
 
-// 4-bit, one group for the block: the group's 16 values bf16_rn((c - z) s) as a table of
-// words, the 32 codes as word indices (dword l = byte l's low nibble | high nibble << 16),
-// one vpermw. (c - z) s is finite and exact, so vcvtneps2bf16's RNE is the only rounding.
-inline v16u q4_block_words(const uint8_t *p, float s, float z) {
-    const __m512 v = _mm512_mul_ps(
-        _mm512_sub_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                      _mm512_set1_ps(z)),
-        _mm512_set1_ps(s));
-    const __m256i table16 = (__m256i)_mm512_cvtneps_pbh(v);   // a bit cast
-    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
-    const __m512i idx = _mm512_and_si512(_mm512_or_si512(b, _mm512_slli_epi32(b, 12)),
-                                         _mm512_set1_epi32(0x000F000F));
-    return reinterpret_cast<v16u>(_mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(table16)));
+// c - z for every uint8 zero z: the 16 floats from 255 - z are -z .. 15 - z (exact).
+struct CodeMinusZero {
+    float f[271];
+    constexpr CodeMinusZero() : f{} {
+        for (int i = 0; i < 271; i++) f[i] = float(i - 255);
+    }
+};
+constexpr CodeMinusZero kCodeMinusZero{};
+
+// 4-bit, one (row, group): its 16 values bf16_rn((c - z) s) as words c and c + 16 of a
+// table (c - z in one load, s widened from FP16 in every lane, both halves from one
+// vcvtne2ps2bf16). (c - z) s is finite and exact, so the RNE is the only rounding.
+inline __m512i q4_table(uint16_t scale_bits, uint8_t zero) {
+    const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(kCodeMinusZero.f + 255 - zero),
+                                   _mm512_cvtph_ps(_mm256_set1_epi16(int16_t(scale_bits))));
+    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(v, v));
+}
+
+// The block of 32 codes at p through its group's q4_table: the codes as word indices,
+// dword l = byte l | byte l << 12, so word 2l's 5 index bits are the low nibble and the
+// high one's lowest bit (the table's copy at + 16 makes that bit harmless), word 2l + 1 is
+// the high nibble; one vpermw.
+inline v16u q4_block_words(const uint8_t *p, __m512i table) {
+    const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
+    return reinterpret_cast<v16u>(
+        _mm512_permutexvar_epi16(_mm512_or_si512(c, _mm512_slli_epi32(c, 12)), table));
 }
 
 // FP8, one scale for the block: e4m3 -> FP16 bits in place (gemm_avx2 F8x8's mapping, 2^-8
@@ -256,7 +269,7 @@ struct WQ4 {
             if (gidx == nullptr && group_size % 32 == 0 && 32 * s + 32 <= k) {
                 const int64_t g = row * groups + div_pow2(32 * s, group_size);
                 return S::from_bits(q4_block_words(q + row * row_bytes + 16 * s,
-                                                   _cvtsh_ss(scales[g]), float(zeros[g])), 0);
+                                                   q4_table(scales[g], zeros[g])), 0);
             }
 #endif
         return load_general(row, s);

@@ -3,9 +3,9 @@
 // the same order, so the same bits), with W's blocks looked up in a table instead of
 // dequantized one by one. A table holds every value one scale can produce, so it is built
 // once per chunk of blocks that share the scale and reused for each block of the chunk:
-//   4-bit  the 16 values bf16_rn((c - z) s) of a (row, group), (c - z) s exact as in
-//          q4_block_words: one table per tile row, rebuilt every group_size / 32 blocks;
-//          a block is then 3 operations on its 16 bytes (32 word indices) and one vpermw.
+//   4-bit  the 16 values bf16_rn((c - z) s) of a (row, group), gemm_quant.cpp's q4_table:
+//          one table per tile row, rebuilt every group_size / 32 blocks; a block is then
+//          q4_block_words, 3 operations on its 16 bytes (32 word indices) and one vpermw.
 //   FP8    bf16_rn(f32_rn(e4m3(c) s)) for the 128 magnitudes c of a scale block, as
 //          fp8_block_words rounds them, kept as the low and the high bytes of the words
 //          (two 128-byte tables): shared by the tile's rows when they have one scale row
@@ -24,22 +24,13 @@
 namespace md {
 namespace {
 
-// c - z for every uint8 zero z: the 16 floats from 255 - z are -z .. 15 - z (exact).
-struct CodeMinusZero {
-    float f[271];
-    constexpr CodeMinusZero() : f{} {
-        for (int i = 0; i < 271; i++) f[i] = float(i - 255);
-    }
-};
-constexpr CodeMinusZero kCodeMinusZero{};
-
 // 4-bit W without act-order, group_size % 32 == 0: one table per row.
 struct Q4View {
     WQ4<DpStep> w;
     static constexpr bool kPerRow = true, kPairs = false;
     static constexpr int kBlocksPerLine = 4;   // 16 bytes a block
     struct State {
-        __m512i table;   // words c and c + 16: bf16_rn((c - z) s) for c = 0..15
+        __m512i table;   // q4_table of the row's group
     };
     Q4View rows(int64_t r0) const { return {w.rows(r0)}; }
     bool shared(int) const { return true; }
@@ -48,22 +39,12 @@ struct Q4View {
         const int64_t per = w.group_size / 32;
         return std::min(b1, (blk / per + 1) * per);
     }
-    // c - z for c = 0..15 in one load (kCodeMinusZero), s widened from FP16 in every lane,
-    // both halves of the table from one vcvtne2ps2bf16
     __attribute__((always_inline)) void refresh(int b, int64_t blk, State &st) const {
         const int64_t g = b * w.groups + div_pow2(32 * blk, w.group_size);
-        const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(kCodeMinusZero.f + 255 - w.zeros[g]),
-                                       _mm512_cvtph_ps(_mm256_set1_epi16(int16_t(w.scales[g]))));
-        st.table = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(v, v));
+        st.table = q4_table(w.scales[g], w.zeros[g]);
     }
-    // The block's 32 codes as word indices: dword l = byte l | byte l << 12, so word 2l's
-    // 5 index bits are the low nibble and the high one's lowest bit (the table's copy at
-    // + 16 makes that bit harmless), word 2l + 1 is the high nibble.
     __attribute__((always_inline)) v16f block(int b, int64_t blk, const State &st) const {
-        const __m512i c = _mm512_cvtepu8_epi32(
-            _mm_loadu_si128(reinterpret_cast<const __m128i *>(w.q + b * w.row_bytes + 16 * blk)));
-        const __m512i idx = _mm512_or_si512(c, _mm512_slli_epi32(c, 12));
-        return reinterpret_cast<v16f>(_mm512_permutexvar_epi16(idx, st.table));
+        return reinterpret_cast<v16f>(q4_block_words(w.q + b * w.row_bytes + 16 * blk, st.table));
     }
 };
 
