@@ -16,13 +16,14 @@ alternate the libraries so a busy machine slows both alike; the library threads 
 process's usable CPUs. Without --cold-mib a small W stays in the caches between calls;
 decode reads every weight once a step, from DRAM, which --cold-mib reproduces (the calls
 rotate over copies of W filling that many MiB). Reported: ms per call, GMAC/s and GB/s of
-W read. The 1-minute load
-average is recorded before and after: on a shared machine numbers are indicative only.
+W read. The 1-minute load average is recorded before and after: on a shared machine
+numbers are indicative only.
 """
 from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import os
 import statistics
@@ -94,7 +95,7 @@ def make_call(fmt: str, x: np.ndarray, n: int, k: int, rng, cold_bytes: int = 0)
     nbytes = sum(a.nbytes for a in copies[0])
     while len(copies) * nbytes < cold_bytes:
         copies.append(tuple(a.copy() for a in copies[0]))
-    turn = iter(range(1 << 62))
+    turn = itertools.count()
     return (lambda lib: run(lib, copies[next(turn) % len(copies)])), nbytes
 
 

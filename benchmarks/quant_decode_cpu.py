@@ -17,10 +17,10 @@ the numbers are indicative only.
 
 The goal assumes a step bound by the bytes it reads. The report checks that: each step's
 multiply-adds per second (the linears' n * k) and bytes read per second, against the
-machine's own read bandwidth (numpy sums on every usable CPU, measured here). When the BF16 step reads
-at under half of it, the step is bound by the native GEMM's arithmetic, not by bytes
-(`byte_bound` false): the speed-up then says how much cheaper the dequantizing tile is, and
-is no evidence for or against the goal (`note` says so).
+machine's own read bandwidth (numpy sums on every usable CPU, measured here). When the
+BF16 step reads at under half of it, the step is bound by the native GEMM's arithmetic,
+not by bytes (`byte_bound` false): the speed-up then says how much cheaper the
+dequantizing tile is, and is no evidence for or against the goal (`note` says so).
 """
 from __future__ import annotations
 
