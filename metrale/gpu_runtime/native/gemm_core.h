@@ -15,7 +15,8 @@
 #if (defined(__x86_64__) || defined(__i386__)) && !defined(MD_PORTABLE)
 #include <immintrin.h>
 #define MD_MXCSR 1   // the float32 flush is MXCSR's
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__) && \
+    defined(__AVX512VBMI__)   // (gemm_quant_dp.h's byte permutes; Cooper Lake lacks VBMI)
 #define MD_DP 1
 #endif
 #if defined(__FMA__) && defined(__AVX2__) && defined(__F16C__) && !defined(__AVX512F__)
@@ -80,9 +81,12 @@ inline void prefetch_at(const void *base, int64_t offset) {
 // block_bytes, row_bytes apart), past the row's end in row + c: the tile's next row there.
 inline int64_t stream_ahead(int64_t row, int64_t blk, int c, int64_t blocks,
                             int64_t block_bytes, int64_t row_bytes) {
-    int64_t at = blk + std::min<int64_t>(kAheadBytes / block_bytes, blocks);
-    if (at >= blocks) at -= blocks, row += c;
-    return row * row_bytes + at * block_bytes;
+    // (values, not std::min's references: GCC kept those in memory, ~15 scalar operations
+    // a row's prefetch in the unrolled tiles)
+    const int64_t ahead = kAheadBytes / block_bytes;
+    const int64_t at = blk + (ahead < blocks ? ahead : blocks);
+    const bool past = at >= blocks;
+    return (row + (past ? c : 0)) * row_bytes + (at - (past ? blocks : 0)) * block_bytes;
 }
 
 inline uint16_t f32_to_bf16(float f) {

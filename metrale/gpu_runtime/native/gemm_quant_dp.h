@@ -5,7 +5,7 @@
 // once per chunk of blocks that share the scale and reused for each block of the chunk:
 //   4-bit  the 16 values bf16_rn((c - z) s) of a (row, group), gemm_quant.cpp's q4_table:
 //          one table per tile row, rebuilt every group_size / 32 blocks; a block is then
-//          q4_block_words, 3 operations on its 16 bytes (32 word indices) and one vpermw.
+//          q4_block_words, 2 operations on its 16 bytes (32 word indices) and one vpermw.
 //   FP8    bf16_rn(f32_rn(e4m3(c) s)) for the 128 magnitudes c of a scale block, as
 //          fp8_block_words rounds them, kept as the low and the high bytes of the words
 //          (two 128-byte tables): shared by the tile's rows when they have one scale row
@@ -15,7 +15,7 @@
 //          flips the value's (RNE and e4m3 are symmetric, zeros included; a NaN code gives
 //          a NaN either way).
 // At m = 1 on one Zen 4 core the per-block dequantization cost 2-3x the VDPBF16PS; with the
-// tables a 4-bit block is 5 vector operations with its VDPBF16PS instead of ~14, an FP8
+// tables a 4-bit block is 4 vector operations with its VDPBF16PS instead of ~14, an FP8
 // block 3-4 instead of ~15.
 #pragma once
 
@@ -37,7 +37,7 @@ struct Q4View {
     int64_t full_blocks() const { return w.k / 32; }
     int64_t chunk_end(int64_t blk, int64_t b1) const {
         const int64_t per = w.group_size / 32;
-        return std::min(b1, (blk / per + 1) * per);
+        return std::min(b1, (div_pow2(blk, per) + 1) * per);
     }
     __attribute__((always_inline)) void refresh(int b, int64_t blk, State &st) const {
         const int64_t g = b * w.groups + div_pow2(32 * blk, w.group_size);
@@ -193,7 +193,7 @@ struct F8View {
     int64_t full_blocks() const { return w.k / 32; }
     int64_t chunk_end(int64_t blk, int64_t b1) const {
         const int64_t per = w.block_k / 32;
-        return std::min(b1, (blk / per + 1) * per);
+        return std::min(b1, (div_pow2(blk, per) + 1) * per);
     }
     // bf16_rn(f32_rn(e4m3(c) s)) for c = 0..127, fp8_block_words' roundings (the NaN code
     // 0x7FFF as there)
