@@ -215,6 +215,26 @@ class NativeKernels:
                  None if f32 is None else f32.ctypes.data, None if bf is None else bf.ctypes.data)
         return out
 
+    def gemm_q4_at(self, x_addr: int, q_addr: int, scales_addr: int, zeros_addr: int,
+                   m: int, n: int, k: int, groups: int, group_size: int, out_addr: int,
+                   out_fp32: bool) -> None:
+        """gemm_q4 without act-order, on addresses whose ranges the caller has checked (the
+        HostBackend twins: read_addr / write_addr): x [m, k] uint16, q [n, ceil(k / 32) *
+        16] bytes, scales uint16 and zeros uint8 [n, groups], out [m, n] float32 or BF16
+        bits, C-contiguous. Same bits as gemm_q4; no numpy views and no ctypes objects (a
+        decode step makes ~100 of these calls: gemm_q4's checks cost ~15 us each)."""
+        self._q4(x_addr, q_addr, scales_addr, zeros_addr, None, None, m, n, k, groups,
+                 group_size, out_addr if out_fp32 else None, None if out_fp32 else out_addr)
+
+    def gemm_fp8_at(self, x_addr: int, q_addr: int, scales_addr: int, scale_row_addr: int,
+                    m: int, n: int, k: int, k_blocks: int, block_k: int, out_addr: int,
+                    out_fp32: bool) -> None:
+        """gemm_fp8 on checked addresses, as gemm_q4_at: x [m, k] uint16, q [n, ceil(k /
+        32) * 32] bytes, scales float32 [rows, k_blocks], scale_row int32 [n] whose values
+        the caller has checked to be < rows, out [m, n] float32 or BF16 bits."""
+        self._fp8(x_addr, q_addr, scales_addr, scale_row_addr, m, n, k, k_blocks, block_k,
+                  out_addr if out_fp32 else None, None if out_fp32 else out_addr)
+
     def gemm_fp8(self, x_bits, q, scales, scale_row, k: int, block_k: int,
                  out: np.ndarray) -> np.ndarray:
         """x_bits [m, k] uint16; q uint8 [n, ceil(k / 32) * 32]; scales float32 [rows,

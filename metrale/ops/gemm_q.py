@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, KernelError
 from ..gpu_runtime.types import NULL, DevicePtr
 from .bf16 import f32_to_bf16
 from .checks import check_ptrs, check_sizes
@@ -201,12 +201,40 @@ def _finish(ctx, y: np.ndarray, x_bits, w_bits) -> None:
     y[:] = y32 if y.dtype == np.float32 else f32_to_bf16(y32)
 
 
+def _plain_rows(x: np.ndarray, y: np.ndarray, n: int, k: int) -> bool:
+    """x [m, k] BF16 bits and y [m, n] float32 / BF16 bits, C-contiguous, y writable: what
+    the native GEMMs take by address."""
+    return (x.dtype == np.uint16 and y.dtype in (np.float32, np.uint16) and
+            x.flags.c_contiguous and y.flags.c_contiguous and y.flags.writeable and
+            x.ndim == 2 and y.ndim == 2 and x.shape[1] == k and y.shape == (len(x), n))
+
+
+def _scale_rows(ctx, r_ptr, n: int) -> int:
+    """1 + the largest of FP8 W's scale_row [n] (its scales' row count read), checked >= 0."""
+    def count() -> int:
+        rows = ctx.read(r_ptr, n, np.int32)
+        if n and int(rows.min()) < 0:
+            raise KernelError(f"gemm_fp8: scale_row at {DevicePtr(r_ptr)!r} holds a negative "
+                              "row")
+        return int(rows.max()) + 1 if n else 0
+    cached = ctx.backend.converted(r_ptr, n * 4, "gemm_q.scale_rows", count, 8)
+    return count() if cached is None else cached
+
+
 def q4_rows_twin(ctx, y: np.ndarray, x: np.ndarray, q_ptr, s_ptr, z_ptr, g_ptr, gr_ptr,
                  n: int, k: int, groups: int, gs: int) -> None:
     """y [m, n] (float32, or uint16 BF16 bits) = x [m, k] (BF16 bits, any host array) @
     dequant_q4(W)^T, W's data at device addresses: the twin's arithmetic, also the GEMM
     step of the fused decode twins (ops/gemm_fused.py)."""
     words = q4_row_bytes(k) // 4
+    native = getattr(ctx.backend, "native", None)
+    if native is not None and int(g_ptr) == 0 and _plain_rows(x, y, n, k):
+        # the native GEMM on the checked addresses: no views (a decode step's ~100 calls)
+        m = len(x)
+        native.gemm_q4_at(x.ctypes.data, ctx.read_addr(q_ptr, n * words * 4),
+                          ctx.read_addr(s_ptr, n * groups * 2), ctx.read_addr(z_ptr, n * groups),
+                          m, n, k, groups, gs, y.ctypes.data, y.dtype == np.float32)
+        return
     q = ctx.read(q_ptr, n * words, np.uint32).reshape(n, words)
     s = ctx.read(s_ptr, n * groups, np.uint16).reshape(n, groups)
     z = ctx.read(z_ptr, n * groups, np.uint8).reshape(n, groups)
@@ -215,7 +243,6 @@ def q4_rows_twin(ctx, y: np.ndarray, x: np.ndarray, q_ptr, s_ptr, z_ptr, g_ptr, 
         rows = ctx.read(gr_ptr, n, np.int32)
         g = ctx.read(g_ptr, (int(rows.max()) + 1) * k, np.int32).reshape(-1, k)
     x = np.ascontiguousarray(x)
-    native = getattr(ctx.backend, "native", None)
     if native is not None and hasattr(native, "gemm_q4"):
         native.gemm_q4(x, q, s, z, g, rows, k, gs, y)
         return
@@ -226,12 +253,19 @@ def fp8_rows_twin(ctx, y: np.ndarray, x: np.ndarray, q_ptr, s_ptr, r_ptr, n: int
                   kb: int, bk: int) -> None:
     """As q4_rows_twin for FP8 W (dequant_fp8)."""
     kp = fp8_row_bytes(k)
+    # scale_row's largest row (it bounds the scales read), cached with the allocation's
+    # conversions (dropped when scale_row is written); a negative row refused
+    n_rows = _scale_rows(ctx, r_ptr, n)
+    native = getattr(ctx.backend, "native", None)
+    if native is not None and _plain_rows(x, y, n, k):   # as q4_rows_twin
+        native.gemm_fp8_at(x.ctypes.data, ctx.read_addr(q_ptr, n * kp),
+                           ctx.read_addr(s_ptr, n_rows * kb * 4), ctx.read_addr(r_ptr, n * 4),
+                           len(x), n, k, kb, bk, y.ctypes.data, y.dtype == np.float32)
+        return
     q = ctx.read(q_ptr, n * kp, np.uint8).reshape(n, kp)
     rows = ctx.read(r_ptr, n, np.int32)
-    n_rows = int(rows.max()) + 1
     s = ctx.read(s_ptr, n_rows * kb, np.float32).reshape(n_rows, kb)
     x = np.ascontiguousarray(x)
-    native = getattr(ctx.backend, "native", None)
     if native is not None and hasattr(native, "gemm_fp8"):
         native.gemm_fp8(x, q, s, rows, k, bk, y)
         return

@@ -290,6 +290,48 @@ def test_decode_tables_give_the_same_bits(rng, case, path):
             assert np.array_equal(w.launch(be, x[:m], False), f32_to_bf16(want[:m])), m
 
 
+@pytest.mark.parametrize("fmt", ["bf16", "q4", "fp8"])
+@pytest.mark.parametrize("path", [p for p in GEMM_PATHS if p != "numpy"])
+def test_thread_count_never_changes_the_bits(rng, fmt, path):
+    """The native GEMM splits W's columns into chunks the threads take in turn (guided:
+    their sizes and owners depend on timing): with 1, 2, 3 and 5 threads, decode and
+    prefill rows, every row equals numpy's."""
+    from metrale.gpu_runtime import HostBackend, native
+    n, k = 1000, 1064
+    w = {"bf16": None, "q4": lambda: Q4(rng, n, k, 128), "fp8": lambda: F8(rng, n, k)}[fmt]
+    w = w() if w else f32_to_bf16(rng.standard_normal((n, k), dtype=np.float32))
+    wb = w if fmt == "bf16" else w.dequant()
+    x = xs(rng, 20, k)
+    want = T.dot_f32(x, wb)
+    with gemm_twin_path(path) as nat:
+        be = HostBackend(native=False)
+        be.native = nat
+        try:
+            for threads in (1, 2, 3, 5):
+                nat._lib.md_set_threads(threads)
+                for m in (1, 5, 20):
+                    got = T.dot_f32(x[:m], wb, nat) if fmt == "bf16" else w.launch(be, x[:m], True)
+                    assert np.array_equal(bits(got), bits(want[:m])), (threads, m)
+        finally:
+            nat._lib.md_set_threads(native.usable_cpus())
+
+
+def test_fp8_scale_rows_out_of_range_are_refused(host, rng):
+    """The native GEMM reads scales[scale_row[j]] unchecked: the twin refuses a negative row,
+    and a row past the scales' allocation (bounds-checked), before it runs."""
+    from metrale.errors import KernelError
+    from metrale.gpu_runtime import HostBackend
+    x = xs(rng, 1, 256)
+    for be in (host, HostBackend(native=False)):   # the native GEMM and numpy's
+        w = F8(rng, 40, 256, (16, 128))
+        w.scale_row[7] = -1
+        with pytest.raises(KernelError, match="negative"):
+            w.launch(be, x, True)
+        w.scale_row[7] = len(w.scales)   # one row past the end
+        with pytest.raises(KernelError, match="past the end"):
+            w.launch(be, x, True)
+
+
 @pytest.mark.parametrize("fmt", ["q4", "fp8"])
 def test_twin_is_batch_invariant(host, rng, fmt):
     w = Q4(rng, 45, 4104, 8) if fmt == "q4" else F8(rng, 45, 4104)

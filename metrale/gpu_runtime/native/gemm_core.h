@@ -66,6 +66,7 @@ constexpr float kMinNormal = 1.17549435e-38f;   // 2^-126
 // k = 4096, past L1) read 23-27 GB/s on a 2-core Zen 4 (BF16 Qwen2.5-0.5B linears); this
 // reads 39-46 GB/s, FP8 23-27 (its tile's work bounds it), 1-4 KiB ahead alike.
 constexpr int64_t kAheadBytes = 2048;
+constexpr int64_t kMinChunk = 64;   // columns: gemm's smallest chunk
 constexpr int kPrefetchL2 = 2;   // __builtin_prefetch's locality for prefetcht1
 
 // A prefetch of base + offset, the address formed as an integer (no out-of-range pointer:
@@ -405,11 +406,15 @@ void gemm(const uint16_t *x, const W &w, int64_t m, int64_t n, int64_t k, Out ou
     const int64_t k32 = (k + 31) / 32 * 32;
     int nt = int(std::min<int64_t>(g_threads.load(), (m * n * k32) >> 18));
     nt = int(std::min<int64_t>(std::max(nt, 1), (n + NR - 1) / NR));
-    // (decode: multiples of 16 columns, so a thread's tiles of 8 or 4 rows start on the
+    // Columns in chunks taken in turn from a shared counter, guided: each a 1 / (2 nt)
+    // of the columns left (at least kMinChunk), so a thread that starts late (a worker's
+    // wake-up, ~5-20 us against a decode GEMM's 30-300) or runs slow (a shared core) takes
+    // less, where a fixed split waited for it; few chunks, so W's prefetch streams rarely
+    // restart. (Decode: multiples of 16 columns, so tiles of 8 or 4 rows start on the
     // edges of FP8's 128-row scale blocks, and share their tables; the bits never depend
-    // on the split)
+    // on the split.)
     const int64_t align = m <= kDirectRows ? 16 : NR;
-    const int64_t per = ((n + nt - 1) / nt + align - 1) / align * align;
+    const int64_t min_chunk = std::max<int64_t>(align, kMinChunk / align * align);
     // Row blocks of about 2 MiB of x (at least 16 MR-row groups): every W block is read
     // once per row block, and the x rows that pass over it come from L2/L3, not DRAM
     // (1024 rows at k = 4864: 115 -> 180 GF/s of FMAs). Rows never interact: same bits.
@@ -419,14 +424,21 @@ void gemm(const uint16_t *x, const W &w, int64_t m, int64_t n, int64_t k, Out ou
         const Out part{out.f32 ? out.f32 + i0 * n : nullptr,
                        out.bf16 ? out.bf16 + i0 * n : nullptr, n};
         const Job<W> job{xs.data() + i0 * steps, w, part, std::min(rows, m - i0), n, k, steps};
-        std::function<void(int)> run = [&](int t) {
-            const int64_t lo = std::min(n, t * per), hi = std::min(n, lo + per);
+        std::atomic<int64_t> next{0};
+        std::function<void(int)> run = [&](int) {
             [[maybe_unused]] FlushScope flush;
+            for (int64_t lo = next.load(std::memory_order_relaxed); lo < n;) {
+                const int64_t left = n - lo;
+                const int64_t chunk = nt == 1 ? left : std::max(min_chunk, left / (2 * nt) / align * align);
+                const int64_t hi = std::min(n, lo + chunk);
+                if (!next.compare_exchange_weak(lo, hi, std::memory_order_relaxed)) continue;
 #if defined(MD_AVX2)
-            if (lo < hi) columns8(job, lo, hi);
+                columns8(job, lo, hi);
 #else
-            if (lo < hi) columns<S>(job, lo, hi);
+                columns<S>(job, lo, hi);
 #endif
+                lo = next.load(std::memory_order_relaxed);
+            }
         };
         pool().run(nt, run);
     }
