@@ -222,7 +222,8 @@ class NativeKernels:
         HostBackend twins: read_addr / write_addr): x [m, k] uint16, q [n, ceil(k / 32) *
         16] bytes, scales uint16 and zeros uint8 [n, groups], out [m, n] float32 or BF16
         bits, C-contiguous. Same bits as gemm_q4; no numpy views and no ctypes objects (a
-        decode step makes ~100 of these calls: gemm_q4's checks cost ~15 us each)."""
+        decode step makes ~100 of these calls; gemm_q4's copies and checks cost several
+        microseconds each)."""
         self._q4(x_addr, q_addr, scales_addr, zeros_addr, None, None, m, n, k, groups,
                  group_size, out_addr if out_fp32 else None, None if out_fp32 else out_addr)
 
