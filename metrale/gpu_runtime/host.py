@@ -18,6 +18,7 @@ and replays them, reading device buffers at replay time, which is how per-step v
 from __future__ import annotations
 
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -63,6 +64,18 @@ class LaunchContext:
             self.backend._launch_writes.add(start)
         self.backend.convert_cache.drop(start)
         return int(ptr)
+
+    def scratch(self, slot: str, nbytes: int) -> int:
+        """The address of this thread's host scratch buffer `slot` (at least nbytes,
+        64-byte aligned; kept between launches): the rows a fused twin passes from one
+        native routine to the next by address (numpy temporaries and their ctypes
+        addresses cost microseconds a launch)."""
+        bufs = self.backend._scratch.__dict__
+        have = bufs.get(slot)
+        if have is None or have.nbytes < nbytes + 64:
+            have = bufs[slot] = np.empty(max(int(nbytes), 1) + 64, np.uint8)
+            bufs[slot + ".addr"] = (have.ctypes.data + 63) // 64 * 64
+        return bufs[slot + ".addr"]
 
     @property
     def native_rows(self):
@@ -112,6 +125,7 @@ class HostBackend(HostMemory):
         # one thread per CPU (map_blocks); made on first use
         self._twin_threads = _native.usable_cpus()
         self._twin_pool: ThreadPoolExecutor | None = None
+        self._scratch = threading.local()   # LaunchContext.scratch's buffers, per thread
         self._twin_pool_pid = 0
 
     # copies ---------------------------------------------------------------------------

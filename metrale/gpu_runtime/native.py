@@ -187,6 +187,12 @@ class NativeKernels:
         f(x_bits.ctypes.data, w_bits.ctypes.data, m, n, k, out.ctypes.data)
         return out
 
+    def gemm_at(self, x_addr: int, w_addr: int, m: int, n: int, k: int, out_addr: int,
+                out_fp32: bool) -> None:
+        """gemm on checked addresses, as gemm_q4_at: x [m, k] and W [n, k] uint16 BF16 bits,
+        out [m, n] float32 or BF16 bits, C-contiguous."""
+        (self._f32 if out_fp32 else self._bf16)(x_addr, w_addr, m, n, k, out_addr)
+
     def gemm_q4(self, x_bits, q, scales, zeros, gidx, gidx_row, k: int, group_size: int,
                 out: np.ndarray) -> np.ndarray:
         """x_bits [m, k] uint16; q uint32 [n, ceil(k / 32) * 4]; scales uint16 FP16 bits and

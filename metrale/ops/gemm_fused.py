@@ -29,8 +29,8 @@ from .activation import ACTIVATIONS, act_f32
 from .bf16 import bf16_to_f32, f32_to_bf16
 from .checks import check_ptrs, check_sizes
 from . import gemm_q
-from .gemm_q import QuantW, fp8_rows_twin, q4_rows_twin
-from .gemm_tc import MODULE, TILES, gemm_rows_twin
+from .gemm_q import QuantW, fp8_rows_at, fp8_rows_twin, q4_rows_at, q4_rows_twin
+from .gemm_tc import MODULE, TILES, gemm_rows_at, gemm_rows_twin
 from .registry import twin
 from .rmsnorm import rmsnorm_bits
 
@@ -139,11 +139,24 @@ def _add_residual(ctx, residual_ptr, y_bits: np.ndarray) -> None:
     res[:] = f32_to_bf16(bf16_to_f32(res) + bf16_to_f32(y_bits))
 
 
-def _rmsnorm_twin(ctx, y_ptr, x_ptr, norm_weight_ptr, bias_ptr, m, n, k, eps, gemm) -> None:
-    """rmsnorm's twin into host rows, gemm(y, rows) (W's GEMM twin), add_bias's formula."""
+def _rmsnorm_twin(ctx, y_ptr, x_ptr, norm_weight_ptr, bias_ptr, m, n, k, eps, gemm,
+                  gemm_at=None) -> None:
+    """rmsnorm's twin into host rows, gemm(y, rows) (W's GEMM twin), add_bias's formula.
+    gemm_at(y_addr, rows_addr, m): the same GEMM on addresses (native), or None."""
     m, n, k = int(m), int(n), int(k)
-    normed = np.empty((m, k), np.uint16)
     nat = ctx.native_rows
+    if nat is not None and gemm_at is not None:   # by address: no numpy rows or views
+        normed_addr = ctx.scratch("x", m * k * 2)
+        nat.rmsnorm(normed_addr, ctx.read_addr(x_ptr, m * k * 2),
+                    ctx.read_addr(norm_weight_ptr, k * 2), 0, m, k, float(eps))
+        y_addr = ctx.write_addr(y_ptr, m * n * 2)
+        gemm_at(y_addr, normed_addr, m)
+        if int(bias_ptr):   # add_bias's formula: the residual add's, row by row
+            bias_addr = ctx.read_addr(bias_ptr, n * 2)
+            for r in range(m):
+                nat.add_bf16(y_addr + r * n * 2, bias_addr, n)
+        return
+    normed = np.empty((m, k), np.uint16)
     if nat is not None:   # rmsnorm's twin bit for bit (native/norm_rope_act.cpp)
         nat.rmsnorm(normed.ctypes.data, ctx.read_addr(x_ptr, m * k * 2),
                     ctx.read_addr(norm_weight_ptr, k * 2), 0, m, k, float(eps))
@@ -161,11 +174,19 @@ def _rmsnorm_twin(ctx, y_ptr, x_ptr, norm_weight_ptr, bias_ptr, m, n, k, eps, ge
             y[:] = f32_to_bf16(bf16_to_f32(y) + bf16_to_f32(bias)[None, :])
 
 
-def _actmul_residual_twin(ctx, residual_ptr, gate_up_ptr, m, n, k, act, gemm) -> None:
-    """act_mul's twin into host rows, gemm(y, rows), the residual add."""
+def _actmul_residual_twin(ctx, residual_ptr, gate_up_ptr, m, n, k, act, gemm,
+                          gemm_at=None) -> None:
+    """act_mul's twin into host rows, gemm(y, rows), the residual add (gemm_at: as in
+    _rmsnorm_twin)."""
     m, n, k = int(m), int(n), int(k)
-    act_bits = np.empty((m, k), np.uint16)
     nat = ctx.native_rows
+    if nat is not None and gemm_at is not None and int(act) == ACTIVATIONS["silu"]:
+        act_addr, y_addr = ctx.scratch("x", m * k * 2), ctx.scratch("y", m * n * 2)
+        nat.silu_mul(act_addr, ctx.read_addr(gate_up_ptr, m * k * 4), m, k)
+        gemm_at(y_addr, act_addr, m)
+        nat.add_bf16(ctx.write_addr(residual_ptr, m * n * 2), y_addr, m * n)
+        return
+    act_bits = np.empty((m, k), np.uint16)
     if nat is not None and int(act) == ACTIVATIONS["silu"]:   # as act_mul's twin chooses
         nat.silu_mul(act_bits.ctypes.data, ctx.read_addr(gate_up_ptr, m * k * 4), m, k)
     else:
@@ -177,8 +198,14 @@ def _actmul_residual_twin(ctx, residual_ptr, gate_up_ptr, m, n, k, act, gemm) ->
     _add_residual(ctx, residual_ptr, y)
 
 
-def _residual_twin(ctx, residual_ptr, x_ptr, m, n, k, gemm) -> None:
+def _residual_twin(ctx, residual_ptr, x_ptr, m, n, k, gemm, gemm_at=None) -> None:
     m, n, k = int(m), int(n), int(k)
+    nat = ctx.native_rows
+    if nat is not None and gemm_at is not None:
+        y_addr = ctx.scratch("y", m * n * 2)
+        gemm_at(y_addr, ctx.read_addr(x_ptr, m * k * 2), m)
+        nat.add_bf16(ctx.write_addr(residual_ptr, m * n * 2), y_addr, m * n)
+        return
     y = np.empty((m, n), np.uint16)
     gemm(y, ctx.read(x_ptr, m * k, np.uint16).reshape(m, k))
     _add_residual(ctx, residual_ptr, y)
@@ -188,58 +215,65 @@ def _residual_twin(ctx, residual_ptr, x_ptr, m, n, k, gemm) -> None:
 def gemm_rmsnorm_twin(ctx, y_ptr, x_ptr, w_ptr, norm_weight_ptr, bias_ptr, m, n, k,
                       eps) -> None:
     _rmsnorm_twin(ctx, y_ptr, x_ptr, norm_weight_ptr, bias_ptr, m, n, k, eps,
-                  lambda y, xb: gemm_rows_twin(ctx, y, xb, w_ptr, int(n), int(k)))
+                  lambda y, xb: gemm_rows_twin(ctx, y, xb, w_ptr, int(n), int(k)),
+                  gemm_rows_at(ctx, w_ptr, int(n), int(k)))
 
 
 @twin(MODULE, "gemm_tc_bf16_16x16_actmul_res")
 def gemm_actmul_residual_twin(ctx, residual_ptr, gate_up_ptr, w_ptr, m, n, k, act) -> None:
     _actmul_residual_twin(ctx, residual_ptr, gate_up_ptr, m, n, k, act,
-                          lambda y, xb: gemm_rows_twin(ctx, y, xb, w_ptr, int(n), int(k)))
+                          lambda y, xb: gemm_rows_twin(ctx, y, xb, w_ptr, int(n), int(k)),
+                          gemm_rows_at(ctx, w_ptr, int(n), int(k)))
 
 
 @twin(MODULE, "gemm_tc_bf16_16x16_res")
 def gemm_residual_twin(ctx, residual_ptr, x_ptr, w_ptr, m, n, k) -> None:
     _residual_twin(ctx, residual_ptr, x_ptr, m, n, k,
-                   lambda y, xb: gemm_rows_twin(ctx, y, xb, w_ptr, int(n), int(k)))
+                   lambda y, xb: gemm_rows_twin(ctx, y, xb, w_ptr, int(n), int(k)),
+                   gemm_rows_at(ctx, w_ptr, int(n), int(k)))
 
 
 # the quantized entries (gemm_q.cu): W's pointers after x, its scalars after (m, n, k)
+# (the GEMM on host rows as arrays, and by address where the native library takes it)
 def _q4_gemm(ctx, q, s, z, g, gr, n, k, groups, gs):
-    return lambda y, xb: q4_rows_twin(ctx, y, xb, q, s, z, g, gr, int(n), int(k), int(groups),
-                                      int(gs))
+    n, k, groups, gs = int(n), int(k), int(groups), int(gs)
+    return (lambda y, xb: q4_rows_twin(ctx, y, xb, q, s, z, g, gr, n, k, groups, gs),
+            q4_rows_at(ctx, q, s, z, g, n, k, groups, gs))
 
 
 def _fp8_gemm(ctx, q, s, r, n, k, kb, bk):
-    return lambda y, xb: fp8_rows_twin(ctx, y, xb, q, s, r, int(n), int(k), int(kb), int(bk))
+    n, k, kb, bk = int(n), int(k), int(kb), int(bk)
+    return (lambda y, xb: fp8_rows_twin(ctx, y, xb, q, s, r, n, k, kb, bk),
+            fp8_rows_at(ctx, q, s, r, n, k, kb, bk))
 
 
 @twin(gemm_q.MODULE, "gemm_q4_bf16_16x16_rmsnorm")
 def gemm_q4_rmsnorm_twin(ctx, y, x, q, s, z, g, gr, norm, bias, m, n, k, groups, gs, eps):
-    _rmsnorm_twin(ctx, y, x, norm, bias, m, n, k, eps, _q4_gemm(ctx, q, s, z, g, gr, n, k,
-                                                                 groups, gs))
+    _rmsnorm_twin(ctx, y, x, norm, bias, m, n, k, eps, *_q4_gemm(ctx, q, s, z, g, gr, n, k,
+                                                                  groups, gs))
 
 
 @twin(gemm_q.MODULE, "gemm_q4_bf16_16x16_actmul_res")
 def gemm_q4_actmul_residual_twin(ctx, res, gu, q, s, z, g, gr, m, n, k, groups, gs, act):
     _actmul_residual_twin(ctx, res, gu, m, n, k, act,
-                          _q4_gemm(ctx, q, s, z, g, gr, n, k, groups, gs))
+                          *_q4_gemm(ctx, q, s, z, g, gr, n, k, groups, gs))
 
 
 @twin(gemm_q.MODULE, "gemm_q4_bf16_16x16_res")
 def gemm_q4_residual_twin(ctx, res, x, q, s, z, g, gr, m, n, k, groups, gs):
-    _residual_twin(ctx, res, x, m, n, k, _q4_gemm(ctx, q, s, z, g, gr, n, k, groups, gs))
+    _residual_twin(ctx, res, x, m, n, k, *_q4_gemm(ctx, q, s, z, g, gr, n, k, groups, gs))
 
 
 @twin(gemm_q.MODULE, "gemm_fp8_bf16_16x16_rmsnorm")
 def gemm_fp8_rmsnorm_twin(ctx, y, x, q, s, r, norm, bias, m, n, k, kb, bk, eps):
-    _rmsnorm_twin(ctx, y, x, norm, bias, m, n, k, eps, _fp8_gemm(ctx, q, s, r, n, k, kb, bk))
+    _rmsnorm_twin(ctx, y, x, norm, bias, m, n, k, eps, *_fp8_gemm(ctx, q, s, r, n, k, kb, bk))
 
 
 @twin(gemm_q.MODULE, "gemm_fp8_bf16_16x16_actmul_res")
 def gemm_fp8_actmul_residual_twin(ctx, res, gu, q, s, r, m, n, k, kb, bk, act):
-    _actmul_residual_twin(ctx, res, gu, m, n, k, act, _fp8_gemm(ctx, q, s, r, n, k, kb, bk))
+    _actmul_residual_twin(ctx, res, gu, m, n, k, act, *_fp8_gemm(ctx, q, s, r, n, k, kb, bk))
 
 
 @twin(gemm_q.MODULE, "gemm_fp8_bf16_16x16_res")
 def gemm_fp8_residual_twin(ctx, res, x, q, s, r, m, n, k, kb, bk):
-    _residual_twin(ctx, res, x, m, n, k, _fp8_gemm(ctx, q, s, r, n, k, kb, bk))
+    _residual_twin(ctx, res, x, m, n, k, *_fp8_gemm(ctx, q, s, r, n, k, kb, bk))

@@ -221,6 +221,31 @@ def _scale_rows(ctx, r_ptr, n: int) -> int:
     return count() if cached is None else cached
 
 
+def q4_rows_at(ctx, q_ptr, s_ptr, z_ptr, g_ptr, n: int, k: int, groups: int, gs: int):
+    """gemm(y_addr, x_addr, m): q4_rows_twin on host rows given by address (x [m, k] BF16
+    bits, y [m, n] BF16 bits, both checked by the caller), W's ranges checked here; None
+    where the native library does not take it (no library, act-order)."""
+    native = getattr(ctx.backend, "native", None)
+    if native is None or int(g_ptr) != 0:
+        return None
+    w = (ctx.read_addr(q_ptr, n * q4_row_bytes(k)), ctx.read_addr(s_ptr, n * groups * 2),
+         ctx.read_addr(z_ptr, n * groups))
+    return lambda y_addr, x_addr, m: native.gemm_q4_at(x_addr, *w, m, n, k, groups, gs,
+                                                       y_addr, False)
+
+
+def fp8_rows_at(ctx, q_ptr, s_ptr, r_ptr, n: int, k: int, kb: int, bk: int):
+    """As q4_rows_at for FP8 W (scale_row checked as fp8_rows_twin checks it)."""
+    native = getattr(ctx.backend, "native", None)
+    if native is None:
+        return None
+    n_rows = _scale_rows(ctx, r_ptr, n)
+    w = (ctx.read_addr(q_ptr, n * fp8_row_bytes(k)), ctx.read_addr(s_ptr, n_rows * kb * 4),
+         ctx.read_addr(r_ptr, n * 4))
+    return lambda y_addr, x_addr, m: native.gemm_fp8_at(x_addr, *w, m, n, k, kb, bk, y_addr,
+                                                        False)
+
+
 def q4_rows_twin(ctx, y: np.ndarray, x: np.ndarray, q_ptr, s_ptr, z_ptr, g_ptr, gr_ptr,
                  n: int, k: int, groups: int, gs: int) -> None:
     """y [m, n] (float32, or uint16 BF16 bits) = x [m, k] (BF16 bits, any host array) @

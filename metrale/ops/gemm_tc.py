@@ -207,6 +207,17 @@ def gemm_rows_twin(ctx, y: np.ndarray, x_bits: np.ndarray, w_ptr, n: int, k: int
     y[:] = y32 if y.dtype == np.float32 else f32_to_bf16(y32)
 
 
+def gemm_rows_at(ctx, w_ptr, n: int, k: int):
+    """gemm(y_addr, x_addr, m): gemm_rows_twin on host rows given by address (x [m, k] BF16
+    bits, y [m, n] BF16 bits, checked by the caller), W's range checked here; None without
+    the native library."""
+    native = getattr(ctx.backend, "native", None)
+    if native is None:
+        return None
+    w_addr = ctx.read_addr(w_ptr, n * k * 2)
+    return lambda y_addr, x_addr, m: native.gemm_at(x_addr, w_addr, m, n, k, y_addr, False)
+
+
 def _register_twins() -> None:
     for name in TILES:
         twin(MODULE, f"gemm_tc_bf16_{name}")(
