@@ -152,6 +152,24 @@ def test_silu_mul_within_one_bf16_ulp(native, numpy_only, rng, rows, intermediat
     np.testing.assert_allclose(bf16_to_f32(got), ref, rtol=1e-2, atol=1e-2)
 
 
+def test_silu_mul_over_exps_whole_range(native, numpy_only):
+    """gate over [-110, 95] (e^-g past float32's range both ways, subnormal silu values),
+    NaN and infinities, up = 1 and 3: the native exp's overflow, underflow and NaN agree
+    with numpy's, every value within one BF16 ulp."""
+    g = np.concatenate([np.linspace(-110, 95, 4093, dtype=np.float32),
+                        np.array([np.nan, np.inf, -np.inf, 0.0, -0.0], np.float32)])
+    gu = f32_to_bf16(np.concatenate([np.stack([g, g]), np.stack([np.ones_like(g),
+                                                                 3 * np.ones_like(g)])], 1))
+    with calls_native(native, "silu_mul") as c:
+        got = run_act_mul(native, gu)
+    assert c.n == 1
+    want = run_act_mul(numpy_only, gu)
+    nan = np.isnan(bf16_to_f32(want))
+    assert np.array_equal(np.isnan(bf16_to_f32(got)), nan)
+    ulps = np.abs(got[~nan].astype(np.int32) - want[~nan].astype(np.int32))
+    assert ulps.max() <= 1
+
+
 def test_other_activations_stay_in_numpy(native, numpy_only, rng):
     gu = f32_to_bf16(rng.standard_normal((3, 38)).astype(np.float32))
     with calls_native(native, "silu_mul") as c:
