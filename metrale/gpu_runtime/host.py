@@ -54,8 +54,10 @@ class LaunchContext:
     def read_addr(self, ptr, nbytes: int) -> int:
         """`ptr` as an int once [ptr, ptr + nbytes) is checked to lie in one allocation
         (for a native twin that reads it; `read` without the numpy view)."""
-        self.backend._locate(int(ptr), int(nbytes), int(nbytes))
-        return int(ptr)
+        addr, nbytes = int(ptr), int(nbytes)
+        if (addr, nbytes) not in self.backend._located:   # (else checked already)
+            self.backend._locate(addr, nbytes, nbytes)
+        return addr
 
     def write_addr(self, ptr, nbytes: int) -> int:
         """`read_addr` for a range the twin writes (recorded as `view` records it)."""

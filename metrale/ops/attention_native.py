@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import KernelError
+from .checks import int_range
 
 
 def _held(ctx, ptr, nbytes: int) -> bool:
@@ -55,7 +56,7 @@ def decode_combine_native(ctx, native, out_ptr, workspace_ptr, kv_lens_ptr, ns, 
     """The combine twin in the native library (the numpy arithmetic below, step for step),
     or False having written nothing where the numpy path must run (and raise)."""
     try:
-        top = int(ctx.read(kv_lens_ptr, ns, np.int32).max())
+        top = int_range(ctx.read(kv_lens_ptr, ns, np.int32))[1]
         if top <= min(split_tokens, mb * bs):
             return True   # every sequence in one split (and within the capacity): no work
         ctx.view(out_ptr, ns * h * d, np.uint16)

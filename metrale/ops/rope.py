@@ -25,7 +25,7 @@ import numpy as np
 from ..errors import InvalidArgument, KernelError
 from ..gpu_runtime.types import NULL, DevicePtr
 from .bf16 import bf16_to_f32, f32_to_bf16, round_bf16
-from .checks import check_heads, check_ptrs
+from .checks import check_heads, check_ptrs, int_range
 from .kv_cache import write_kv_twin
 from .registry import twin
 
@@ -258,12 +258,14 @@ def _native_rope(ctx, qkv_ptr, positions_ptr, table_ptr, q_norm_ptr, k_norm_ptr,
                        int(max_positions))
     try:
         pos = ctx.read(positions_ptr, n, np.int32)
-        if n and (int(pos.min()) < 0 or int(pos.max()) >= mp):
-            return False
+        if n:
+            lo, hi = int_range(pos)
+            if lo < 0 or hi >= mp:
+                return False
         kc = vc = slots = 0
         if int(k_cache_ptr):
             s = ctx.read(slot_mapping_ptr, n, np.int32)
-            top = int(s.max()) + 1 if n else 0
+            top = int_range(s)[1] + 1 if n else 0
             if top > 0:   # the rows up to the highest slot written
                 kc = ctx.write_addr(k_cache_ptr, top * kv * d * 2)
                 vc = ctx.write_addr(v_cache_ptr, top * kv * d * 2)
