@@ -86,6 +86,7 @@ class TraceBackend(HostBackend):
             return
         self._live -= self._sizes.pop(addr)
         self._starts.pop(bisect.bisect_left(self._starts, addr))
+        self._located.clear()   # (HostMemory.free's memo of checked ranges)
         self.trace.ops.append(Op("free", (addr,)))
 
     def _h2d(self, src: np.ndarray, dst_ptr) -> None:
