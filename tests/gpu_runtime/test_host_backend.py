@@ -94,6 +94,28 @@ def test_out_of_bounds_is_caught():
         h.copy_d2h(p, out)
 
 
+def test_a_checked_range_is_refused_after_its_free():
+    """_locate remembers the ranges it checked (a decode step asks for the same ones each
+    step) only until a free: a twin's read of freed memory still fails, a reused address
+    gets its new allocation."""
+    from metrale.gpu_runtime.host import LaunchContext
+    h = HostBackend()
+    p, q = h.alloc(64), h.alloc(64)
+    ctx = LaunchContext(h, (1, 1, 1), (1, 1, 1), 0)
+    assert ctx.read_addr(p, 64) == int(p) and ctx.read_addr(p, 64) == int(p)
+    h.read(q, 16, np.float32)
+    h.free(p)
+    gone = "not inside|past the end"   # (after another allocation, or none)
+    with pytest.raises(KernelError, match=gone):
+        ctx.read_addr(p, 64)
+    with pytest.raises(KernelError, match=gone):
+        h.read(p, 16, np.float32)
+    r = h.alloc(32)   # may reuse p's address: checked against r's 32 bytes
+    with pytest.raises(KernelError, match="past the end"):
+        ctx.read_addr(r, 64)
+    assert len(h.read(q, 16, np.float32)) == 16
+
+
 def test_kernel_launch_calls_twin_and_checks_args():
     h = HostBackend()
     logits = np.array([1, 5, 5, 2], np.float32)
