@@ -116,6 +116,26 @@ def test_a_checked_range_is_refused_after_its_free():
     assert len(h.read(q, 16, np.float32)) == 16
 
 
+def test_scratch_buffers_are_aligned_kept_grown_and_per_thread():
+    """LaunchContext.scratch (the fused decode twins' rows by address): 64-byte aligned, the
+    same buffer for the same slot while it is big enough, a bigger one when asked, its own
+    per slot and per thread."""
+    import threading
+    from metrale.gpu_runtime.host import LaunchContext
+    h = HostBackend()
+    ctx = LaunchContext(h, (1, 1, 1), (1, 1, 1), 0)
+    a = ctx.scratch("x", 100)
+    assert a % 64 == 0 and ctx.scratch("x", 60) == a and ctx.scratch("y", 100) != a
+    big = ctx.scratch("x", 1 << 20)
+    assert big % 64 == 0 and ctx.scratch("x", 1 << 20) == big
+    np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint8 * (1 << 20)).from_address(big))[:] = 7
+    other = []
+    t = threading.Thread(target=lambda: other.append(ctx.scratch("x", 100)))
+    t.start()
+    t.join()
+    assert other[0] not in (big, ctx.scratch("y", 100))   # (a's buffer is gone: x grew)
+
+
 def test_kernel_launch_calls_twin_and_checks_args():
     h = HostBackend()
     logits = np.array([1, 5, 5, 2], np.float32)
