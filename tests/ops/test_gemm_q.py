@@ -254,7 +254,8 @@ def test_every_row_count_and_tile_edge_gives_the_same_bits(rng, fmt, k, path):
 
 
 @pytest.mark.parametrize("case", ["q4_g64", "q4_g128", "q4_act32", "q4_act16", "q4_act8",
-                                  "fp8_128", "fp8_rows12", "fp8_k64", "fp8_signed"])
+                                  "q4_act8_k1600", "q4_act8_k2048", "fp8_128", "fp8_rows12",
+                                  "fp8_k64", "fp8_signed"])
 @pytest.mark.parametrize("path", GEMM_PATHS)
 def test_decode_tables_give_the_same_bits(rng, case, path):
     """Decode (m = 1..8) where the native AVX-512 BF16 build looks W's values up in per-chunk
@@ -262,12 +263,14 @@ def test_decode_tables_give_the_same_bits(rng, case, path):
     last block, FP8 tiles that straddle a scale block's edge (12-row blocks) and others that
     share one, negative scales with +-0 and NaN codes (the sign flip of zeros): every row
     equals numpy's dot_f32 on the dequantized bits. Act-order (30, 59 or 117 groups, three
-    parts whose tiles straddle the parts' edges): the groups' scales and zeros looked up per
-    position."""
+    parts whose tiles straddle the parts' edges; 200 and 256 groups at k = 1600, 2048): the
+    groups' scales and zeros looked up per position."""
     from metrale.gpu_runtime import HostBackend
     n, k = 45, 936   # 29 full 32-blocks (FP8: a lone block after the pairs) and 8 positions
     if case.startswith("q4_act"):
-        w = Q4(rng, n, k, int(case[6:]), act_order=True)
+        gs, _, wide_k = case[6:].partition("_k")
+        k = int(wide_k) if wide_k else k
+        w = Q4(rng, n, k, int(gs), act_order=True)
         w.zeros[::3] = 16   # GPTQ v1's stored 15 plus its 1
     elif case.startswith("q4"):
         w = Q4(rng, n, k, int(case[4:]))

@@ -21,6 +21,11 @@
 
 #if defined(MD_DP)
 
+// Every loop over a tile's rows and columns unrolled (as gemm_avx2.h's MD_UNROLL), so
+// the accumulators stay in registers: a loop GCC leaves rolled indexes them in memory (a
+// store and a load per VDPBF16PS: FP8 decode ran 1.3x slower that way).
+#define MD_DP_UNROLL _Pragma("GCC unroll 16")
+
 namespace md {
 namespace {
 
@@ -48,12 +53,13 @@ struct Q4View {
     }
 };
 
-// 4-bit W with act-order (a group per position, gidx), at most 64 groups (kWide: 128): no
-// table of values (a block's positions have up to 32 groups), but one of the groups' FP16
-// scales and zero points per row, looked up for the block's 32 positions by vpermi2w on the
-// groups' word indices (kWide: two, and a blend on the index's bit 6), then (c - z) s
-// computed exactly as half_bits does, rounded by one vcvtne2ps2bf16. About 20 operations a
-// block (the scalar path: ~40x that).
+// 4-bit W with act-order (a group per position, gidx), at most 64 kTables64 groups (1, 2 or
+// 4: up to 256): no table of values (a block's positions have up to 32 groups), but one of
+// the groups' FP16 scales and zero points per row, looked up for the block's 32 positions by
+// vpermi2w on the groups' word indices (one per 64 groups, then blends on the index's bits
+// 6 and 7), then (c - z) s computed exactly as half_bits does, rounded by one
+// vcvtne2ps2bf16. About 20 operations a block up to 64 groups, 30 up to 256 (the scalar
+// path: ~40x that).
 // gidx of a tile's part as word indices, built when a tile of another part starts (one
 // thread's)
 struct ActGroups {
@@ -61,11 +67,11 @@ struct ActGroups {
     int64_t part = -1;
 };
 
-template <bool kWide>
+template <int kTables64>
 struct Q4ActView {
     WQ4<DpStep> w;
     ActGroups *groups;
-    static constexpr int kTables = kWide ? 4 : 2;
+    static constexpr int kTables = 2 * kTables64;
     struct State {
         __m512i s[kTables], z[kTables];   // FP16 scale and zero of groups 32 t .. 32 t + 31
     };
@@ -113,10 +119,15 @@ struct Q4ActView {
     }
     // the words of groups g (word indices) from tables t[]
     static __m512i lookup(__m512i g, const __m512i *t) {
-        const __m512i lo = _mm512_permutex2var_epi16(t[0], g, t[1]);   // index bits 0-5
-        if constexpr (!kWide) return lo;
-        const __m512i hi = _mm512_permutex2var_epi16(t[2], g, t[3]);
-        return _mm512_mask_blend_epi16(_mm512_test_epi16_mask(g, _mm512_set1_epi16(64)), lo, hi);
+        __m512i r[kTables64];   // groups 64 p .. 64 p + 63 by index bits 0-5
+        MD_DP_UNROLL for (int p = 0; p < kTables64; p++)
+            r[p] = _mm512_permutex2var_epi16(t[2 * p], g, t[2 * p + 1]);
+        if constexpr (kTables64 == 1) return r[0];
+        const __mmask32 bit6 = _mm512_test_epi16_mask(g, _mm512_set1_epi16(64));
+        const __m512i lo = _mm512_mask_blend_epi16(bit6, r[0], r[1]);
+        if constexpr (kTables64 == 2) return lo;
+        const __m512i hi = _mm512_mask_blend_epi16(bit6, r[kTables64 - 2], r[kTables64 - 1]);
+        return _mm512_mask_blend_epi16(_mm512_test_epi16_mask(g, _mm512_set1_epi16(128)), lo, hi);
     }
     // (c - z) s of 16 positions: codes, zero and scale words in the low (h = 0) or high half
     template <int H>
@@ -233,10 +244,6 @@ struct F8View {
     }
 };
 
-// Every loop over a tile's rows and columns unrolled (as gemm_avx2.h's MD_UNROLL), so
-// the accumulators stay in registers: a loop GCC leaves rolled indexes them in memory (a
-// store and a load per VDPBF16PS: FP8 decode ran 1.3x slower that way).
-#define MD_DP_UNROLL _Pragma("GCC unroll 16")
 
 // acc[a * C + b] after step blk of x row a with W operand wv[b]
 template <int R, int C>
@@ -331,14 +338,14 @@ void direct_view(const v16f *x, int64_t m, int64_t steps, const V &v, const Out 
 // gemm_core.h's `columns` asks these first at m <= kDirectRows (false: no view for W).
 bool direct_quant(const Job<WQ4<DpStep>> &job, int64_t j_lo, int64_t j_hi) {
     if (job.w.gidx != nullptr) {
-        if (job.w.groups > 128) return false;
+        if (job.w.groups > 256) return false;
         ActGroups groups;
-        if (job.w.groups <= 64)
-            direct_view<kDirectRows>(job.x, job.m, job.steps,
-                                     Q4ActView<false>{job.w.rows(j_lo), &groups}, job.out, j_lo, j_hi);
-        else
-            direct_view<kDirectRows>(job.x, job.m, job.steps,
-                                     Q4ActView<true>{job.w.rows(j_lo), &groups}, job.out, j_lo, j_hi);
+        const auto run = [&](auto view) {
+            direct_view<kDirectRows>(job.x, job.m, job.steps, view, job.out, j_lo, j_hi);
+        };
+        if (job.w.groups <= 64) run(Q4ActView<1>{job.w.rows(j_lo), &groups});
+        else if (job.w.groups <= 128) run(Q4ActView<2>{job.w.rows(j_lo), &groups});
+        else run(Q4ActView<4>{job.w.rows(j_lo), &groups});
         return true;
     }
     if (job.w.group_size % 32 != 0) return false;
