@@ -429,7 +429,8 @@ void gemm(const uint16_t *x, const W &w, int64_t m, int64_t n, int64_t k, Out ou
             [[maybe_unused]] FlushScope flush;
             for (int64_t lo = next.load(std::memory_order_relaxed); lo < n;) {
                 const int64_t left = n - lo;
-                const int64_t chunk = nt == 1 ? left : std::max(min_chunk, left / (2 * nt) / align * align);
+                const int64_t chunk =
+                    nt == 1 ? left : std::max(min_chunk, left / (2 * nt) / align * align);
                 const int64_t hi = std::min(n, lo + chunk);
                 if (!next.compare_exchange_weak(lo, hi, std::memory_order_relaxed)) continue;
 #if defined(MD_AVX2)

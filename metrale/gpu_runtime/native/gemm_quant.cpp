@@ -146,7 +146,8 @@ inline __m512i q4_table(uint16_t scale_bits, uint8_t zero) {
 // qword into word i's low byte; one vpermw looks them up (3 operations; shift-and-or of
 // widened bytes took 4, ~10% slower at m = 1).
 inline v16u q4_block_words(const uint8_t *p, __m512i table) {
-    const __m512i pairs = _mm512_cvtepu16_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
+    const __m512i pairs =
+        _mm512_cvtepu16_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
     // control bytes 0, 2, 4, 6 of each qword: bit offsets 0, 4, 8, 12
     const __m512i nibble_at = _mm512_set1_epi64(0x000C000800040000LL);
     return reinterpret_cast<v16u>(

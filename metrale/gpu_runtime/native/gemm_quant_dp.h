@@ -53,8 +53,8 @@ struct Q4View {
     }
 };
 
-// 4-bit W with act-order (a group per position, gidx), at most 64 kTables64 groups (1, 2 or
-// 4: up to 256): no table of values (a block's positions have up to 32 groups), but one of
+// 4-bit W with act-order (a group per position, gidx), at most 64 x kTables64 groups (1, 2
+// or 4: up to 256): no table of values (a block's positions have up to 32 groups), but one of
 // the groups' FP16 scales and zero points per row, looked up for the block's 32 positions by
 // vpermi2w on the groups' word indices (one per 64 groups, then blends on the index's bits
 // 6 and 7), then (c - z) s computed exactly as half_bits does, rounded by one
@@ -243,7 +243,6 @@ struct F8View {
         return w0;
     }
 };
-
 
 // acc[a * C + b] after step blk of x row a with W operand wv[b]
 template <int R, int C>
