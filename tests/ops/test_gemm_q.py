@@ -115,6 +115,29 @@ def xs(rng, m, k):
     return f32_to_bf16(rng.standard_normal((m, k), dtype=np.float32))
 
 
+def w_and_bits(rng, fmt: str, n: int, k: int, make=None):
+    """(W, its BF16 bits [n, k]): random BF16 bits for fmt "bf16", else make() (a Q4 / F8)
+    and its dequantized bits."""
+    if fmt == "bf16":
+        w = f32_to_bf16(rng.standard_normal((n, k), dtype=np.float32))
+        return w, w
+    w = make()
+    return w, w.dequant()
+
+
+def twin_host(nat):
+    """A HostBackend whose GEMM twin is `nat` (a gemm_twin_path's library, or None)."""
+    from metrale.gpu_runtime import HostBackend
+    be = HostBackend(native=False)
+    be.native = nat
+    return be
+
+
+def gemm_rows(be, fmt: str, w, wb, x) -> np.ndarray:
+    """x @ W^T in float32 through be's GEMM twin: the BF16 GEMM, or W's quantized launch."""
+    return T.dot_f32(x, wb, be.native) if fmt == "bf16" else w.launch(be, x, True)
+
+
 def bf16_rne64(v: float) -> float:
     """A float64 (already a float32 value) rounded to BF16, nearest even, by arithmetic."""
     if v == 0 or not np.isfinite(v):
@@ -218,14 +241,12 @@ def test_fp8_twin_matches_float64(host, rng, m, n, k, out_fp32):
 def test_twin_is_gemm_tc_on_the_dequantized_bits(rng, monkeypatch, fmt, m, n, k, path):
     """Every implementation of the twin (native with the dequantization in its tile, every
     build; numpy) gives exactly dot_f32(x, dequant(W))."""
-    from metrale.gpu_runtime import HostBackend
     k8 = k - k % 8
     w = F8(rng, n, k) if fmt == "fp8" else Q4(rng, n, k8, 8 if k8 % 32 else 32, fmt == "q4_act")
     x = xs(rng, m, w.k)
     want = T.dot_f32(x, w.dequant())
     with gemm_twin_path(path) as nat:
-        be = HostBackend(native=False)
-        be.native = nat
+        be = twin_host(nat)
         assert np.array_equal(bits(w.launch(be, x, True)), bits(want))
         assert np.array_equal(w.launch(be, x, False), f32_to_bf16(want))
 
@@ -237,20 +258,16 @@ def test_every_row_count_and_tile_edge_gives_the_same_bits(rng, fmt, k, path):
     """m = 1..14 (every direct tile of the native AVX2 build, R = 1..8, and the panel
     path's full and leftover row groups), n = 29 (full and single-column tiles), k with a
     partial last block in either lane half (k % 32 = 24, 8): every row equals numpy's."""
-    from metrale.gpu_runtime import HostBackend
     n = 29
-    w = {"bf16": None, "q4": lambda: Q4(rng, n, k, 32),
-         "q4_g8": lambda: Q4(rng, n, k, 8), "fp8": lambda: F8(rng, n, k, (128, 16))}[fmt]
-    w = w() if w else f32_to_bf16(rng.standard_normal((n, k), dtype=np.float32))
-    wb = w if fmt == "bf16" else w.dequant()
+    w, wb = w_and_bits(rng, fmt, n, k, {"q4": lambda: Q4(rng, n, k, 32),
+                                        "q4_g8": lambda: Q4(rng, n, k, 8),
+                                        "fp8": lambda: F8(rng, n, k, (128, 16))}.get(fmt))
     x = xs(rng, 14, k)
     want = T.dot_f32(x, wb)
     with gemm_twin_path(path) as nat:
-        be = HostBackend(native=False)
-        be.native = nat
+        be = twin_host(nat)
         for m in range(1, 15):
-            got = T.dot_f32(x[:m], wb, nat) if fmt == "bf16" else w.launch(be, x[:m], True)
-            assert np.array_equal(bits(got), bits(want[:m])), m
+            assert np.array_equal(bits(gemm_rows(be, fmt, w, wb, x[:m])), bits(want[:m])), m
 
 
 @pytest.mark.parametrize("case", ["q4_g64", "q4_g128", "q4_act32", "q4_act16", "q4_act8",
@@ -265,7 +282,6 @@ def test_decode_tables_give_the_same_bits(rng, case, path):
     equals numpy's dot_f32 on the dequantized bits. Act-order (30, 59 or 117 groups, three
     parts whose tiles straddle the parts' edges; 200 and 256 groups at k = 1600, 2048): the
     groups' scales and zeros looked up per position."""
-    from metrale.gpu_runtime import HostBackend
     n, k = 45, 936   # 29 full 32-blocks (FP8: a lone block after the pairs) and 8 positions
     if case.startswith("q4_act"):
         gs, _, wide_k = case[6:].partition("_k")
@@ -285,8 +301,7 @@ def test_decode_tables_give_the_same_bits(rng, case, path):
     x = xs(rng, 8, w.k)
     want = T.dot_f32(x, w.dequant())
     with gemm_twin_path(path) as nat:
-        be = HostBackend(native=False)
-        be.native = nat
+        be = twin_host(nat)
         for m in range(1, 9):
             got = w.launch(be, x[:m], True)
             assert np.array_equal(bits(got), bits(want[:m])), m
@@ -299,21 +314,19 @@ def test_thread_count_never_changes_the_bits(rng, fmt, path):
     """The native GEMM splits W's columns into chunks the threads take in turn (guided:
     their sizes and owners depend on timing): with 1, 2, 3 and 5 threads, decode and
     prefill rows, every row equals numpy's."""
-    from metrale.gpu_runtime import HostBackend, native
+    from metrale.gpu_runtime import native
     n, k = 1000, 1064
-    w = {"bf16": None, "q4": lambda: Q4(rng, n, k, 128), "fp8": lambda: F8(rng, n, k)}[fmt]
-    w = w() if w else f32_to_bf16(rng.standard_normal((n, k), dtype=np.float32))
-    wb = w if fmt == "bf16" else w.dequant()
+    w, wb = w_and_bits(rng, fmt, n, k, {"q4": lambda: Q4(rng, n, k, 128),
+                                        "fp8": lambda: F8(rng, n, k)}.get(fmt))
     x = xs(rng, 20, k)
     want = T.dot_f32(x, wb)
     with gemm_twin_path(path) as nat:
-        be = HostBackend(native=False)
-        be.native = nat
+        be = twin_host(nat)
         try:
             for threads in (1, 2, 3, 5):
                 nat._lib.md_set_threads(threads)
                 for m in (1, 5, 20):
-                    got = T.dot_f32(x[:m], wb, nat) if fmt == "bf16" else w.launch(be, x[:m], True)
+                    got = gemm_rows(be, fmt, w, wb, x[:m])
                     assert np.array_equal(bits(got), bits(want[:m])), (threads, m)
         finally:
             nat._lib.md_set_threads(native.usable_cpus())
