@@ -37,6 +37,15 @@ inline __m256 widen_words(__m256i words) {
         return _mm256_castsi256_ps(_mm256_slli_epi32(words, 16));
 }
 
+// The offset of step s's block in row `row` of the tile after next (tiles of c rows,
+// row_bytes apart, blocks of block_bytes; two steps a block): these tiles' prefetch, into
+// L1. (This path reads each W block twice, once per lane half: gemm_core.h's stream into
+// L2 made the quantized decode steps 11-18% slower here.)
+inline int64_t tile_after_next(int64_t row, int64_t s, int c, int64_t row_bytes,
+                               int64_t block_bytes) {
+    return (row + 2 * c) * row_bytes + s / 2 * block_bytes;
+}
+
 // W rows as stored BF16 bits [n, k] (WBits' data).
 struct Bits8 {
     const uint16_t *p;
@@ -46,11 +55,8 @@ struct Bits8 {
     void refresh(int64_t, int64_t, State &) const {}
     Bits8 rows(int64_t r0) const { return {p + r0 * k, k}; }
     int64_t full_blocks() const { return k / 32; }
-    // block s / 2 of the same row in the tile after next, into L1. (This path reads each
-    // W block twice, once per lane half: gemm_core.h's stream into L2 made the quantized
-    // decode steps 11-18% slower here.)
     void prefetch(int64_t row, int64_t s, int c) const {
-        prefetch_at<3>(p, ((row + 2 * c) * k + s / 2 * 32) * 2);
+        prefetch_at<3>(p, tile_after_next(row, s, c, 2 * k, 64));
     }
     template <int P, int L, bool kTail>
     __m256 half8(int64_t row, int64_t blk, State &) const {
@@ -226,30 +232,16 @@ void row_group8(const float *x, int64_t steps, const Src &w, const Out &out, int
     for (; j < j1; j++) tile8<R, 1>(x, steps, w.rows(j - j0), out, i0, j);
 }
 
-// Decode (m = R <= kDirectRows rows): one R x direct_cols(R) tile pass over W in place.
-template <int R, class Src>
-void direct8(const float *x, int64_t m, int64_t steps, const Src &w, const Out &out,
-             int64_t j0, int64_t j1) {
-    if constexpr (R > 1)
-        if (m < R) return direct8<R - 1>(x, m, steps, w, out, j0, j1);
-    row_group8<R, direct_cols(R)>(x, steps, w, out, 0, j0, j1);
-}
-
-// The last m % MR rows (R of them) as one R x NR row group.
-template <int R>
-void rest_rows8(const float *x, int64_t r, int64_t steps, const Panel8 &w, const Out &out,
-                int64_t i0, int64_t j0, int64_t j1) {
-    if constexpr (R > 1)
-        if (r < R) return rest_rows8<R - 1>(x, r, steps, w, out, i0, j0, j1);
-    if (r == R) row_group8<R, NR>(x + i0 * steps * 16, steps, w, out, i0, j0, j1);
-}
 
 // Columns [j_lo, j_hi) of one job on one thread through the view src of its W.
 template <class W, class Src>
 void columns8_of(const Job<W> &job, const Src &src, int64_t j_lo, int64_t j_hi) {
     const float *x = reinterpret_cast<const float *>(job.x);
     if (job.m <= kDirectRows) {
-        direct8<kDirectRows>(x, job.m, job.steps, src.rows(j_lo), job.out, j_lo, j_hi);
+        with_rows<kDirectRows>(job.m, [&](auto rows) {   // one m x direct_cols(m) tile pass
+            constexpr int R = decltype(rows)::value;      // over W in place
+            row_group8<R, direct_cols(R)>(x, job.steps, src.rows(j_lo), job.out, 0, j_lo, j_hi);
+        });
         return;
     }
     // W in blocks of about 192 KiB, widened once into a panel that stays in L2 while every
@@ -265,7 +257,10 @@ void columns8_of(const Job<W> &job, const Src &src, int64_t j_lo, int64_t j_hi) 
         int64_t i = 0;
         for (; i + MR <= job.m; i += MR)
             row_group8<MR, NR>(x + i * job.steps * 16, job.steps, w, job.out, i, j0, j1);
-        rest_rows8<MR - 1>(x, job.m - i, job.steps, w, job.out, i, j0, j1);
+        with_rows<MR - 1>(job.m - i, [&](auto rows) {   // the last m % MR rows
+            row_group8<decltype(rows)::value, NR>(x + i * job.steps * 16, job.steps, w, job.out,
+                                                  i, j0, j1);
+        });
     }
 }
 

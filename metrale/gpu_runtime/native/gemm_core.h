@@ -301,6 +301,15 @@ inline void tile(const v16f *x, int64_t steps, const W &w, const Out &out, int64
     store_tile<R, C>(acc, out, i0, j);
 }
 
+// f(std::integral_constant<int, m>) for 1 <= m <= R, nothing otherwise: a row count known
+// at run time as the tile height of a compile-time shape (decode's and the last rows').
+template <int R, class F>
+inline void with_rows(int64_t m, F &&f) {
+    if constexpr (R > 1)
+        if (m < R) return with_rows<R - 1>(m, f);
+    if (m == R) f(std::integral_constant<int, R>{});
+}
+
 // Rows [i0, i0 + R) over columns [j0, j1) in R x C tiles (w holds W's rows from j0).
 template <class S, int R, int C, class W>
 void row_group(const v16f *x, int64_t steps, const W &w, const Out &out, int64_t i0,
@@ -310,25 +319,15 @@ void row_group(const v16f *x, int64_t steps, const W &w, const Out &out, int64_t
     for (; j < j1; j++) tile<S, R, 1>(x, steps, w.rows(j - j0), out, i0, j);
 }
 
-// Every row of a small x (m <= kDirectRows) in one R x direct_cols(R) tile pass over W,
+// Every row of a small x (m <= kDirectRows) in one m x direct_cols(m) tile pass over W,
 // so each W element is read once.
-template <class S, int R, class W>
-bool direct(const v16f *x, int64_t m, int64_t steps, const W &w, const Out &out,
-            int64_t j0, int64_t j1) {
-    if constexpr (R > 1)
-        if (m < R) return direct<S, R - 1>(x, m, steps, w, out, j0, j1);
-    if (m != R) return false;
-    row_group<S, R, direct_cols(R)>(x, steps, w, out, 0, j0, j1);
-    return true;
-}
-
-// The last m % MR rows (R of them) as one R x NR row group.
-template <class S, int R, class W>
-void rest_rows(const v16f *x, int64_t r, int64_t steps, const W &w, const Out &out,
-               int64_t i0, int64_t j0, int64_t j1) {
-    if constexpr (R > 1)
-        if (r < R) return rest_rows<S, R - 1>(x, r, steps, w, out, i0, j0, j1);
-    if (r == R) row_group<S, R, NR>(x + i0 * steps, steps, w, out, i0, j0, j1);
+template <class S, class W>
+void direct(const v16f *x, int64_t m, int64_t steps, const W &w, const Out &out, int64_t j0,
+            int64_t j1) {
+    with_rows<kDirectRows>(m, [&](auto rows) {
+        constexpr int R = decltype(rows)::value;
+        row_group<S, R, direct_cols(R)>(x, steps, w, out, 0, j0, j1);
+    });
 }
 
 template <class S, class W>
@@ -336,7 +335,10 @@ void all_rows(const v16f *x, int64_t m, int64_t steps, const W &w, const Out &ou
               int64_t j1) {
     int64_t i = 0;
     for (; i + MR <= m; i += MR) row_group<S, MR, NR>(x + i * steps, steps, w, out, i, j0, j1);
-    if constexpr (MR > 1) rest_rows<S, MR - 1>(x, m - i, steps, w, out, i, j0, j1);
+    if constexpr (MR > 1)   // the last m % MR rows as one row group
+        with_rows<MR - 1>(m - i, [&](auto rows) {
+            row_group<S, decltype(rows)::value, NR>(x + i * steps, steps, w, out, i, j0, j1);
+        });
 }
 
 // One GEMM: x rows in S's step order, W from a source (WBits, or a dequantizing source of
@@ -360,7 +362,7 @@ template <class S, class W>
 __attribute__((noinline)) void columns(const Job<W> &job, int64_t j_lo, int64_t j_hi) {
     if (job.m <= kDirectRows) {
         if (!direct_quant(job, j_lo, j_hi))   // gemm_quant_dp.h's overloads, if W has one
-            direct<S, kDirectRows>(job.x, job.m, job.steps, job.w.rows(j_lo), job.out, j_lo, j_hi);
+            direct<S>(job.x, job.m, job.steps, job.w.rows(j_lo), job.out, j_lo, j_hi);
         return;
     }
     // W in blocks of about 192 KiB as the steps read it (a multiple of NR rows), copied

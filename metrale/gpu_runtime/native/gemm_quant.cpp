@@ -139,19 +139,23 @@ inline __m512i q4_table(uint16_t scale_bits, uint8_t zero) {
     return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(v, v));
 }
 
-// The block of 32 codes at p through its group's q4_table: the codes as word indices, word
-// 2l the low nibble of byte l, word 2l + 1 its high nibble (5 index bits: the next
-// nibble's lowest bit rides along, and the table's copy at + 16 makes it harmless). Byte
-// pairs widened to qwords, then one vpmultishiftqb puts the nibble at bit offset 4i of a
-// qword into word i's low byte; one vpermw looks them up (3 operations; shift-and-or of
-// widened bytes took 4, ~10% slower at m = 1).
-inline v16u q4_block_words(const uint8_t *p, __m512i table) {
+// The block of 32 codes at p as words in position order: word 2l's low byte holds the low
+// nibble of byte l in its bits 0-3, word 2l + 1's its high nibble, each with the next
+// nibble's bits above (mask with 15 for the codes). Byte pairs widened to qwords, then one
+// vpmultishiftqb puts the nibble at bit offset 4i of a qword into word i's low byte.
+inline __m512i q4_nibble_words(const uint8_t *p) {
     const __m512i pairs =
         _mm512_cvtepu16_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
     // control bytes 0, 2, 4, 6 of each qword: bit offsets 0, 4, 8, 12
-    const __m512i nibble_at = _mm512_set1_epi64(0x000C000800040000LL);
-    return reinterpret_cast<v16u>(
-        _mm512_permutexvar_epi16(_mm512_multishift_epi64_epi8(nibble_at, pairs), table));
+    return _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x000C000800040000LL), pairs);
+}
+
+// The block of 32 codes at p through its group's q4_table: q4_nibble_words as word indices
+// (vpermw reads 5 bits: the next nibble's lowest bit rides along, and the table's copy at
+// + 16 makes it harmless), one vpermw (3 operations; shift-and-or of widened bytes took 4,
+// ~10% slower at m = 1).
+inline v16u q4_block_words(const uint8_t *p, __m512i table) {
+    return reinterpret_cast<v16u>(_mm512_permutexvar_epi16(q4_nibble_words(p), table));
 }
 
 // FP8, one scale for the block: e4m3 -> FP16 bits in place (gemm_avx2 F8x8's mapping, 2^-8
@@ -363,8 +367,8 @@ struct Q4x8 {
     };
     Q4x8 rows(int64_t r0) const { return {w.rows(r0), rows_f32}; }
     int64_t full_blocks() const { return w.k / 32; }
-    void prefetch(int64_t row, int64_t s, int c) const {   // as Bits8::prefetch
-        prefetch_at<3>(w.q, (row + 2 * c) * w.row_bytes + s / 2 * 16);
+    void prefetch(int64_t row, int64_t s, int c) const {
+        prefetch_at<3>(w.q, tile_after_next(row, s, c, w.row_bytes, 16));
     }
     // the blocks from blk that share one group (kTable), else all of them
     int64_t chunk_end(int64_t blk, int64_t b1) const {
@@ -456,8 +460,8 @@ struct F8x8 {
     };
     F8x8 rows(int64_t r0) const { return {w.rows(r0)}; }
     int64_t full_blocks() const { return w.k / 32; }
-    void prefetch(int64_t row, int64_t s, int c) const {   // as Bits8::prefetch
-        prefetch_at<3>(w.q, (row + 2 * c) * w.row_bytes + s / 2 * 32);
+    void prefetch(int64_t row, int64_t s, int c) const {
+        prefetch_at<3>(w.q, tile_after_next(row, s, c, w.row_bytes, 32));
     }
     int64_t chunk_end(int64_t blk, int64_t b1) const {
         return kBlock ? std::min(b1, (32 * blk / w.block_k + 1) * w.block_k / 32) : b1;

@@ -141,13 +141,8 @@ struct Q4ActView {
     __attribute__((always_inline)) v16f block(int b, int64_t blk, const State &st) const {
         const __m512i g = _mm512_loadu_si512(groups->of_pos.data() + 32 * blk);
         const __m512i s = lookup(g, st.s), z = lookup(g, st.z);
-        // the 32 codes in position order as words: qword i holds positions 4i..4i + 3 (its
-        // 16 low bits), each word's low byte the 8 bits from its nibble, masked to it
-        const __m512i q = _mm512_cvtepu16_epi64(
-            _mm_loadu_si128(reinterpret_cast<const __m128i *>(w.q + b * w.row_bytes + 16 * blk)));
-        const __m512i codes = _mm512_and_si512(
-            _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x000C000800040000LL), q),
-            _mm512_set1_epi16(15));
+        const __m512i codes = _mm512_and_si512(   // the 32 codes in position order, as words
+            q4_nibble_words(w.q + b * w.row_bytes + 16 * blk), _mm512_set1_epi16(15));
         return reinterpret_cast<v16f>(_mm512_cvtne2ps_pbh(half_values<1>(codes, z, s),
                                                           half_values<0>(codes, z, s)));
     }
@@ -326,12 +321,13 @@ void row_group_view(const v16f *x, int64_t steps, const V &v, const Out &out, in
 }
 
 // gemm_core.h's `direct` through a view.
-template <int R, class V>
+template <class V>
 void direct_view(const v16f *x, int64_t m, int64_t steps, const V &v, const Out &out,
                  int64_t j0, int64_t j1) {
-    if constexpr (R > 1)
-        if (m < R) return direct_view<R - 1>(x, m, steps, v, out, j0, j1);
-    row_group_view<R, direct_cols(R)>(x, steps, v, out, 0, j0, j1);
+    with_rows<kDirectRows>(m, [&](auto rows) {
+        constexpr int R = decltype(rows)::value;
+        row_group_view<R, direct_cols(R)>(x, steps, v, out, 0, j0, j1);
+    });
 }
 
 // gemm_core.h's `columns` asks these first at m <= kDirectRows (false: no view for W).
@@ -340,7 +336,7 @@ bool direct_quant(const Job<WQ4<DpStep>> &job, int64_t j_lo, int64_t j_hi) {
         if (job.w.groups > 256) return false;
         ActGroups groups;
         const auto run = [&](auto view) {
-            direct_view<kDirectRows>(job.x, job.m, job.steps, view, job.out, j_lo, j_hi);
+            direct_view(job.x, job.m, job.steps, view, job.out, j_lo, j_hi);
         };
         if (job.w.groups <= 64) run(Q4ActView<1>{job.w.rows(j_lo), &groups});
         else if (job.w.groups <= 128) run(Q4ActView<2>{job.w.rows(j_lo), &groups});
@@ -348,15 +344,13 @@ bool direct_quant(const Job<WQ4<DpStep>> &job, int64_t j_lo, int64_t j_hi) {
         return true;
     }
     if (job.w.group_size % 32 != 0) return false;
-    direct_view<kDirectRows>(job.x, job.m, job.steps, Q4View{job.w.rows(j_lo)}, job.out, j_lo,
-                             j_hi);
+    direct_view(job.x, job.m, job.steps, Q4View{job.w.rows(j_lo)}, job.out, j_lo, j_hi);
     return true;
 }
 
 bool direct_quant(const Job<WF8<DpStep>> &job, int64_t j_lo, int64_t j_hi) {
     if (job.w.block_k % 32 != 0) return false;
-    direct_view<kDirectRows>(job.x, job.m, job.steps, F8View{job.w.rows(j_lo)}, job.out, j_lo,
-                             j_hi);
+    direct_view(job.x, job.m, job.steps, F8View{job.w.rows(j_lo)}, job.out, j_lo, j_hi);
     return true;
 }
 
