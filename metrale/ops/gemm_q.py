@@ -222,16 +222,17 @@ def _scale_rows(ctx, r_ptr, n: int) -> int:
 
 
 def q4_rows_at(ctx, q_ptr, s_ptr, z_ptr, g_ptr, n: int, k: int, groups: int, gs: int):
-    """gemm(y_addr, x_addr, m): q4_rows_twin on host rows given by address (x [m, k] BF16
-    bits, y [m, n] BF16 bits, both checked by the caller), W's ranges checked here; None
-    where the native library does not take it (no library, act-order)."""
+    """gemm(y_addr, x_addr, m, out_fp32=False): q4_rows_twin on host rows given by address
+    (x [m, k] BF16 bits, y [m, n] BF16 bits or float32, both checked by the caller), W's
+    ranges checked here; None where the native library does not take it (no library,
+    act-order)."""
     native = getattr(ctx.backend, "native", None)
     if native is None or int(g_ptr) != 0:
         return None
     w = (ctx.read_addr(q_ptr, n * q4_row_bytes(k)), ctx.read_addr(s_ptr, n * groups * 2),
          ctx.read_addr(z_ptr, n * groups))
-    return lambda y_addr, x_addr, m: native.gemm_q4_at(x_addr, *w, m, n, k, groups, gs,
-                                                       y_addr, False)
+    return lambda y_addr, x_addr, m, out_fp32=False: native.gemm_q4_at(
+        x_addr, *w, m, n, k, groups, gs, y_addr, out_fp32)
 
 
 def fp8_rows_at(ctx, q_ptr, s_ptr, r_ptr, n: int, k: int, kb: int, bk: int):
@@ -242,8 +243,18 @@ def fp8_rows_at(ctx, q_ptr, s_ptr, r_ptr, n: int, k: int, kb: int, bk: int):
     n_rows = _scale_rows(ctx, r_ptr, n)
     w = (ctx.read_addr(q_ptr, n * fp8_row_bytes(k)), ctx.read_addr(s_ptr, n_rows * kb * 4),
          ctx.read_addr(r_ptr, n * 4))
-    return lambda y_addr, x_addr, m: native.gemm_fp8_at(x_addr, *w, m, n, k, kb, bk, y_addr,
-                                                        False)
+    return lambda y_addr, x_addr, m, out_fp32=False: native.gemm_fp8_at(
+        x_addr, *w, m, n, k, kb, bk, y_addr, out_fp32)
+
+
+def _rows_by_address(gemm_at, y: np.ndarray, x: np.ndarray, n: int, k: int) -> bool:
+    """gemm_at (q4_rows_at's or fp8_rows_at's, or None) on host arrays x and y where the
+    native library takes them by address (the decode step's ~100 GEMMs: no views); False
+    where it does not, having done nothing."""
+    if gemm_at is None or not _plain_rows(x, y, n, k):
+        return False
+    gemm_at(y.ctypes.data, x.ctypes.data, len(x), y.dtype == np.float32)
+    return True
 
 
 def q4_rows_twin(ctx, y: np.ndarray, x: np.ndarray, q_ptr, s_ptr, z_ptr, g_ptr, gr_ptr,
@@ -251,15 +262,11 @@ def q4_rows_twin(ctx, y: np.ndarray, x: np.ndarray, q_ptr, s_ptr, z_ptr, g_ptr, 
     """y [m, n] (float32, or uint16 BF16 bits) = x [m, k] (BF16 bits, any host array) @
     dequant_q4(W)^T, W's data at device addresses: the twin's arithmetic, also the GEMM
     step of the fused decode twins (ops/gemm_fused.py)."""
+    if _rows_by_address(q4_rows_at(ctx, q_ptr, s_ptr, z_ptr, g_ptr, n, k, groups, gs), y, x,
+                        n, k):
+        return
     words = q4_row_bytes(k) // 4
     native = getattr(ctx.backend, "native", None)
-    if native is not None and int(g_ptr) == 0 and _plain_rows(x, y, n, k):
-        # the native GEMM on the checked addresses: no views (a decode step's ~100 calls)
-        m = len(x)
-        native.gemm_q4_at(x.ctypes.data, ctx.read_addr(q_ptr, n * words * 4),
-                          ctx.read_addr(s_ptr, n * groups * 2), ctx.read_addr(z_ptr, n * groups),
-                          m, n, k, groups, gs, y.ctypes.data, y.dtype == np.float32)
-        return
     q = ctx.read(q_ptr, n * words, np.uint32).reshape(n, words)
     s = ctx.read(s_ptr, n * groups, np.uint16).reshape(n, groups)
     z = ctx.read(z_ptr, n * groups, np.uint8).reshape(n, groups)
@@ -277,16 +284,13 @@ def q4_rows_twin(ctx, y: np.ndarray, x: np.ndarray, q_ptr, s_ptr, z_ptr, g_ptr, 
 def fp8_rows_twin(ctx, y: np.ndarray, x: np.ndarray, q_ptr, s_ptr, r_ptr, n: int, k: int,
                   kb: int, bk: int) -> None:
     """As q4_rows_twin for FP8 W (dequant_fp8)."""
+    if _rows_by_address(fp8_rows_at(ctx, q_ptr, s_ptr, r_ptr, n, k, kb, bk), y, x, n, k):
+        return
     kp = fp8_row_bytes(k)
     # scale_row's largest row (it bounds the scales read), cached with the allocation's
     # conversions (dropped when scale_row is written); a negative row refused
     n_rows = _scale_rows(ctx, r_ptr, n)
     native = getattr(ctx.backend, "native", None)
-    if native is not None and _plain_rows(x, y, n, k):   # as q4_rows_twin
-        native.gemm_fp8_at(x.ctypes.data, ctx.read_addr(q_ptr, n * kp),
-                           ctx.read_addr(s_ptr, n_rows * kb * 4), ctx.read_addr(r_ptr, n * 4),
-                           len(x), n, k, kb, bk, y.ctypes.data, y.dtype == np.float32)
-        return
     q = ctx.read(q_ptr, n * kp, np.uint8).reshape(n, kp)
     rows = ctx.read(r_ptr, n, np.int32)
     s = ctx.read(s_ptr, n_rows * kb, np.float32).reshape(n_rows, kb)
