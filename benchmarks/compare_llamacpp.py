@@ -43,10 +43,10 @@ sys.path.insert(0, str(ROOT))
 
 def bf16_copy(src: Path) -> Path:
     """A BF16 GGUF of `src`: every tensor that is not F32 rounded to BF16 exactly as metrale
-    loads it (formats/gguf_quants.py); F32 norms stay F32 (llama.cpp keeps them so)."""
+    loads it (formats/gguf/quants.py); F32 norms stay F32 (llama.cpp keeps them so)."""
     from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
-    from metrale.formats.gguf_file import GGUFFile
-    from metrale.formats.gguf_quants import dequantize_bf16
+    from metrale.formats.gguf.file import GGUFFile
+    from metrale.formats.gguf.quants import dequantize_bf16
     out = src.with_name(src.stem + ".metrale-bf16.gguf")
     if out.is_file() and out.stat().st_mtime >= src.stat().st_mtime:
         return out

@@ -7,7 +7,7 @@ CPU backend (issue 24's CPU goal: speed-up >= 0.8x the reduction in bytes read p
 
 The quantized model is a random-weight preset (`qwen2.5-0.5b-gptq`, `-awq`, `-fp8`: the
 Qwen2.5-0.5B shape, BF16 tied head); the BF16 model is the same model, each quantized
-linear dequantized (formats.quant.DequantizedSource), so both compute the same logits (the
+linear dequantized (formats.quant.checkpoint.DequantizedSource), so both compute the same logits (the
 first step's rows are compared bit for bit). Steps alternate quantized / BF16 after one
 untimed warm-up step each, so a busy machine slows both alike; the report gives median
 step times, tokens/s, the speed-up, the bytes each step reads (bench/roofline.py), their
@@ -42,8 +42,8 @@ import metrale  # noqa: E402
 from metrale.bench import roofline  # noqa: E402
 from metrale.bench.env import environment  # noqa: E402
 from metrale.formats import MemorySource  # noqa: E402
-from metrale.formats.quant_checkpoint import DequantizedSource  # noqa: E402
-from metrale.formats.quant_layout import linear_shapes  # noqa: E402
+from metrale.formats.quant.checkpoint import DequantizedSource  # noqa: E402
+from metrale.formats.quant.layout import linear_shapes  # noqa: E402
 from metrale.gpu_runtime import HostBackend, native  # noqa: E402
 
 

@@ -4,8 +4,8 @@ for Llama-3.1-70B at TP=4 and TP=8 on H100 / H200 HGX nodes (NVLink 4 through NV
 
     python benchmarks/tp_allreduce_model.py [--md FILE] [--json FILE]
 
-Nothing here runs on a GPU: the byte counts are metrale's own (`shard.rank_weight_bytes`,
-`tp_runtime.step_comm_bytes`, the same functions the model and `bench` use), the bandwidths
+Nothing here runs on a GPU: the byte counts are metrale's own (`tp/shard.py: rank_weight_bytes`,
+`tp/runtime.py: step_comm_bytes`, the same functions the model and `bench` use), the bandwidths
 are published figures, and the per-collective latency is an assumed range, stated as such.
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from metrale.formats import MemorySource  # noqa: E402
-from metrale.model_engine.shard import plan_shards, rank_weight_bytes  # noqa: E402
-from metrale.model_engine.tp_runtime import gathers, step_comm_bytes  # noqa: E402
+from metrale.model_engine.tp.shard import plan_shards, rank_weight_bytes  # noqa: E402
+from metrale.model_engine.tp.runtime import gathers, step_comm_bytes  # noqa: E402
 
 GPUS = {   # HBM bandwidth (datasheet peak), NVLink per direction (line rate / NCCL effective)
     "H100 SXM": {"hbm_tb_s": 3.35, "nvlink_line_gb_s": 450, "nvlink_eff_gb_s": 370},

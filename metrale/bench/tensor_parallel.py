@@ -30,8 +30,8 @@ def rank_backend(device, tp: int):
     from ..gpu_runtime import backend as pick_backend
     if tp == 1:
         return pick_backend(device)
-    from ..gpu_runtime.ranks import launcher_ranks
-    from ..model_engine.tp_model import rank_device
+    from ..gpu_runtime.comm.ranks import launcher_ranks
+    from ..model_engine.tp.model import rank_device
     return pick_backend(rank_device(device, launcher_ranks()))
 
 
@@ -40,7 +40,7 @@ def load_model(backend, source, tp: int, **options):
     if tp == 1:
         from ..model_engine import TransformerModel
         return TransformerModel(backend, source, **options)
-    from ..model_engine.tp_model import load_rank
+    from ..model_engine.tp.model import load_rank
     return load_rank(backend, source, tensor_parallel_size=tp, **options)
 
 

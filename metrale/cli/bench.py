@@ -181,7 +181,7 @@ def run(args) -> int:
 
 
 def _rank() -> int:
-    from ..gpu_runtime.ranks import launcher_ranks
+    from ..gpu_runtime.comm.ranks import launcher_ranks
     return launcher_ranks().rank
 
 

@@ -115,7 +115,7 @@ def math_fields(meta, source, head_stored: bool) -> dict[str, str]:
 
 def quantization_text(meta) -> str:
     """The quantized format and which linears it covers (formats/quant*.py)."""
-    from ..formats.quant_layout import linear_shapes
+    from ..formats.quant.layout import linear_shapes
     q = meta.quantization
     mods = linear_shapes(meta)
     kept = sorted({m.split(".")[-1] for m in mods if not q.converts(m)})

@@ -188,7 +188,7 @@ def apply_chat_template(model_or_path, messages, add_generation_prompt: bool = T
     `tokenizer.apply_chat_template`.
 
     model_or_path: a checkpoint directory, a `ModelSource` read from one, or a GGUF source
-    (formats/gguf.py: template and tokenizer from its metadata). Returns the
+    (formats/gguf/: template and tokenizer from its metadata). Returns the
     prompt token ids (list of int) or, with `tokenize=False`, the text. `tokenizer`: a
     `tokenizers.Tokenizer` to use instead of the directory's tokenizer.json. Extra keyword
     arguments become template variables (e.g. `enable_thinking=False`).

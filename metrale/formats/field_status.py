@@ -1,5 +1,5 @@
 """The three statuses of a checkpoint field (field_table.py's rule) and their constructors,
-shared by field_table.py and the tables kept in modules of their own (quant_fields.py)."""
+shared by field_table.py and the tables kept in modules of their own (quant/fields.py)."""
 from __future__ import annotations
 
 from typing import NamedTuple

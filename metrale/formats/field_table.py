@@ -14,14 +14,14 @@ the kernels lack); `why` says which.
 Scopes: the seven decoder `model_type`s (the MoE ones: moe_config.py), "rope" (keys inside
 `rope_parameters` / `rope_scaling`), "whisper", "llava", "clip_vision_model" (llava's
 `vision_config`), "generation_config" (generation_config.json), "gguf" (GGUF metadata keys,
-see GGUF) and "quantization_config.<method>" (quant_fields.py).
+see GGUF) and "quantization_config.<method>" (quant/fields.py).
 """
 from __future__ import annotations
 
 from .field_status import HONOURED, IRRELEVANT, REFUSED, Field  # noqa: F401 (re-exported)
 from .field_status import honoured as _h, irrelevant as _i, refused as _r
 from .moe_fields import MOE_SCOPES
-from .quant_fields import QUANT_SCOPES
+from .quant.fields import QUANT_SCOPES
 
 
 # HF `hidden_act` / `activation_function` names -> the fused activation kernel's mode
@@ -219,7 +219,7 @@ GENERATION_CONFIG = {
     "begin_suppress_tokens": _h("whisper"), "forced_decoder_ids": _h("whisper"),
 }
 
-# GGUF metadata keys (formats/gguf_config.py), `{arch}` standing for general.architecture
+# GGUF metadata keys (formats/gguf/config.py), `{arch}` standing for general.architecture
 # (llama, qwen2, qwen3) and a trailing `*` for every key under that prefix. A key of a
 # GGUF file that is not listed here is refused by name. HONOURED entries that accept only
 # a neutral value say which; any other value is refused.
@@ -275,7 +275,7 @@ GGUF = {
                                     "same interleaved rotary rows, undone the same way"),
     "tokenizer.ggml.model": _h("gpt2 (byte-level BPE) or llama (SentencePiece BPE); "
                                "others refused"),
-    "tokenizer.ggml.pre": _h("gpt2: the pre-tokenizer split (gguf_tokenizer.PRE_SPLITS); "
+    "tokenizer.ggml.pre": _h("gpt2: the pre-tokenizer split (gguf/tokenizer.py: PRE_SPLITS); "
                              "unknown names refused; llama: unused"),
     "tokenizer.ggml.tokens": _h("the vocabulary"),
     "tokenizer.ggml.token_type": _h("control tokens become special tokens, user-defined "
@@ -319,7 +319,7 @@ FIELD_TABLE: dict[str, dict[str, Field]] = {
     **{arch: {**_DECODER, **fields} for arch, fields in MOE_SCOPES.items()},
     "whisper": WHISPER, "llava": LLAVA, "clip_vision_model": CLIP_VISION,
     "generation_config": GENERATION_CONFIG, "gguf": GGUF,
-    **QUANT_SCOPES,   # quantization_config.<method> (quant_fields.py)
+    **QUANT_SCOPES,   # quantization_config.<method> (quant/fields.py)
 }
 
 

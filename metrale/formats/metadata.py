@@ -19,7 +19,7 @@ from .config_fields import _Cfg, _pick, _token_ids
 from .moe_config import MOE_ARCHS, MoeConfig, moe_config, rope_theta
 from .moe_config import refuse_quantized as refuse_moe_quantized
 from .multimodal import VisionConfig, WhisperConfig, vision_config, whisper_config
-from .quant import parse_quantization
+from .quant.parse import parse_quantization
 from .rope_config import RopeScaling, context_length, parse_rope
 
 __all__ = ["ModelMetadata", "RopeScaling", "parse_rope", "ARCHITECTURES", "DECODER_ARCHS"]
@@ -61,7 +61,7 @@ class ModelMetadata:
     text: "ModelMetadata | None" = None
     whisper: WhisperConfig | None = None  # multimodal.py
     vision: VisionConfig | None = None    # multimodal.py
-    quantization: Any = None              # quant.py: the quantization_config (None: floats)
+    quantization: Any = None              # formats/quant/: the quantization_config (None: floats)
     moe: MoeConfig | None = None          # qwen2_moe / qwen3_moe / mixtral (moe_config.py)
     config: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False,
                                       repr=False)

@@ -1,7 +1,7 @@
 """Where a model's config and weights come from: a local directory, or random weights in memory.
 
 `open_source` accepts a checkpoint directory, a `.safetensors` file next to a config.json,
-"preset:<name>", a llama.cpp `.gguf` file (formats/gguf.py), or any object implementing
+"preset:<name>", a llama.cpp `.gguf` file (formats/gguf/), or any object implementing
 `ModelSource` (passed through).
 """
 from __future__ import annotations
@@ -61,7 +61,7 @@ def open_source(path_or_source) -> ModelSource:
         if p.suffix == ".safetensors":
             return DirectorySource(p.parent, files=[p.name])
         if p.suffix == ".gguf":
-            from .gguf import GGUFSource   # imported here: only GGUF users pay for it
+            from .gguf.source import GGUFSource   # imported here: only GGUF users pay for it
             return GGUFSource(p)
         if p.suffix in PICKLE_SUFFIXES:
             raise FormatError(f"{p}: pickle checkpoints are never loaded; convert it to "
@@ -281,8 +281,8 @@ class MemorySource:
         self._meta = ModelMetadata.from_config(self._config, self._gen, source=self.description)
         self._shapes = expected_tensors(self._meta)
         self._dtypes: dict[str, str] = {}
-        if self._meta.quantization is not None:   # random quantized tensors (quant.py)
-            from .quant_layout import checkpoint_tensors
+        if self._meta.quantization is not None:   # random quantized tensors (quant/)
+            from .quant.layout import checkpoint_tensors
             layout = checkpoint_tensors(self._meta)
             self._shapes = {n: s for n, (s, _) in layout.items()}
             self._dtypes = {n: dt for n, (_, dt) in layout.items()}

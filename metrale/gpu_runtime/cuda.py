@@ -28,6 +28,9 @@ from .types import DevicePtr, KernelHandle, check_launch_args
 class CudaBackend:
     """CuPy implementation of `GpuBackend` for one device."""
 
+    decode_graphs_by_default = True
+    pads_decode_graphs = True
+
     def __init__(self, device_id: int = 0) -> None:
         try:
             import cupy as cp

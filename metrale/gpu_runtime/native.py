@@ -8,7 +8,7 @@ the same bits as the numpy path either way (tests compare every pair), about a h
 times faster;
 and the BF16 <-> float32 conversions of the twins (`native/convert_bf16.cpp`, one pass
 instead of numpy's seven for the rounding, exact either way); and the GGUF block formats
-dequantized to BF16 at load (`native/dequant_gguf.cpp`, formats/gguf_quants.py's bits);
+dequantized to BF16 at load (`native/dequant_gguf.cpp`, formats/gguf/quants.py's bits);
 and the paged decode attention twin (`native/attention_f32.cpp`, ops/attention.py's split
 structure, its float32 sums in a fixed order of its own).
 The library is built with the C++ compiler of `cxx.py` for the machine it runs on

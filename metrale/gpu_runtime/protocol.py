@@ -13,7 +13,14 @@ from .types import DevicePtr, KernelHandle
 
 @runtime_checkable
 class GpuBackend(Protocol):
-    name: str  # "cuda:N" or "cpu"
+    name: str  # "cuda:N", "cpu", "emu" (or "trace", the emulator's recording backend)
+    # Decode graphs: whether a model captures them unless told (`graphs=None` at load), and
+    # whether a graphed decode of n rows runs a padded rung of rows (`padded_batch_n`) so
+    # that a few graphs serve every batch size (each holds device memory and a capture)
+    # or exactly n rows (a HostBackend graph is a list of twin calls, cheap to keep per n,
+    # and a padding row costs its twins what a live row does).
+    decode_graphs_by_default: bool
+    pads_decode_graphs: bool
 
     # memory -------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> DevicePtr: ...

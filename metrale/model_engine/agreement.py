@@ -17,7 +17,7 @@ ends: whichever comes first. Then:
   - the digests differ: the ranks made different calls (or their pools drifted apart, e.g. a
     free_sequence made on one rank only): TensorParallelError on every rank, naming each
     rank's call;
-  - a rank does not answer within the group's timeout: TensorParallelError (comm.py).
+  - a rank does not answer within the group's timeout: TensorParallelError (gpu_runtime/comm/communicator.py).
 Cost: one exchange of EXCHANGE_BYTES per rank per call (an MPI all-gather of 1 KiB: ~10-20 us
 on one host; NCCL: a small all-gather on its own stream plus a host wait).
 """

@@ -20,7 +20,7 @@ graph-capturable), for decode, verify and prefill alike: a row's bits never depe
 many rows share the launch or which path runs it. `decode=True` uses split-K decode
 attention, one query row per sequence row; `decode=False` the causal prefill attention
 (tensor cores for the head dims attention_tc has).
-On a tensor-parallel rank (`model._tp`, tp_runtime.py) the same sequence runs over the rank's
+On a tensor-parallel rank (`model._tp`, tp/runtime.py) the same sequence runs over the rank's
 heads and intermediate slice (`model._layer_meta`); the embedding, o_proj, down_proj and the
 lm_head end with the ranks' fixed-order combines instead.
 """

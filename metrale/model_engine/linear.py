@@ -15,9 +15,9 @@ from functools import cached_property
 
 import numpy as np
 
-from ..formats.quant_layout import dequant_bits, linear_shapes
-from ..formats.quant_fp8 import HostFp8, concat_fp8
-from ..formats.quant_int4 import HostQ4, concat_q4
+from ..formats.quant.layout import dequant_bits, linear_shapes
+from ..formats.quant.fp8 import HostFp8, concat_fp8
+from ..formats.quant.int4 import HostQ4, concat_q4
 from ..gpu_runtime.types import NULL, DevicePtr
 from ..ops import gemm_q, gemm_tc
 

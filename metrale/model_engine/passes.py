@@ -245,13 +245,10 @@ class DecoderPasses:
         lm_head(self, stream, ws.final_hidden, n, ws.logits)
 
     def _graph_rows(self, n: int) -> int:
-        """Rows a graphed decode of `n` rows runs: on a GPU (and the emulator, which runs
-        the kernels) the ladder rung, capped at the workspace (n <= max_rows always, so the
-        cap never drops a live row): a few graphs serve every batch size, each holding
-        device memory and costing a capture. A HostBackend graph is a list of calls, cheap
-        to keep one per row count, and a padding row costs its twins what a live row
-        does, so there it is n itself."""
-        if self.backend.name == "cpu":
+        """Rows a graphed decode of `n` rows runs: the ladder rung where the backend pads
+        decode graphs (`pads_decode_graphs`, protocol.py), capped at the workspace (n <=
+        max_rows always, so the cap never drops a live row); else n itself."""
+        if not self.backend.pads_decode_graphs:
             return n
         return min(padded_batch_n(n), self._ws.max_rows)
 

@@ -58,7 +58,7 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
                  max_batch: int = 64, fp32_logits: bool = False,
                  max_prefill_tokens: int = 2048, max_seq_len: int | None = None,
                  graphs: bool | None = None, progress: bool = True, _shard=None) -> None:
-        # _shard: a tensor-parallel rank's slices and group (tp_model.py), else None
+        # _shard: a tensor-parallel rank's slices and group (tp/model.py), else None
         meta = source.metadata()
         if meta.architecture not in DECODER_ARCHITECTURES:
             raise Unsupported(f"{source.description}: model_type {meta.architecture!r} is not "
@@ -74,15 +74,12 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
         self._max_batch = max_batch
         self._weights = self._ws = None
         self._rope_table = NULL
-        self._tp = None   # a rank's combines (tp_runtime.TensorParallel), or None
+        self._tp = None   # a rank's combines (tp/runtime.py: TensorParallel), or None
         # the head / intermediate counts the layer passes run with (a rank's own slice)
         self._layer_meta = meta if _shard is None else _shard.layer_metadata(meta)
         self._graphs: dict[int, int] = {}
-        # Decode graphs by default on CUDA and on HostBackend, where replaying the captured
-        # twin calls skips the model code and the launch checks (measured on SmolLM2-135M:
-        # about a sixth of a batch-1 step); not on the emulator, whose tests choose.
-        self._use_graphs = (backend.name.startswith("cuda") or backend.name == "cpu") \
-            if graphs is None else bool(graphs)
+        # decode graphs unless told: the backend's default (protocol.py)
+        self._use_graphs = backend.decode_graphs_by_default if graphs is None else bool(graphs)
         from .memory_plan import plan_memory
         plan = plan_memory(backend, self._layer_meta, kv_blocks=kv_blocks,
                            block_size=block_size, max_rows=max_rows,

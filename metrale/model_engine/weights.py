@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..formats import check_tensors, expected_tensors
-from ..formats.quant_checkpoint import check_quantized
+from ..formats.quant.checkpoint import check_quantized
 from ..formats.upload import WeightUploader
 from ..gpu_runtime.types import NULL, DevicePtr
 from .linear import upload_linear
@@ -48,7 +48,7 @@ class DecoderWeights:
             expected = expected_tensors(meta, source.tensor_names())
             check_tensors(source, expected)
             self.nbytes = sum(2 * _numel(s) for s in expected.values())
-        else:   # quantized linears: their own tensors and checks (formats/quant.py)
+        else:   # quantized linears: their own tensors and checks (formats/quant/)
             expected = check_quantized(source, meta)
             self.nbytes = weight_bytes(meta)
 

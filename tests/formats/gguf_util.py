@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
-from metrale.formats.gguf_file import GGUFFile
+from metrale.formats.gguf.file import GGUFFile
 
 GGUF_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gguf"
 

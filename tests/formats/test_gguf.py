@@ -10,10 +10,10 @@ import pytest
 
 from metrale.errors import FormatError, Unsupported
 from metrale.formats import ModelMetadata, open_source
-from metrale.formats.gguf import GGUFSource, hf_name, unpermute_rows
-from metrale.formats.gguf_config import f32_value
-from metrale.formats.gguf_file import GGUFFile
-from metrale.formats.gguf_quants import dequantize_bf16
+from metrale.formats.gguf.source import GGUFSource, hf_name, unpermute_rows
+from metrale.formats.gguf.config import f32_value
+from metrale.formats.gguf.file import GGUFFile
+from metrale.formats.gguf.quants import dequantize_bf16
 from tests.formats.gguf_util import GGUF_FIXTURES, rewrite
 
 MODELS = ["llama", "qwen2", "qwen3"]

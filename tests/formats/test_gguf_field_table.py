@@ -1,5 +1,5 @@
-"""The GGUF section of the field table (field_table.GGUF) against what gguf_config.py and
-gguf_tokenizer.py read: every key a parser touches is listed, every key of the fixtures is
+"""The GGUF section of the field table (field_table.GGUF) against what gguf/config.py and
+gguf/tokenizer.py read: every key a parser touches is listed, every key of the fixtures is
 classified, an unlisted key is refused, and every REFUSED entry (and every neutral-only
 HONOURED one, given another value) refuses a file carrying it."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 from metrale.errors import Unsupported
 from metrale.formats import open_source
 from metrale.formats.field_table import GGUF, REFUSED
-from metrale.formats.gguf_config import _NEUTRAL, classify, hf_config
-from metrale.formats.gguf_file import GGUFFile
-from metrale.formats.gguf_tokenizer import build_tokenizer
+from metrale.formats.gguf.config import _NEUTRAL, classify, hf_config
+from metrale.formats.gguf.file import GGUFFile
+from metrale.formats.gguf.tokenizer import build_tokenizer
 from tests.formats.gguf_util import GGUF_FIXTURES, rewrite
 
 FILES = ["llama", "qwen2", "qwen3", "spm_tokenizer"]

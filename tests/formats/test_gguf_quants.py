@@ -1,14 +1,14 @@
 """GGUF block formats: metrale's dequantizers (numpy and native) against a float64
 implementation written element by element from ggml's layouts (ggml-common.h, quoted in
-formats/gguf_quants.py), and against the `gguf` package's own dequantizer."""
+formats/gguf/quants.py), and against the `gguf` package's own dequantizer."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from metrale.errors import Unsupported
-from metrale.formats.gguf_file import GGML_TYPES
-from metrale.formats.gguf_quants import (SUPPORTED, dequantize_bf16, dequantize_f32)
+from metrale.formats.gguf.file import GGML_TYPES
+from metrale.formats.gguf.quants import (SUPPORTED, dequantize_bf16, dequantize_f32)
 from metrale.gpu_runtime import native
 from metrale.ops.bf16 import f32_to_bf16_numpy
 
@@ -142,7 +142,7 @@ def test_bf16_is_copied_bit_for_bit():
 
 def test_chunks_split_at_block_boundaries(monkeypatch):
     """The numpy path's chunking (whole blocks per step) gives the one-shot result."""
-    from metrale.formats import gguf_quants
+    from metrale.formats.gguf import quants as gguf_quants
     raw = random_blocks(12, 9, seed=3)
     whole = dequantize_bf16(raw, 12, (9 * 256,), native=False)
     monkeypatch.setattr(gguf_quants, "_CHUNK_ELEMENTS", 512)

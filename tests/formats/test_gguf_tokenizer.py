@@ -1,4 +1,4 @@
-"""Tokenizers built from GGUF metadata (formats/gguf_tokenizer.py) against transformers'
+"""Tokenizers built from GGUF metadata (formats/gguf/tokenizer.py) against transformers'
 GGUF tokenizer on the same files (goldens in tests/fixtures/gguf/tokenizers.json): byte-
 level BPE with the llama3 and qwen2 splits, SentencePiece BPE with merges from scores,
 special and added tokens, BOS, decoding; and llama.cpp's rules where HF's differ."""
@@ -9,8 +9,8 @@ import json
 import pytest
 
 from metrale.errors import Unsupported
-from metrale.formats.gguf_file import GGUFFile
-from metrale.formats.gguf_tokenizer import PRE_SPLITS, build_tokenizer
+from metrale.formats.gguf.file import GGUFFile
+from metrale.formats.gguf.tokenizer import PRE_SPLITS, build_tokenizer
 from tests.formats.gguf_util import GGUF_FIXTURES, rewrite
 
 GOLDEN = json.loads((GGUF_FIXTURES / "tokenizers.json").read_text(encoding="utf-8"))

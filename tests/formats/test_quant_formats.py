@@ -13,8 +13,8 @@ import metrale
 from metrale import FormatError, Unsupported
 from metrale.formats import PRESETS, open_source, preset_config
 from metrale.formats.field_table import FIELD_TABLE
-from metrale.formats.quant import parse_quantization
-from metrale.formats.quant_rules import hf_converts
+from metrale.formats.quant.parse import parse_quantization
+from metrale.formats.quant.rules import hf_converts
 from metrale.formats.safetensors import SafetensorsFile
 from metrale.gpu_runtime import HostBackend
 from tests.model.common import FIXTURES

@@ -180,6 +180,26 @@ def test_host_decode_graphs_are_on_and_keyed_by_the_row_count():
     assert decode_graph_keys(m) == [{1}, {1, 3}]
 
 
+class PaddingHost(HostBackend):
+    """A HostBackend that says it pads decode graphs and does not graph unless told: the
+    model asks the backend's properties, not its name."""
+    pads_decode_graphs = True
+    decode_graphs_by_default = False
+
+
+def test_decode_graph_padding_and_default_are_backend_properties():
+    from metrale.gpu_runtime import EmuBackend
+    from metrale.gpu_runtime.emu.trace import TraceBackend
+    assert (HostBackend.pads_decode_graphs, HostBackend.decode_graphs_by_default) == (False, True)
+    from metrale.gpu_runtime.cuda import CudaBackend   # (CuPy is imported by its __init__)
+    assert (CudaBackend.pads_decode_graphs, CudaBackend.decode_graphs_by_default) == (True, True)
+    for cls in (EmuBackend, TraceBackend):   # both stand for a GPU: padded, graphs on request
+        assert (cls.pads_decode_graphs, cls.decode_graphs_by_default) == (True, False)
+    assert not load(NAME, PaddingHost(), kv_blocks=64, block_size=4)._use_graphs
+    m = load(NAME, PaddingHost(), kv_blocks=64, block_size=4, graphs=True)
+    assert decode_graph_keys(m) == [{2}, {2, 4}]   # the ladder, as on a GPU
+
+
 @pytest.mark.gpu
 def test_gpu_stream_zero_orders_after_the_models_stream(cuda):
     m = load(NAME, cuda, kv_blocks=64, block_size=4, graphs=True)

@@ -11,7 +11,7 @@ import pytest
 import metrale
 from metrale import CacheConfig
 from metrale.formats import open_source
-from metrale.formats.quant_checkpoint import DequantizedSource
+from metrale.formats.quant.checkpoint import DequantizedSource
 from metrale.generative import to_numpy
 from metrale.gpu_runtime import HostBackend, backend
 from metrale.model_engine.linear import Fp8Linear, Q4Linear
@@ -130,7 +130,7 @@ def test_golden_differs_when_the_gptq_v1_minus_one_is_ignored(tmp_path):
 
 
 def test_golden_differs_without_act_order_or_the_awq_order(monkeypatch):
-    from metrale.formats import quant_int4
+    from metrale.formats.quant import int4 as quant_int4
     name = "q_gptq_v2_actorder"
     monkeypatch.setattr(quant_int4.Int4Config, "_g_idx", lambda *a: None)   # g_idx ignored
     assert _err(FIXTURES / name, name) > 0.1
@@ -141,7 +141,7 @@ def test_golden_differs_without_act_order_or_the_awq_order(monkeypatch):
 
 @pytest.mark.parametrize("name", QUANT_FIXTURES)
 def test_golden_differs_when_scales_are_ignored(monkeypatch, name):
-    from metrale.formats import quant_fp8, quant_int4
+    from metrale.formats.quant import fp8 as quant_fp8, int4 as quant_int4
     real_q4, real_f8 = quant_int4.Int4Config.read, quant_fp8.Fp8Config.read
 
     def q4(self, *a):
@@ -160,7 +160,7 @@ def test_golden_differs_when_scales_are_ignored(monkeypatch, name):
 
 def test_golden_differs_with_a_shifted_block_grid(monkeypatch):
     """FP8 block scales: each row's scales from the neighbouring row block."""
-    from metrale.formats import quant_fp8
+    from metrale.formats.quant import fp8 as quant_fp8
     real = quant_fp8.Fp8Config.read
 
     def shifted(self, *a):

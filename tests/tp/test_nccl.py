@@ -13,12 +13,12 @@ import pytest
 
 from metrale import TensorParallelError, Unsupported
 from metrale.gpu_runtime import HostBackend
-from metrale.gpu_runtime import comm_nccl
-from metrale.gpu_runtime.comm import EXCHANGE_BYTES
-from metrale.gpu_runtime.ranks import RankInfo
-from metrale.gpu_runtime.rendezvous import default_address, parse_address, share_bytes
+from metrale.gpu_runtime.comm import nccl as comm_nccl
+from metrale.gpu_runtime.comm.communicator import EXCHANGE_BYTES
+from metrale.gpu_runtime.comm.ranks import RankInfo
+from metrale.gpu_runtime.comm.rendezvous import default_address, parse_address, share_bytes
 
-# The bindings' signatures as comm_nccl.py calls them (cupy_backends/cuda/libs/nccl.pyx).
+# The bindings' signatures as comm/nccl.py calls them (cupy_backends/cuda/libs/nccl.pyx).
 SIGNATURES = {
     "allGather": ["sendbuf", "recvbuf", "count", "datatype", "stream"],
     "allReduce": ["sendbuf", "recvbuf", "count", "datatype", "op", "stream"],
@@ -210,8 +210,8 @@ def test_unique_id_over_tcp(fake, tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     child = textwrap.dedent(f"""
-        from metrale.gpu_runtime.ranks import RankInfo
-        from metrale.gpu_runtime.rendezvous import share_bytes
+        from metrale.gpu_runtime.comm.ranks import RankInfo
+        from metrale.gpu_runtime.comm.rendezvous import share_bytes
         print(share_bytes("127.0.0.1:{port}", RankInfo(1, 2, 1, "torchrun"), None, 128, 20).hex())
     """)
     p = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)

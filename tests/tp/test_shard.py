@@ -10,12 +10,12 @@ import metrale
 from metrale import InvalidArgument, TensorParallelError, Unsupported
 from metrale.formats import open_source
 from metrale.gpu_runtime import HostBackend
-from metrale.gpu_runtime.comm import (EXCHANGE_BYTES, Deadline, check_collective, pack_payload,
+from metrale.gpu_runtime.comm.communicator import (EXCHANGE_BYTES, Deadline, check_collective, pack_payload,
                                       unpack_payloads)
-from metrale.gpu_runtime.ranks import RankInfo, launcher_ranks
+from metrale.gpu_runtime.comm.ranks import RankInfo, launcher_ranks
 from metrale.model_engine.agreement import (call_digest, error_record, ok_record, settle)
-from metrale.model_engine.shard import plan_shards, rank_weight_bytes
-from metrale.model_engine.sharded_weights import ShardedDecoderWeights
+from metrale.model_engine.tp.shard import plan_shards, rank_weight_bytes
+from metrale.model_engine.tp.sharded_weights import ShardedDecoderWeights
 from tests.model.common import FIXTURES
 
 META = open_source(FIXTURES / "llama_gqa").metadata()   # H 4, KV 2, I 128, hidden 64, V 256
@@ -295,7 +295,7 @@ def test_quantized_and_expert_checkpoints_are_refused(tmp_path, key, value):
 @pytest.mark.parametrize("name", ["q_awq", "q_ct_fp8_channel", "q_fp8_block", "q_fp8_head",
                                   "q_gptq_v1", "q_gptq_v2_actorder"])
 def test_the_quantized_fixtures_are_refused_by_name(name):
-    """FP8 / GPTQ / AWQ checkpoints (quantized linears, formats/quant.py) run on one device:
+    """FP8 / GPTQ / AWQ checkpoints (quantized linears, formats/quant/) run on one device:
     refused before the metadata is parsed or a launcher is asked for ranks."""
     import json
     method = json.loads((FIXTURES / name / "config.json").read_text())[
@@ -324,6 +324,6 @@ def test_the_tensor_contract_is_refused():
 
 
 def test_host_ranks_need_an_mpi_launcher():
-    from metrale.gpu_runtime.communicators import open_communicator
+    from metrale.gpu_runtime.comm import open_communicator
     with pytest.raises(Unsupported, match="mpiexec"):
         open_communicator(HostBackend(), RankInfo(0, 2, 0, "torchrun"))

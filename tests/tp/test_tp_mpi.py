@@ -338,7 +338,7 @@ def test_cuda_tp2_over_nccl(tmp_path, device_name):
     weights on one rank."""
     if _cuda_gpus() < 2:
         pytest.skip("needs two GPUs")
-    from metrale.gpu_runtime.comm_nccl import import_nccl
+    from metrale.gpu_runtime.comm.nccl import import_nccl
     import_nccl()
     proc = run_worker(tmp_path, device_name, "golden,batch,verify,failures,nonfinite")
     assert proc.returncode == 0, proc.stdout[-5000:]

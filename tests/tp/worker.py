@@ -22,7 +22,7 @@ import numpy as np
 import metrale
 from metrale.engine import Scheduler, generate, speculative_generate
 from metrale.gpu_runtime import backend
-from metrale.gpu_runtime.ranks import launcher_ranks
+from metrale.gpu_runtime.comm.ranks import launcher_ranks
 from metrale.model_engine import PrefillSlice
 from tests.model.common import DECODER_FIXTURES, FIXTURES, MOE_FIXTURES, golden
 from tests.tp import worker_checkpoints, worker_streams
@@ -275,7 +275,7 @@ def failures(run: Run) -> None:
 
 def comm_protocol(run: Run) -> None:
     """Every collective of the MPI communicator on device pointers, and in a host graph."""
-    from metrale.gpu_runtime.communicators import open_communicator
+    from metrale.gpu_runtime.comm import open_communicator
     be = backend(run.device)
     comm = open_communicator(be, launcher_ranks(), timeout_s=60)
     r, n = comm.rank, comm.size
@@ -319,8 +319,8 @@ def comm_protocol(run: Run) -> None:
     except metrale.InvalidArgument as e:
         got["bf16_all_reduce"] = str(e)
     comm.close()
-    # NCCL's unique id from rank 0 to every rank over MPI (the mpiexec path of comm_nccl)
-    from metrale.gpu_runtime.comm_nccl import share_unique_id
+    # NCCL's unique id from rank 0 to every rank over MPI (the mpiexec path of gpu_runtime/comm/nccl.py)
+    from metrale.gpu_runtime.comm.nccl import share_unique_id
 
     class OwnIds:   # each rank would make its own id: only rank 0's may survive
         @staticmethod

@@ -14,7 +14,7 @@ from tests.model.test_pointer_streams import IDS, every_entry_point
 
 class CollectiveRecordingBackend(StreamRecordingBackend):
     """StreamRecordingBackend that also logs the MPI communicator's collectives (each one
-    task on the stream it is given, comm_mpi.py)."""
+    task on the stream it is given, comm/mpi.py)."""
 
     def host_task(self, fn, stream):
         self.log.append(("collective", stream))

@@ -115,6 +115,9 @@ class EmuBackend(HostBackend):
     """`GpuBackend` on the CPU that runs the CUDA sources themselves; see the module doc."""
 
     name = "emu"
+    # it runs the kernels, so graphed decode pads as on a GPU; graphs only when a test asks
+    decode_graphs_by_default = False
+    pads_decode_graphs = True
     _guard_bytes = GUARD_BYTES
 
     def __init__(self, memory_limit_bytes: int | None = None, *, sanitize: bool = False,

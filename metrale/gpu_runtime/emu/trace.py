@@ -54,6 +54,9 @@ class TraceBackend(HostBackend):
     """A `GpuBackend` that records allocations, copies and launches and runs nothing."""
 
     name = "trace"
+    # records what a GPU would run: padded graph rungs, graphs only when asked
+    decode_graphs_by_default = False
+    pads_decode_graphs = True
 
     def __init__(self, memory_bytes: int = 141 * 10**9) -> None:
         super().__init__(memory_bytes, convert_cache_bytes=0, native=False)

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-from ..errors import TensorParallelError
+from ...errors import TensorParallelError
 
 # (launcher, rank variable, size variable, local-rank variable or None)
 LAUNCHERS = (

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ..errors import FormatError, Unsupported
+from ...errors import FormatError, Unsupported
 
 CONTROL, USER_DEFINED = 3, 4
 

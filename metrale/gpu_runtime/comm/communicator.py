@@ -1,9 +1,9 @@
 """`Communicator`: the collectives of a tensor-parallel group, on device pointers and streams.
 
-One small protocol, two implementations (DESIGN §6), opened by communicators.py:
-  `MpiCommunicator`  (comm_mpi.py)  mpi4py over the host backends (HostBackend, EmuBackend),
+One small protocol, two implementations (DESIGN §6), opened by comm/__init__.py:
+  `MpiCommunicator`  (comm/mpi.py)  mpi4py over the host backends (HostBackend, EmuBackend),
                      whose device memory is host memory: what CI runs with `mpiexec -n 2`.
-  `NcclCommunicator` (comm_nccl.py) NCCL through CuPy's bindings on a `CudaBackend`: the
+  `NcclCommunicator` (comm/nccl.py) NCCL through CuPy's bindings on a `CudaBackend`: the
                      collectives go on the given stream and can be captured in a CUDA graph.
 
 Device collectives (`count` elements of `dtype` per rank; np.float32, np.int32, np.uint16
@@ -27,7 +27,7 @@ from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..errors import InvalidArgument, TensorParallelError
+from ...errors import InvalidArgument, TensorParallelError
 
 EXCHANGE_BYTES = 1024
 DTYPES = (np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.uint16), np.dtype(np.uint8))

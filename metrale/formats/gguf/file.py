@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import FormatError
+from ...errors import FormatError
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)

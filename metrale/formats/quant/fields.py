@@ -1,10 +1,10 @@
-"""Keys of a decoder's `quantization_config`, per quant_method (formats/quant_fp8.py,
-quant_int4.py), in field_table.py's three statuses; a key not listed here is refused by name
-(quant_rules.check_fields). field_table.FIELD_TABLE holds them as the scopes
+"""Keys of a decoder's `quantization_config`, per quant_method (formats/quant/fp8.py,
+quant/int4.py), in field_table.py's three statuses; a key not listed here is refused by name
+(quant/rules.py: check_fields). field_table.FIELD_TABLE holds them as the scopes
 `quantization_config.<method>`."""
 from __future__ import annotations
 
-from .field_status import honoured as _h, irrelevant as _i, refused as _r
+from ..field_status import honoured as _h, irrelevant as _i, refused as _r
 
 _QLOAD = "a loading option of transformers / the quantizer; the dequantized math is the same"
 _QCAL = "calibration setting of the quantizer; the stored weights are what is loaded"

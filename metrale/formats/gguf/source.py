@@ -1,9 +1,9 @@
 """`GGUFSource`: a llama.cpp GGUF file as a `ModelSource` (so every command takes a .gguf).
 
-The metadata becomes the config.json it stands for (gguf_config.py; every key honoured or
+The metadata becomes the config.json it stands for (gguf/config.py; every key honoured or
 refused by name, field_table.GGUF), the tensors take their Hugging Face names (TENSOR_NAMES)
-and are dequantized to BF16 when read (gguf_quants.py), the tokenizer is built from
-tokenizer.ggml.* (gguf_tokenizer.py) and the chat template is tokenizer.chat_template.
+and are dequantized to BF16 when read (gguf/quants.py), the tokenizer is built from
+tokenizer.ggml.* (gguf/tokenizer.py) and the chat template is tokenizer.chat_template.
 
 Rotary layout: llama.cpp's converter permutes the rows of a llama q_proj / k_proj (and
 their biases) per head from HF's half-split rotary layout into interleaved pairs (its NORM
@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import FormatError, Unsupported
-from .gguf_config import hf_config
-from .gguf_file import GGUFFile
-from .gguf_quants import SUPPORTED_NAMES, check_supported, dequantize_bf16
-from .metadata import ModelMetadata
+from ...errors import FormatError, Unsupported
+from .config import hf_config
+from .file import GGUFFile
+from .quants import SUPPORTED_NAMES, check_supported, dequantize_bf16
+from ..metadata import ModelMetadata
 
 # llama.cpp tensor name -> HF name ({n}: the layer)
 TENSOR_NAMES = {
@@ -141,7 +141,7 @@ class GGUFSource:
     # what a GGUF carries besides the weights -----------------------------------------
     @cached_property
     def _tokenizer(self):
-        from .gguf_tokenizer import build_tokenizer
+        from .tokenizer import build_tokenizer
         return build_tokenizer(self.fields, self.description)
 
     def tokenizer(self):

@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import Unsupported
-from ..ops.bf16 import f32_to_bf16
-from .gguf_file import GGML_TYPES
+from ...errors import Unsupported
+from ...ops.bf16 import f32_to_bf16
+from .file import GGML_TYPES
 
 F32, F16, BF16 = 0, 1, 30
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K = 2, 3, 6, 7, 8, 12, 13, 14
@@ -187,6 +187,6 @@ def dequantize_bf16(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...],
 
 
 def _native():
-    from ..gpu_runtime import native
+    from ...gpu_runtime import native
     lib = native.try_load()
     return lib if lib is not None and hasattr(lib, "gguf_dequant_bf16") else None

@@ -1,7 +1,7 @@
 """How a tensor-parallel rank's layer passes end: the fixed-order reductions and gathers.
 
 Every rank holds the whole residual stream ([n, hidden], BF16) and a slice of every weight
-(shard.py). Three places talk to the other ranks:
+(tp/shard.py). Three places talk to the other ranks:
   embedding     each rank writes the rows of the ids in its vocabulary slice (FP32, zeros
                 elsewhere); `reduce` adds them: exactly one rank holds each row, so the sum is
                 the embedding row, bit for bit.
@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..gpu_runtime.types import DevicePtr
-from ..ops import gemm_tc, tensor_parallel
+from ...gpu_runtime.types import DevicePtr
+from ...ops import gemm_tc, tensor_parallel
 from .shard import ShardPlan
 
 # Largest gathered partials (N * count * 4 bytes) the `gather` schedule is used for; above
@@ -131,7 +131,7 @@ class TensorParallel:
             tensor_parallel.tp_sum_partials(b, stream, out_ptr, self.gathered, count, N)
             self.bytes_received += (N - 1) * count * 4
             return
-        seg = count // N     # hidden_size % N == 0 (shard.py), so N * seg == count
+        seg = count // N     # hidden_size % N == 0 (tp/shard.py), so N * seg == count
         self.comm.all_to_all(partial_ptr, self.gathered, seg, np.float32, stream)
         tensor_parallel.tp_sum_partials(b, stream, self.summed, self.gathered, seg, N)
         self.comm.all_gather(self.summed, out_ptr, seg, np.uint16, stream)

@@ -11,7 +11,7 @@ import os
 import socket
 import time
 
-from ..errors import TensorParallelError
+from ...errors import TensorParallelError
 from .ranks import RankInfo
 
 _MAGIC = b"metrale-tp1"

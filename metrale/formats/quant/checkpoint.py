@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import re
 
-from ..errors import FormatError
-from .metadata import ModelMetadata
-from .quant_layout import QUANT_SUFFIXES, dequant_bits, linear_shapes, quantized_layout
-from .source import HARMLESS_UNUSED, check_tensors
+from ...errors import FormatError
+from ..metadata import ModelMetadata
+from .layout import QUANT_SUFFIXES, dequant_bits, linear_shapes, quantized_layout
+from ..source import HARMLESS_UNUSED, check_tensors
 
 
 def check_quantized(source, meta) -> dict[str, tuple[int, ...]]:

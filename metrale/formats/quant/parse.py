@@ -1,16 +1,8 @@
-"""Quantized decoder checkpoints: `quantization_config` -> a family's config object
-(quant_fp8.py: fine-grained and compressed-tensors FP8; quant_int4.py: GPTQ and AWQ 4-bit).
-
-A config object answers `converts(module)`, `tensor_specs(module, n, k)` (name -> (shape,
-dtypes, required)), `check_shape`, `read(source, module, n, k)` (the module's tensors
-checked and repacked into the device layout) and `describe()`. quant_layout.py derives the
-tensors a quantized checkpoint holds; quant_checkpoint.py checks them before any upload
-(the value checks of `read` run before the module's bytes are uploaded).
-"""
+"""`parse_quantization`: a checkpoint's `quantization_config` -> its family's config object."""
 from __future__ import annotations
 
-from ..errors import FormatError, Unsupported
-from . import quant_fp8, quant_int4
+from ...errors import FormatError, Unsupported
+from . import fp8 as quant_fp8, int4 as quant_int4
 
 
 def parse_quantization(config: dict, source: str):

@@ -15,7 +15,7 @@ captured into the decode CUDA graphs like them (NCCL >= 2.9.6 supports stream ca
   wait                                  an event on the stream, polled against the timeout
 
 The unique id goes from rank 0 to the others by MPI when an MPI launcher started the ranks
-(and mpi4py is installed), else over TCP (rendezvous.py; torchrun). Creating the
+(and mpi4py is installed), else over TCP (comm/rendezvous.py; torchrun). Creating the
 communicators runs on a helper thread so that a rank that never arrives gives a timeout.
 On a timeout (or an asynchronous NCCL error) both communicators are aborted
 (ncclCommAbort), which releases kernels stuck waiting for a dead peer; the group is broken.
@@ -29,8 +29,8 @@ import threading
 
 import numpy as np
 
-from ..errors import TensorParallelError, Unsupported
-from .comm import (EXCHANGE_BYTES, Deadline, check_collective, pack_payload, timeout_message,
+from ...errors import TensorParallelError, Unsupported
+from .communicator import (EXCHANGE_BYTES, Deadline, check_collective, pack_payload, timeout_message,
                    unpack_payloads)
 from .ranks import RankInfo
 

@@ -41,9 +41,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import FormatError, Unsupported
-from ..ops.gemm_q import q4_row_bytes
-from . import quant_rules as rules
+from ...errors import FormatError, Unsupported
+from ...ops.gemm_q import q4_row_bytes
+from . import rules
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)   # output 8c + AWQ_ORDER[e] in bits 4e of a word
 _SHIFTS = 4 * np.arange(8, dtype=np.uint32)

@@ -43,10 +43,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import FormatError, Unsupported
-from ..ops.bf16 import bf16_to_f32
-from ..ops.gemm_q import fp8_row_bytes
-from . import quant_rules as rules
+from ...errors import FormatError, Unsupported
+from ...ops.bf16 import bf16_to_f32
+from ...ops.gemm_q import fp8_row_bytes
+from . import rules
 
 
 @dataclass

@@ -1,9 +1,9 @@
 """Opening the communicator of a tensor-parallel rank: NCCL on CUDA, MPI on the host
-backends (the protocol is comm.py's `Communicator`)."""
+backends (the protocol is communicator.py's `Communicator`)."""
 from __future__ import annotations
 
-from ..errors import Unsupported
-from .comm import DEFAULT_TIMEOUT_S, Communicator
+from ...errors import Unsupported
+from .communicator import DEFAULT_TIMEOUT_S, Communicator
 from .ranks import RankInfo
 
 
@@ -13,11 +13,11 @@ def open_communicator(backend, ranks: RankInfo, *, timeout_s: float = DEFAULT_TI
     host backends. `rendezvous` ("host:port") is where NCCL's unique id is handed out when
     the ranks were not started by an MPI launcher (default MASTER_ADDR:MASTER_PORT+1)."""
     if backend.name.startswith("cuda"):
-        from .comm_nccl import NcclCommunicator
+        from .nccl import NcclCommunicator
         return NcclCommunicator.create(backend, ranks, timeout_s=timeout_s,
                                        rendezvous=rendezvous)
     if not ranks.is_mpi:
         raise Unsupported(f"tensor parallelism on {backend.name} runs over MPI: start the "
                           f"ranks with mpiexec (these were started by {ranks.launcher})")
-    from .comm_mpi import MpiCommunicator
+    from .mpi import MpiCommunicator
     return MpiCommunicator(backend, ranks, timeout_s=timeout_s)

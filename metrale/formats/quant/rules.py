@@ -7,8 +7,8 @@ import re
 
 import numpy as np
 
-from ..errors import FormatError, Unsupported
-from .field_table import FIELD_TABLE, REFUSED
+from ...errors import FormatError, Unsupported
+from ..field_table import FIELD_TABLE, REFUSED
 
 # Every FP8 product e4m3 * s must be a normal float32 (or zero): FTZ on the GPU
 # (--use_fast_math) and in the CPU twin would flush a subnormal one (kernels/gemm_q.cu).

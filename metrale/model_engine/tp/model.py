@@ -1,13 +1,13 @@
 """`TensorParallelModel`: one rank of a decoder model split over N devices, SPMD.
 
 `metrale.load(path, device=..., tensor_parallel_size=N)` in each of N processes (started by
-mpiexec, torchrun or srun; gpu_runtime/ranks.py) returns this rank's model. It is a
+mpiexec, torchrun or srun; gpu_runtime/comm/ranks.py) returns this rank's model. It is a
 `TransformerModel` with the pointer API unchanged: every rank makes the same calls with the
 same arguments and gets the same whole logits rows, so a scheduler written for one device
 runs unchanged on every rank. What differs, behind it:
-  - weights: the rank's Megatron slices (shard.py, sharded_weights.py); its KV pool holds
+  - weights: the rank's Megatron slices (tp/shard.py, tp/sharded_weights.py); its KV pool holds
     only its KV heads, its workspace only its heads and intermediate slice;
-  - the layer passes end with the fixed-order combines of tp_runtime.py (hooks in layers.py);
+  - the layer passes end with the fixed-order combines of tp/runtime.py (hooks in layers.py);
   - every public call first agrees with the other ranks (agreement.py): an error on one
     rank is raised on every rank, different calls are an error, a silent peer a timeout;
   - the host waits for the device through the communicator, bounded by its timeout (a dead
@@ -21,17 +21,17 @@ from __future__ import annotations
 import hashlib
 import json
 
-from ..errors import InvalidArgument, TensorParallelError, Unsupported
-from ..gpu_runtime import backend_for
-from ..gpu_runtime.comm import DEFAULT_TIMEOUT_S
-from ..gpu_runtime.communicators import open_communicator
-from ..gpu_runtime.ranks import RankInfo, launcher_ranks
-from .agreement import AgreedGuard, error_record, is_agreed, ok_record, settle
-from .memory_plan import MemoryPlan
+from ...errors import InvalidArgument, TensorParallelError, Unsupported
+from ...gpu_runtime import backend_for
+from ...gpu_runtime.comm.communicator import DEFAULT_TIMEOUT_S
+from ...gpu_runtime.comm import open_communicator
+from ...gpu_runtime.comm.ranks import RankInfo, launcher_ranks
+from ..agreement import AgreedGuard, error_record, is_agreed, ok_record, settle
+from ..memory_plan import MemoryPlan
 from .shard import ShardPlan, plan_shards, rank_weight_bytes
 from .sharded_weights import ShardedDecoderWeights
-from .tp_runtime import TensorParallel
-from .transformer import TransformerModel
+from .runtime import TensorParallel
+from ..transformer import TransformerModel
 
 class TensorParallelModel(TransformerModel):
     """One rank of a tensor-parallel decoder model; see the module docstring."""
@@ -92,7 +92,7 @@ class _RankShard:
         return self.plan.layer_metadata(meta)
 
     def weight_bytes(self, meta, source) -> int:
-        from ..formats import expected_tensors
+        from ...formats import expected_tensors
         tied = "lm_head.weight" not in expected_tensors(meta, source.tensor_names())
         return rank_weight_bytes(meta, self.plan, tied)
 
@@ -163,7 +163,7 @@ def rank_device(device, ranks: RankInfo):
         return device
     d = device.strip().lower()
     if d in ("cuda", "auto"):
-        from ..gpu_runtime import cuda_available
+        from ...gpu_runtime import cuda_available
         ok, _ = cuda_available()
         if not ok:
             return device

@@ -20,8 +20,8 @@ import atexit
 
 import numpy as np
 
-from ..errors import TensorParallelError, Unsupported
-from .comm import (EXCHANGE_BYTES, Deadline, check_collective, pack_payload, timeout_message,
+from ...errors import TensorParallelError, Unsupported
+from .communicator import (EXCHANGE_BYTES, Deadline, check_collective, pack_payload, timeout_message,
                    unpack_payloads)
 from .ranks import RankInfo
 

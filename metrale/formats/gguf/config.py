@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import FormatError, Unsupported
-from .field_table import GGUF, HONOURED, REFUSED, Field
+from ...errors import FormatError, Unsupported
+from ..field_table import GGUF, HONOURED, REFUSED, Field
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import FormatError
-from ..formats import check_tensors, expected_tensors
-from ..formats.upload import WeightUploader
-from ..gpu_runtime.types import NULL, DevicePtr
+from ...errors import FormatError
+from ...formats import check_tensors, expected_tensors
+from ...formats.upload import WeightUploader
+from ...gpu_runtime.types import NULL, DevicePtr
 from .shard import ShardPlan, rank_weight_bytes
-from .weights import LayerWeights
+from ..weights import LayerWeights
 
 
 class ShardedDecoderWeights:

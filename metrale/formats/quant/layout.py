@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import Unsupported
-from . import quant_int4
-from .layout import expected_tensors
+from ...errors import Unsupported
+from . import int4 as quant_int4
+from ..layout import expected_tensors
 
 # The linear modules of a decoder layer, as HF names them (n, k from the metadata).
 LAYER_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
@@ -57,7 +57,7 @@ def quantized_layout(meta, names=None):
 
 def dequant_bits(host) -> np.ndarray:
     """A repacked quantized linear's BF16 bits [n, k] (ops.gemm_q's formulas)."""
-    from ..ops import gemm_q
+    from ...ops import gemm_q
     if isinstance(host, quant_int4.HostQ4):
         return gemm_q.dequant_q4(host.q, host.scales, host.zeros, host.k, host.group_size,
                                  host.gidx, host.gidx_row)

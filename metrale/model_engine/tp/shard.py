@@ -12,7 +12,7 @@ For N ranks, rank r holds:
                   the last rank's slice is padded with zero rows up to Vs)
 Norm weights, o_proj / down_proj biases and everything else are whole on every rank; the
 column-split biases (q/k/v, gate/up) are sliced like their weights. o_proj and down_proj
-outputs are partial sums that the ranks add in rank order (tp_runtime.py); their biases
+outputs are partial sums that the ranks add in rank order (tp/runtime.py); their biases
 are added once, after that sum.
 
 Refused, by name: N that does not divide num_attention_heads, intermediate_size or
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..errors import Unsupported
-from ..ops.tensor_parallel import MAX_RANKS
+from ...errors import Unsupported
+from ...ops.tensor_parallel import MAX_RANKS
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,7 @@
+"""Tensor parallelism (DESIGN §6): one rank of a decoder split over N devices, SPMD.
+
+  shard.py            which slice of every weight a rank holds, checked before any upload
+  sharded_weights.py  a rank's slices on its device, in the single-device layout
+  runtime.py          how a rank's layer passes end: the fixed-order combines
+  model.py            `TensorParallelModel`, the pointer API over all of it
+"""
