@@ -32,3 +32,20 @@ def test_native_source_ships_as_package_data():
     for src in native.SOURCES:
         for inc in re.findall(r'#include "([^"]+)"', src.read_text()):
             assert inc in names, (src.name, inc)
+
+
+def test_license_texts_travel_with_the_code_and_the_wheel():
+    """pyproject's `license = "MIT OR Apache-2.0"` needs both texts beside the code and in
+    the installed distribution (PEP 639 `license-files`: .dist-info/licenses/)."""
+    import importlib.metadata as md
+    texts = {"LICENSE-MIT": "Permission is hereby granted, free of charge",
+             "LICENSE-APACHE": "Apache License\n                           Version 2.0"}
+    for name, opening in texts.items():
+        assert opening in (ROOT / name).read_text()
+    assert re.search(r'^license-files = \["LICENSE-MIT", "LICENSE-APACHE"\]$',
+                     (ROOT / "pyproject.toml").read_text(), re.M)
+    dist = md.distribution("metrale")   # this checkout, installed (CI: not editable)
+    assert sorted(dist.metadata.get_all("License-File") or []) == sorted(texts)
+    shipped = {Path(str(f)).name: f for f in dist.files or () if "LICENSE" in str(f)}
+    for name, opening in texts.items():
+        assert opening in shipped[name].read_text(), name
