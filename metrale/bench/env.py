@@ -14,11 +14,34 @@ from ..gpu_runtime.native import usable_cpus
 
 
 def _cupy_version() -> str | None:
-    try:
-        import cupy
-        return str(cupy.__version__)
-    except Exception:
-        return None
+    """CuPy's version from its installed distribution's metadata (no import: importing CuPy
+    costs over a second, which a CPU benchmark should not pay for a version string)."""
+    import importlib.metadata as md
+    for dist in md.distributions():
+        name = (dist.metadata.get("Name") or "").lower()
+        if name == "cupy" or name.startswith("cupy-cuda") or name.startswith("cupy-rocm"):
+            return str(dist.version)
+    return None
+
+
+def recorded_path(path, root=None) -> str:
+    """`path` as a benchmark JSON records it, without the machine's own directories:
+    relative to `root` (default: the current directory, the repository when a benchmark
+    runs from it) when under it, "<metrale cache>/..." under metrale's cache directory,
+    "python" for this interpreter; else the file name alone."""
+    from pathlib import Path
+
+    from ..gpu_runtime.cxx import cache_root
+    p = Path(path).absolute()
+    if str(path) == sys.executable or p == Path(sys.executable).absolute():
+        return "python"
+    for base, prefix in ((Path(root or ".").absolute(), ""),
+                         (cache_root().absolute(), "<metrale cache>/")):
+        try:
+            return prefix + p.relative_to(base).as_posix()
+        except ValueError:
+            continue
+    return p.name
 
 
 def _cuda_version(v: int) -> str:

@@ -1,9 +1,11 @@
 """Layer 1: the device as raw pointers and streams (`GpuBackend`) and its two backends."""
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import re
+import sys
 
 from ..errors import DeviceError, InvalidArgument
 from .host import HostBackend, LaunchContext
@@ -26,8 +28,42 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
+def _nvidia_device_nodes() -> list[str]:
+    """The driver's device nodes under /dev (a container given one GPU has /dev/nvidiactl and
+    that GPU's /dev/nvidiaN)."""
+    try:
+        names = os.listdir("/dev")
+    except OSError:
+        return []
+    return [n for n in names if n in ("nvidiactl", "dxg") or re.fullmatch(r"nvidia\d+", n)]
+
+
+def gpu_ruled_out() -> str:
+    """Why this machine cannot have a usable CUDA GPU, from cheap facts (no CuPy import, which
+    costs over a second of CPU): CUDA_VISIBLE_DEVICES hiding every device, no NVIDIA device
+    node (Linux: /dev/nvidiactl, /dev/nvidiaN; WSL: /dev/dxg), or no loadable driver library.
+    "" when a GPU may be there and CuPy should be asked."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1", "NoDevFiles", "none"):
+        return f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU"
+    if sys.platform.startswith("linux") and not _nvidia_device_nodes():
+        return "no NVIDIA device node (/dev/nvidiactl, /dev/nvidiaN or WSL's /dev/dxg)"
+    driver = {"win32": "nvcuda.dll", "darwin": ""}.get(sys.platform, "libcuda.so.1")
+    if not driver:
+        return "CUDA has no driver for macOS"
+    try:
+        ctypes.CDLL(driver)
+    except OSError:
+        return f"the NVIDIA driver library ({driver}) is not installed"
+    return ""
+
+
 def cuda_available() -> tuple[bool, str]:
-    """Whether CuPy sees a usable GPU, and why not when it does not."""
+    """Whether CuPy sees a usable GPU, and why not when it does not. The cheap facts of
+    `gpu_ruled_out` are asked first, so a machine without a GPU never imports CuPy."""
+    why = gpu_ruled_out()
+    if why:
+        return False, why
     try:
         import cupy
     except Exception as e:
