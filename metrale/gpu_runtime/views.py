@@ -26,6 +26,22 @@ def check_device_range(backend, ptr, nbytes: int, what: str, align: int = 1) -> 
         raise InvalidArgument(f"{what}: {ptr!r} is not {align}-byte aligned")
 
 
+def _dtype(dtype) -> np.dtype:
+    """np.dtype(dtype), where a name numpy does not know ("bfloat16", "float8_e4m3fn", ...)
+    is looked up in ml_dtypes, imported then (it is imported lazily, so numpy may not have
+    seen its names yet)."""
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        if not isinstance(dtype, str):
+            raise
+        import ml_dtypes
+        found = getattr(ml_dtypes, dtype.strip(), None)
+        if found is None:
+            raise
+        return np.dtype(found)
+
+
 def device_array(ptr, shape, dtype, device):
     """An array of `shape` and `dtype` viewing device memory at `ptr`, without a copy.
 
@@ -43,7 +59,7 @@ def device_array(ptr, shape, dtype, device):
         raise InvalidArgument(f"device_array: ptr must be a non-NULL DevicePtr, got {ptr!r}")
     ptr = DevicePtr(int(ptr))
     try:
-        dtype = np.dtype(dtype)
+        dtype = _dtype(dtype)
         shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
     except TypeError:
         raise InvalidArgument(f"device_array: bad shape {shape!r} or dtype {dtype!r}") from None

@@ -187,6 +187,34 @@ def test_device_array_is_a_zero_copy_view_with_dlpack(model):
         metrale.device_array(p, (4,), np.uint16, object())
 
 
+def test_device_array_takes_ml_dtypes_names_before_ml_dtypes_is_imported():
+    """"bfloat16" (and the other ml_dtypes names) as a string, in a fresh process where
+    nothing has imported ml_dtypes yet, as the API took it before the import became lazy."""
+    code = """
+import sys
+import numpy as np
+import metrale
+m = metrale.load("preset:tiny", device="cpu", progress=False)
+seq = m.alloc_sequence()
+p = m.prefill([1, 2, 3], seq, 0)
+assert "ml_dtypes" not in sys.modules
+row = metrale.device_array(p, (m.vocab_size(),), "bfloat16", m)
+bits = metrale.device_array(p, (m.vocab_size(),), "uint16", m)
+assert str(row.dtype) == "bfloat16" and np.shares_memory(row, bits)
+assert np.array_equal(row.view(np.uint16), bits)
+try:
+    metrale.device_array(p, (4,), "bfloat17", m)
+except metrale.MetraleError as e:
+    print("refused:", e)
+"""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "refused: device_array: bad shape (4,) or dtype 'bfloat17'" in out.stdout
+
+
 @pytest.mark.gpu
 def test_gpu_foreign_cupy_memory_and_dlpack(cuda, rng):
     import cupy as cp
