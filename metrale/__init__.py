@@ -1,16 +1,15 @@
 """metrale: a CuPy-based, low-level LLM inference runtime with a raw-pointer model API.
 
-`import metrale` loads only the errors and `CacheConfig`; every public subpackage
-(`metrale.engine`, `metrale.audio`, `metrale.formats`, ...) is imported on first attribute
-access through the module `__getattr__` below, so the import stays fast and torch/CuPy-free.
+`import metrale` loads only the errors (no numpy: the `metrale` command catches a Ctrl-C
+from its first lines on); `CacheConfig` and every public subpackage (`metrale.engine`,
+`metrale.audio`, `metrale.formats`, ...) are imported on first attribute access through the
+module `__getattr__` below, so the import stays fast and torch/CuPy-free.
 """
 import importlib
 
 from .errors import (CacheFull, ConcurrentUse, DeviceError, FormatError, InvalidArgument,
                      KernelError, MetraleError, NonFiniteLogits, TensorParallelError,
                      Unsupported, UnsupportedMedia)
-
-from .kv.config import CacheConfig
 
 __version__ = "0.1.0"
 __all__ = ["MetraleError", "FormatError", "Unsupported", "UnsupportedMedia", "CacheFull",
@@ -26,6 +25,10 @@ SUBMODULES = ("api", "audio", "engine", "errors", "formats", "generative", "gpu_
 
 
 def __getattr__(name):
+    if name == "CacheConfig":
+        from .kv.config import CacheConfig
+        globals()[name] = CacheConfig
+        return CacheConfig
     if name in SUBMODULES:
         module = importlib.import_module(f"{__name__}.{name}")
         globals()[name] = module   # later lookups skip __getattr__
@@ -34,7 +37,7 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(SUBMODULES))
+    return sorted(set(globals()) | set(SUBMODULES) | {"CacheConfig"})
 
 
 def load(path_or_source, device="auto", **options):

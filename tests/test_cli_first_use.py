@@ -133,7 +133,8 @@ def test_ctrl_c_ends_the_streamed_line(tmp_path, capsys, monkeypatch):
     assert main(["generate", str(d), "Hello", "--device", "cpu"]) == 130
     out = capsys.readouterr()
     assert out.out.endswith("\n") and out.out.count("\n") == 1
-    assert "interrupted after 3 tokens" in out.err and "metrale: interrupted" in out.err
+    # one line (a note and main's line were two)
+    assert out.err.splitlines() == ["metrale: interrupted after 3 tokens"], out.err
 
 
 # ------------------------------------------------------------------------------- info
@@ -399,3 +400,69 @@ def test_chat_with_images(llava, capsys):
     out = capsys.readouterr()
     assert f"{len(ids)} prompt tokens; 1 image" in out.err
     assert out.out == tok.decode(greedy_with_images(d, ids, [a], 3)) + "\n"
+
+
+# ------------------------------------------------------------------- Ctrl-C, at any time
+INTERRUPT_AT_IMPORT = """
+import sys
+
+class Interrupt:   # a Ctrl-C landing while metrale.cli.generate is imported
+    def find_spec(self, name, path=None, target=None):
+        if name == "metrale.cli.generate":
+            raise KeyboardInterrupt
+        return None
+
+sys.meta_path.insert(0, Interrupt())
+from metrale.cli import main
+sys.exit(main(["generate", "preset:tiny", "--ids", "1,2"]))
+"""
+
+
+def test_ctrl_c_during_the_imports_is_one_line():
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", INTERRUPT_AT_IMPORT], capture_output=True,
+                         text=True, timeout=120)
+    assert (out.returncode, out.stderr.splitlines()) == (130, ["metrale: interrupted"]), \
+        out.stderr
+
+
+@pytest.mark.parametrize("when", [0.3, 1.0, "generating"])
+def test_sigint_at_any_moment_of_a_run_is_one_line(when):
+    """A real SIGINT to `python -m metrale generate` while it imports or loads (after 0.3 s,
+    1 s) or once it streams tokens: exit status 130, one line on stderr, no traceback."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    p = subprocess.Popen([sys.executable, "-m", "metrale", "generate", "preset:tiny", "--ids",
+                          "1,2", "--max-new-tokens", "100000", "--ignore-eos", "--device",
+                          "cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if when == "generating":
+        assert p.stdout.read(1)   # the first streamed token id
+    else:
+        time.sleep(when)
+    p.send_signal(signal.SIGINT)
+    err = p.communicate(timeout=120)[1]
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert "Traceback" not in err, err
+    assert p.returncode == 130 and len(lines) == 1 and \
+        lines[0].startswith("metrale: interrupted"), (p.returncode, err)
+    if when == "generating":
+        assert re.fullmatch(r"metrale: interrupted after \d+ tokens", lines[0]), lines
+
+
+# ------------------------------------------------------------------ text arguments, UTF-8
+def test_a_prompt_that_is_not_utf8_is_one_line_with_its_byte_offset(tmp_path, capsys):
+    """Bytes that do not decode reach Python as lone surrogates (surrogateescape), which
+    `tokenizers` refuses with a TypeError traceback: refused first, naming the offset."""
+    d = checkpoint(tmp_path)
+    latin1 = b"caf\xe9 au lait".decode("utf-8", "surrogateescape")   # Latin-1 'é'
+    for argv, what in (([str(d), latin1], "PROMPT"), ([str(d), "--prompt", latin1], "--prompt"),
+                       ([str(d), "--chat", "--system", latin1, "hi"], "--system")):
+        assert main(["generate", *argv, "--device", "cpu"]) == 2
+        line = err_line(capsys)
+        assert f"{what} is not valid UTF-8 at byte offset 3 (bytes e9 20 61 75" in line, line
+    assert main(["embed", str(d), "--text", latin1, "--device", "cpu"]) == 2
+    assert "--text is not valid UTF-8 at byte offset 3" in err_line(capsys)
+    assert main(["generate", str(d), "café", "--max-new-tokens", "1", "--device", "cpu"]) == 0

@@ -10,30 +10,63 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
-from . import bench, check_kernels, embed, generate, info, ppl, transcribe
-from .args import Parser
 
-# In the order `metrale --help` lists them.
-SUBCOMMANDS = (bench, generate, ppl, embed, transcribe, info, check_kernels)
+def subcommands() -> list:
+    """The subcommand modules, in the order `metrale --help` lists them. Imported here,
+    inside `main`, where an interrupt is caught like any other: a Ctrl-C while the command
+    line starts ends with one line, not a traceback."""
+    from . import bench, check_kernels, embed, generate, info, ppl, transcribe
+    return [bench, generate, ppl, embed, transcribe, info, check_kernels]
 
 
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
+    from .args import Parser
     p = Parser(prog="metrale", description=__doc__,
                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--version", action="version", version=f"metrale {__version__}")
+    p.add_argument("-V", "--version", action="version", version=f"metrale {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser,
                            metavar="COMMAND")
-    for command in SUBCOMMANDS:
+    for command in subcommands():
         command.register(sub)
     return p
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """The `metrale` command: exit status 0, 1 (a MetraleError, one line), 2 (bad
+    arguments), 130 (interrupted, one line) or 141 (stdout closed)."""
+    try:
+        return _run(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt as e:
+        detail = str(e)
+        with _sigint_ignored():   # a second Ctrl-C while the line is written adds nothing
+            print(f"metrale: interrupted{' ' + detail if detail else ''}", file=sys.stderr)
+        return 130
+
+
+class _sigint_ignored:
+    """SIGINT ignored inside the block, then the previous handler back (main thread only:
+    elsewhere Python delivers no signals)."""
+
+    def __enter__(self):
+        try:
+            self._old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        except ValueError:   # not the main thread
+            self._old = None
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+
+
+def _run(argv: list) -> int:
     parser = build_parser()
+    if not argv:   # `metrale` alone: the help, as `metrale --help` prints it
+        parser.print_help()
+        return 0
     try:
         args, extras = parser.parse_known_args(argv)
     except SystemExit as e:  # bad arguments (2) or --help (0), as a return code
@@ -62,9 +95,6 @@ def main(argv=None) -> int:
     except MetraleError as e:
         print(f"metrale: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("metrale: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:
         return _closed_pipe()
 

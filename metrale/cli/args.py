@@ -134,6 +134,32 @@ def out_file(text: str) -> str:
     return text
 
 
+def utf8_text(text: str, what: str = "the text") -> str:
+    """`text` from the command line, checked to be UTF-8: Python hands over bytes that do not
+    decode (a shell in another locale, a Latin-1 file pasted with $(cat ...)) as lone
+    surrogates, which no tokenizer takes. ArgumentTypeError naming `what` and the byte
+    offset, as `ppl --text` does for a file."""
+    raw = text.encode("utf-8", "surrogateescape")
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        bad = raw[e.start:e.start + 4].hex(" ")
+        raise argparse.ArgumentTypeError(
+            f"{what} is not valid UTF-8 at byte offset {e.start} (bytes {bad}: {e.reason}); "
+            "convert it to UTF-8 or pass token ids with --ids") from None
+    except UnicodeEncodeError:   # a surrogate that did not come from a byte: not text
+        raise argparse.ArgumentTypeError(f"{what} holds unpaired surrogates") from None
+    return text
+
+
+def utf8_option(what: str):
+    """An argparse type: `utf8_text` for option `what`."""
+    def parse(text: str) -> str:
+        return utf8_text(text, what)
+    parse.__name__ = what
+    return parse
+
+
 # options several subcommands share -------------------------------------------------------
 def add_device(p) -> None:
     p.add_argument("--device", type=device, default="auto",

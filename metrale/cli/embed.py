@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import json
 
-from .args import add_device, add_max_seq_len, add_model, nonneg_int, token_ids
+from .args import (add_device, add_max_seq_len, add_model, nonneg_int, token_ids,
+                   utf8_option)
 from .checkpoint import load_model, open_checkpoint, require_text_model, text_tokenizer
 
 
@@ -13,7 +14,7 @@ def register(sub) -> None:
                        "vector's norm and first values, or JSON.")
     add_model(e)
     ine = e.add_mutually_exclusive_group(required=True)
-    ine.add_argument("--text", action="append", metavar="TEXT",
+    ine.add_argument("--text", action="append", metavar="TEXT", type=utf8_option("--text"),
                      help="text to embed (repeatable)")
     ine.add_argument("--ids", type=token_ids, action="append", metavar="1,2,3",
                      help="token ids to embed (repeatable), when there is no tokenizer")

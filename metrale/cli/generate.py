@@ -7,7 +7,7 @@ import sys
 
 from .args import (add_device, add_ids, add_max_seq_len, add_model, existing_file,
                    nonneg_float, nonneg_int, positive_float, positive_int, resolve_model,
-                   top_p)
+                   top_p, utf8_option, utf8_text)
 from .checkpoint import (load_model, load_tokenizer, open_checkpoint, require_text_model,
                          text_tokenizer)
 from .notes import note
@@ -31,7 +31,8 @@ def register(sub) -> None:
     add_model(g)
     g.add_argument("prompt_text", nargs="?", metavar="PROMPT",
                    help="prompt text (the same as --prompt TEXT)")
-    g.add_argument("--prompt", metavar="TEXT", help="prompt text")
+    g.add_argument("--prompt", metavar="TEXT", type=utf8_option("--prompt"),
+                   help="prompt text")
     add_ids(g, "prompt token ids, when the checkpoint has no tokenizer")
     g.add_argument("--image", action="append", type=existing_file, metavar="FILE",
                    help="an image (PNG, JPEG, ... through Pillow) for a LLaVA checkpoint, "
@@ -39,9 +40,10 @@ def register(sub) -> None:
                         "order (without placeholders the images go first)")
     g.add_argument("--chat", action="store_true",
                    help="send the prompt as a user message through the checkpoint's chat "
-                        "template (tokenizer_config.json's chat_template)")
-    g.add_argument("--system", metavar="TEXT", help="a system message before the prompt "
-                   "(with --chat)")
+                        "template (chat_template.jinja, else tokenizer_config.json's "
+                        "chat_template; a .gguf file's tokenizer.chat_template)")
+    g.add_argument("--system", metavar="TEXT", type=utf8_option("--system"),
+                   help="a system message before the prompt (with --chat)")
     g.add_argument("--max-new-tokens", type=positive_int, default=None,
                    help="most tokens to generate (default: generation_config.json's "
                         f"max_new_tokens, else {DEFAULT_MAX_NEW})")
@@ -91,7 +93,7 @@ def resolve_inputs(args) -> None:
             "give the prompt once: metrale generate MODEL \"text\", --prompt TEXT or --ids "
             f"1,2,3{'' if not sources else ' (got ' + ' and '.join(sources) + ')'}")
     if positional is not None:
-        args.prompt = positional
+        args.prompt = utf8_text(positional, "PROMPT")
 
 
 def prompt_ids(args, source, images: int):
@@ -180,8 +182,8 @@ def run(args) -> int:
         if printed:    # end the streamed line before `metrale: interrupted`
             sys.stdout.write((text.finish() if text is not None else "") + "\n")
             sys.stdout.flush()
-        note(f"interrupted after {len(printed)} tokens")
-        raise
+        # one line from `main`: "metrale: interrupted after N tokens"
+        raise KeyboardInterrupt(f"after {len(printed)} tokens") from None
     finally:
         model.teardown()
     sys.stdout.write((text.finish() if text is not None else "") + "\n")
