@@ -49,6 +49,7 @@ import numpy as np
 from ..errors import InvalidArgument
 from . import roofline, tensor_parallel
 from .env import environment, peak_rss_bytes
+from .rows import Rows
 
 CPU_DEFAULT_SECONDS = 40.0
 _MIN_DECODE_STEPS = 2
@@ -99,48 +100,6 @@ class BenchInterrupted(KeyboardInterrupt):
     def __init__(self, report: dict) -> None:
         super().__init__("bench interrupted")
         self.report = report
-
-
-class _Rows:
-    """B sequences of one cache kind, opened and closed together."""
-
-    def __init__(self, model, kind: str, batch: int, max_seq_len: int) -> None:
-        self.model, self.kind, self.cache = model, kind, None
-        if kind == "paged":
-            self.seqs = [model.alloc_sequence() for _ in range(batch)]
-        else:
-            from ..generative.kv_cache import KVCache
-            from ..kv.config import CacheConfig
-            cfg = CacheConfig(kind="contiguous", max_seq_len=max_seq_len,
-                              block_size=model.kv_block_size())
-            self.cache = KVCache(model, cfg, batch)
-            self.seqs = self.cache.seqs
-
-    def replicate(self, src: int, dst: int, stream: int) -> None:
-        """Make sequence `dst` hold the same cached prompt as `src` without a prefill."""
-        m, s = self.model, self.seqs[src]
-        if self.kind == "paged":
-            m.free_sequence(self.seqs[dst])
-            self.seqs[dst] = m.fork_sequence(s)
-            return
-        d = self.seqs[dst]
-        bs = m.kv_block_size()
-        for j in range(-(-s.seq_len // bs)):
-            for layer in range(m.metadata().num_layers):
-                for a, b in ((s.arena.k_cache(layer), d.arena.k_cache(layer)),
-                             (s.arena.v_cache(layer), d.arena.v_cache(layer))):
-                    nb = s.arena.block_bytes
-                    m.backend.copy_d2d_async(a.offset(s.block_table[j] * nb),
-                                             b.offset(d.block_table[j] * nb), nb, stream)
-        d.tokens, d.seq_len = list(s.tokens), s.seq_len
-
-    def close(self) -> None:
-        if self.cache is not None:
-            self.cache.free()
-        else:
-            for s in self.seqs:
-                self.model.free_sequence(s)
-        self.seqs = []
 
 
 def _progress(enabled, total, desc):
@@ -209,6 +168,11 @@ def run_bench(cfg: BenchConfig, backend=None, peer=None, on_row=None) -> dict:
                                        progress=bool(cfg.progress) if cfg.progress is not None
                                        else sys.stderr.isatty())
     load_s = time.perf_counter() - t0
+    try:
+        _check_finite_logits(model, warm_len, np.random.default_rng([cfg.seed, 0]))
+    except BaseException:
+        model.teardown()
+        raise
     weights_per_rank = int(model._weights.nbytes)
     results = []
     label = _source_label(source)
@@ -277,6 +241,26 @@ def run_bench(cfg: BenchConfig, backend=None, peer=None, on_row=None) -> dict:
     return finish(interrupted=False)
 
 
+def _check_finite_logits(model, n: int, rng) -> None:
+    """NonFiniteLogits, before anything is timed, when one `n`-token prefill gives logits
+    holding NaN / Inf (weights that do, an overflow): `generate` refuses such a model, and
+    timing it would report the speed of a model that computes nothing."""
+    from ..engine.sampler import nonfinite_message
+    from ..errors import NonFiniteLogits
+    seq = model.alloc_sequence()
+    try:
+        V = model.vocab_size()
+        row = model.logits_to_numpy(model.prefill(rng.integers(0, V, n).tolist(), seq,
+                                                  model.default_stream()))
+    finally:
+        model.free_sequence(seq)
+    bad = int((~np.isfinite(row)).sum())
+    if bad:
+        raise NonFiniteLogits("bench: " + nonfinite_message(
+            f"the logits of a {n}-token prompt's last position", bad, V) + "; nothing to "
+            "measure")
+
+
 def _run_batch(model, cfg, label, batch, reps, warm_len, seq_cap, share, copy_gb_s, bar,
                rng, group, peer=None) -> dict:
     """One batch size's row; `group`: prompts per timed prefill call (1: `prefill`)."""
@@ -291,7 +275,7 @@ def _run_batch(model, cfg, label, batch, reps, warm_len, seq_cap, share, copy_gb
         return rng.integers(0, V, n).tolist()
 
     for _ in range(cfg.warmup):
-        rows = _Rows(model, cfg.cache, batch, seq_cap)
+        rows = Rows(model, cfg.cache, batch, seq_cap)
         try:
             first = model.argmax_on_device(model.prefill(prompt(warm_len), rows.seqs[0], stream),
                                            stream)
@@ -314,7 +298,7 @@ def _run_batch(model, cfg, label, batch, reps, warm_len, seq_cap, share, copy_gb
 
     prefill_tps, ttft, decode_tps, hbm, itl, steps_done, timed_seqs = [], [], [], [], [], [], []
     for _ in range(reps):
-        rows = _Rows(model, cfg.cache, batch, seq_cap)
+        rows = Rows(model, cfg.cache, batch, seq_cap)
         try:
             t_rep = time.perf_counter()
             toks, prompts = [], []   # prompts: [B][prompt_len] ids held

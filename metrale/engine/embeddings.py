@@ -16,7 +16,9 @@ def embed(model, batch_of_token_ids: Sequence[Sequence[int]], pooling: str = "la
     """Embeddings `[n, hidden]` float32 (host numpy) of each token sequence.
 
     pooling: "last" (the final position's hidden state, for causal LMs) or "mean" (over
-    every position); normalize: scale each vector to unit L2 norm.
+    every position); normalize: scale each vector to unit L2 norm. Hidden states holding
+    NaN / Inf (weights that do, an overflow) raise NonFiniteLogits naming the input and
+    position, instead of returning NaN vectors.
     """
     if pooling not in ("last", "mean"):
         raise InvalidArgument(f"embed: pooling must be 'last' or 'mean', got {pooling!r}")
@@ -37,9 +39,25 @@ def embed(model, batch_of_token_ids: Sequence[Sequence[int]], pooling: str = "la
             h = to_numpy(gm.prefill_hidden(gm.embed(ids), cache, range(0, ids.shape[1])))[0]
         finally:
             cache.free()
+        _check_finite(h if pooling == "mean" else h[-1:], len(out),
+                      0 if pooling == "mean" else ids.shape[1] - 1)
         v = h[-1] if pooling == "last" else h.astype(np.float64).mean(axis=0)
         v = np.asarray(v, np.float64)
         if normalize:
             v = v / max(np.linalg.norm(v), 1e-12)
         out.append(v.astype(np.float32))
     return np.stack(out)
+
+
+def _check_finite(rows: np.ndarray, index: int, first_pos: int) -> None:
+    """NonFiniteLogits when the hidden states `rows` ([n, hidden], positions first_pos, ...)
+    of input `index` that pooling reads hold NaN / Inf: the first such position."""
+    bad = ~np.isfinite(rows)
+    if bad.any():
+        from ..errors import NonFiniteLogits
+        r = int(np.argmax(bad.any(axis=1)))
+        raise NonFiniteLogits(
+            f"embed: input {index}: the hidden state of sequence position {first_pos + r} "
+            f"holds {int(bad[r].sum())} NaN/Inf value(s) of {rows.shape[1]}; the model's "
+            "weights or activations are not finite (a checkpoint holding NaN/Inf, or an "
+            "overflow), so it has no embedding")

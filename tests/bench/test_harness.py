@@ -69,8 +69,10 @@ def test_prefill_mode_batched_shares_passes_each_does_not(monkeypatch, mode):
     r = run_bench(BenchConfig(model="preset:tiny", batches=(3,), prompt_len=20, gen_len=2,
                               warmup=0, reps=1, prefill=mode, progress=False),
                   backend=HostBackend())
+    # first the untimed finiteness check (one prompt of min(prompt_len, 32) tokens); then,
     # batched: max_prefill_tokens = 3 * 20, so one call holds the three prompts
-    assert calls == ([("batch", 3, 60)] if mode == "batched" else [("prefill", 1, 20)] * 3)
+    assert calls[0] == ("prefill", 1, 20)
+    assert calls[1:] == ([("batch", 3, 60)] if mode == "batched" else [("prefill", 1, 20)] * 3)
     x = r["results"][0]
     assert x["prefill_seqs_timed"] == 3 and x["prefill_tokens_per_s"] > 0
     assert r["settings"]["prefill"] == mode and f"prefill {mode}" in format_table(r)
@@ -83,7 +85,7 @@ def test_batched_prefill_groups_fit_one_pass_and_the_budget_copies_whole_groups(
                   backend=HostBackend())
     # 5 * 1000 tokens > 4096: groups of 4 prompts; the budget is gone after the first
     # group, so the fifth sequence is a copy
-    assert calls == [("batch", 4, 4000)]
+    assert calls == [("prefill", 1, 32), ("batch", 4, 4000)]   # the finiteness check first
     assert r["results"][0]["prefill_seqs_timed"] == 4
 
 
@@ -103,11 +105,11 @@ def test_contiguous_cache_under_a_time_budget_copies_prompts():
 def test_paged_budget_forks_and_matches_fresh_decode():
     # A forked row decodes exactly like a freshly prefilled one (same prompt, same tokens).
     import metrale
-    from metrale.bench.harness import _Rows
+    from metrale.bench.rows import Rows
     m = metrale.load("preset:tiny", HostBackend(), max_batch=4, progress=False)
     s = m.default_stream()
-    rows = _Rows(m, "paged", 2, 64)
-    fresh = _Rows(m, "paged", 1, 64)
+    rows = Rows(m, "paged", 2, 64)
+    fresh = Rows(m, "paged", 1, 64)
     try:
         prompt = list(range(1, 21))
         t0 = m.argmax_on_device(m.prefill(prompt, rows.seqs[0], s), s)

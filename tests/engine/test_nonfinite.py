@@ -137,3 +137,30 @@ def test_cli_generate_and_ppl_exit_1_on_nan_weights(tmp_path):
     assert p.returncode == 1, p.stderr
     assert "perplexity: the logits of sequence position 0" in p.stderr
     assert "perplexity nan" not in p.stdout
+
+
+def test_embed_refuses_nan_hidden_states_naming_input_and_position(case, clean):
+    m, want, k = case
+    from metrale.engine import embed
+    ok = [PROMPT, PROMPT + want[:k]]             # before the poisoned token: finite
+    assert np.isfinite(embed(m, ok)).all()
+    # mean pooling reads every position, and in one forward pass the NaN K/V row reaches
+    # the earlier ones too (0 x NaN in the masked P @ V product; see the perplexity test)
+    for pooling, pos in (("last", len(PROMPT) + k), ("mean", 0)):
+        with pytest.raises(NonFiniteLogits, match=f"embed: input 1: the hidden state of "
+                                                  f"sequence position {pos} holds"):
+            embed(m, [PROMPT, PROMPT + want[:k + 1]], pooling=pooling)
+
+
+def test_cli_embed_and_bench_exit_1_on_nan_weights(tmp_path):
+    """`embed` printed NaN vectors (and `NaN` in its JSON, which is not JSON) with exit 0;
+    `bench` timed the model."""
+    path = poisoned(tmp_path / "m", "model.norm.weight")
+    e = run_cli("embed", path, "--ids", "5,6,7", "--json")
+    assert e.returncode == 1 and e.stdout == "", (e.stdout, e.stderr)
+    assert "embed: input 0: the hidden state of sequence position 2 holds" in e.stderr
+    b = run_cli("bench", path, "--batch", "1", "--prompt-len", "8", "--gen-len", "2",
+                "--json", tmp_path / "b.json")
+    assert b.returncode == 1 and not (tmp_path / "b.json").exists(), b.stderr
+    assert "bench: the logits of a 8-token prompt's last position" in b.stderr
+    assert "NaN/Inf" in b.stderr and "nothing to measure" in b.stderr
