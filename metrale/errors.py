@@ -33,6 +33,22 @@ class DeviceError(MetraleError):
     """The device cannot do what was asked: no GPU, out of memory, a kernel failed to build."""
 
 
+class OutOfMemory(DeviceError):
+    """The model does not fit the device's free memory, decided before any allocation.
+
+    `head` says what is needed and what is free (in GiB); `fits_without_kv` is False when
+    the weights (and the workspaces) alone do not fit, so no smaller KV pool helps; `hint`
+    names the load options that make it fit. A command line re-words the hint with its own
+    flags (`with_hint`)."""
+
+    def __init__(self, head: str, hint: str, *, fits_without_kv: bool) -> None:
+        super().__init__(f"{head}; {hint}")
+        self.head, self.hint, self.fits_without_kv = head, hint, fits_without_kv
+
+    def with_hint(self, hint: str) -> "OutOfMemory":
+        return OutOfMemory(self.head, hint, fits_without_kv=self.fits_without_kv)
+
+
 class KernelError(MetraleError):
     """A kernel is unknown (no `.cu` entry point or no numpy twin) or was launched wrongly."""
 

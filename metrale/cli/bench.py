@@ -203,8 +203,15 @@ def run_rows(cfg, peer, out, quiet: bool = False) -> tuple[dict, bool]:
         if progress is not None:
             progress.step(f"batch {row['batch']}: decode {row['decode_tokens_per_s']:,.1f} "
                           "tokens/s")
+    from ..errors import OutOfMemory
     try:
         report, interrupted = run_bench(cfg, peer=peer, on_row=on_row), False
+    except OutOfMemory as e:
+        raise e.with_hint(
+            "lower --batch, --prompt-len or --gen-len (the KV pool holds the largest batch's "
+            "prompts and generations)" if e.fits_without_kv else
+            "a quantized checkpoint (FP8, GPTQ or AWQ), or --tensor-parallel N under mpiexec "
+            "over several devices, would") from None
     except BenchInterrupted as e:
         report, interrupted = e.report, True
         note(f"bench interrupted: {len(report['results'])} of {len(cfg.batches)} batch sizes "

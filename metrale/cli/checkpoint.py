@@ -22,7 +22,13 @@ def load_model(source, device: str, **options):
     are left at their defaults. A `max_seq_len` the model lowers (to the checkpoint's
     context or to its KV pool) is said on stderr."""
     from ..api import load
-    model = load(source, device, **{k: v for k, v in options.items() if v is not None})
+    from ..errors import OutOfMemory
+    try:
+        model = load(source, device, **{k: v for k, v in options.items() if v is not None})
+    except OutOfMemory as e:   # the hint in this command's flags, not load options
+        raise e.with_hint("lower --max-seq-len" if e.fits_without_kv else
+                          "a quantized checkpoint (FP8, GPTQ or AWQ) would fit in less, or "
+                          "a device with more free memory") from None
     asked = options.get("max_seq_len")
     if asked is not None:
         from ..engine.models import context_limit

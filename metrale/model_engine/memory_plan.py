@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import DeviceError
+from ..errors import OutOfMemory
 from ..formats import expected_tensors
 from .workspace import Workspace
 
@@ -70,16 +70,50 @@ def plan_memory(backend, meta, *, kv_blocks, block_size, max_rows, max_tokens, m
         else:
             kv_blocks = -(-max_rows * min(limit, _CPU_DEFAULT_CONTEXT) // block_size)
             kv_blocks = min(kv_blocks, max(free // 4 // per_block, 1))
-        if kv_blocks < 1:
-            raise DeviceError(f"{where}: no room for a KV pool: weights need {w} bytes and "
-                              f"{free} bytes are free on {backend.name}")
+        if kv_blocks < 1:   # (the GPU's budget above keeps a fraction and a margin back)
+            usable = int(free * _GPU_MEMORY_FRACTION) - _GPU_MARGIN \
+                if backend.name.startswith("cuda") else free
+            _refuse(where, backend.name, free, usable, w, ws_bytes(0, limit), 0, 0,
+                    block_size)
     seq_len = min(limit, kv_blocks * block_size)
     total = w + ws_bytes(kv_blocks, seq_len)
     if total > free:
-        raise DeviceError(f"{where}: needs {total} bytes on {backend.name} ({w} weights, "
-                          f"{total - w} KV pool and workspaces for {kv_blocks} blocks) but "
-                          f"{free} bytes are free; lower kv_blocks, max_batch or "
-                          "max_prefill_tokens")
+        ws = ws_bytes(0, seq_len)
+        _refuse(where, backend.name, free, free, w, ws, total - w - ws, kv_blocks, block_size)
     return MemoryPlan(num_blocks=int(kv_blocks), max_seq_len=int(seq_len),
                       max_blocks_per_seq=-(-seq_len // block_size), weight_bytes=w,
                       total_bytes=int(total), active_weight_bytes=active_weight_bytes(meta))
+
+
+def size_text(nbytes: int) -> str:
+    """Bytes for a person: GiB with two decimals, MiB below one GiB, bytes below one MiB."""
+    if nbytes >= 1 << 30:
+        return f"{nbytes / (1 << 30):.2f} GiB"
+    if nbytes >= 1 << 20:
+        return f"{nbytes / (1 << 20):.1f} MiB"
+    return f"{nbytes} bytes"
+
+
+def _refuse(where: str, device: str, free: int, usable: int, weights: int, workspaces: int,
+            kv: int, kv_blocks: int, block_size: int):
+    """OutOfMemory: what is needed (weights, KV pool, workspaces) against what is free, and
+    what to lower; when the weights and workspaces alone do not fit in `usable` (free less
+    what a GPU keeps back), that is said instead: no smaller KV pool or context helps."""
+    if weights + workspaces >= usable:
+        kept = "" if usable == free else \
+            f" (of which {size_text(max(usable, 0))} may hold the model: the rest is kept " \
+            "for CuPy, cuBLAS and CUDA graphs)"
+        alone = f"the weights alone need {size_text(weights)}" if weights >= usable else \
+            f"the weights and workspaces need {size_text(weights + workspaces)} " \
+            f"({size_text(weights)} weights)"
+        raise OutOfMemory(
+            f"{where}: {alone} but {size_text(free)} is free on {device}{kept}, so the model "
+            "does not fit", "a quantized checkpoint (FP8, GPTQ or AWQ) or "
+            "tensor_parallel_size over several devices would", fits_without_kv=False)
+    total = weights + workspaces + kv
+    raise OutOfMemory(
+        f"{where}: needs {size_text(total)} on {device} ({size_text(weights)} weights, "
+        f"{size_text(kv)} KV pool of {kv_blocks} blocks of {block_size} tokens, "
+        f"{size_text(workspaces)} workspaces) but {size_text(free)} is free",
+        "lower the load options kv_blocks (or max_seq_len), max_batch or max_prefill_tokens",
+        fits_without_kv=True)

@@ -1,5 +1,6 @@
 """Paged pool accounting through the pointer API: CacheFull, prefix reuse, copy-on-write,
 rollback, free, teardown, leaks, and bad input rejected before any launch."""
+import re
 import threading
 
 import numpy as np
@@ -226,3 +227,44 @@ def test_load_errors():
     with pytest.raises(metrale.DeviceError, match="bytes"):
         load(NAME, be, kv_blocks=100000)
     assert be.live_bytes() == 0
+
+
+def test_out_of_memory_says_gib_what_does_not_fit_and_what_to_lower():
+    """Sizes in GiB/MiB, the weights alone said when they do not fit (no KV setting helps),
+    else the parts and the load options that exist (issue 44)."""
+    from metrale.errors import OutOfMemory
+    with pytest.raises(OutOfMemory) as e:   # (the fixture's weights: 213632 bytes)
+        load(NAME, HostBackend(memory_limit_bytes=200_000))
+    assert not e.value.fits_without_kv
+    assert re.search(r"the weights alone need 213632 bytes but 200000 bytes is free on cpu, so "
+                     r"the model does not fit; a quantized checkpoint", str(e.value)), e.value
+    with pytest.raises(OutOfMemory) as e:
+        load(NAME, HostBackend(memory_limit_bytes=1 << 20))
+    assert not e.value.fits_without_kv
+    assert re.search(r"the weights and workspaces need \d\.\d MiB \(213632 bytes weights\) but "
+                     r"1\.0 MiB is free on cpu, so the model does not fit", str(e.value)), e.value
+    be = HostBackend(memory_limit_bytes=1 << 30)
+    with pytest.raises(OutOfMemory) as e:
+        load(NAME, be, kv_blocks=5_000_000, block_size=16)
+    assert e.value.fits_without_kv and be.live_bytes() == 0
+    assert re.search(r"needs \d+\.\d\d GiB on cpu \(213632 bytes weights, [\d.]+ GiB KV pool of "
+                     r"5000000 blocks of 16 tokens, [\d.]+ [MG]iB workspaces\) but 1\.00 GiB is "
+                     r"free; lower the load options kv_blocks \(or max_seq_len\), max_batch "
+                     r"or max_prefill_tokens$", str(e.value)), e.value
+    assert "GiB" in str(e.value)
+
+
+def test_cli_out_of_memory_names_its_own_flags(monkeypatch, capsys):
+    from metrale.cli import main
+    from metrale.gpu_runtime.host import HostBackend as Host
+    monkeypatch.setattr(Host, "free_memory", lambda self: 1 << 20)
+    assert main(["generate", "preset:tiny", "--ids", "1,2", "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert "so the model does not fit; a quantized checkpoint (FP8, GPTQ or AWQ) would" in err
+    assert "tensor_parallel_size" not in err and "kv_blocks" not in err
+    monkeypatch.setattr(Host, "free_memory", lambda self: 40 << 20)
+    assert main(["bench", "preset:tiny", "--batch", "64", "--prompt-len", "1500",
+                 "--gen-len", "500", "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert "KV pool of" in err and "lower --batch, --prompt-len or --gen-len" in err, err
+    assert "kv_blocks" not in err
