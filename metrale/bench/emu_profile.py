@@ -70,15 +70,19 @@ def prefill_roofline(meta, n_tokens: int, dev: est.Device) -> float:
                flops / dev.tensor_bf16_flops) * 1e6
 
 
-def nvrtc_figures() -> dict[str, dict]:
-    """kernel name -> {registers, shared_bytes} for sm_90 from NVRTC, {} without NVRTC."""
+def nvrtc_figures(on_progress=None) -> dict[str, dict]:
+    """kernel name -> {registers, shared_bytes} for sm_90 from NVRTC, {} without NVRTC.
+    `on_progress(text)` is told of each file compiled."""
     from ..gpu_runtime import kernel_source
     out = {}
     try:
-        for path in kernel_source.kernel_files():
+        files = kernel_source.kernel_files()
+        for i, path in enumerate(files, 1):
             _, log = kernel_source.compile_cubin(path.stem, "sm_90")
             for k in kernel_source.parse_ptxas(log):
                 out[f"{path.stem}.{k['name']}"] = k
+            if on_progress is not None:
+                on_progress(f"NVRTC sm_90 {path.name} [{i}/{len(files)}]")
     except Exception:  # no cuda-python / NVRTC here: occupancy is left out
         return {}
     return out
@@ -177,13 +181,18 @@ def profile_step(recs, meta, step: str, n_tokens: int, kv_lens, figures) -> dict
 
 def profile_preset(preset: str, *, batch: int = 1, context: int = 1024,
                    prefill_len: int = 512, sample_blocks: int = 16, full_grid: int = 512,
-                   prefill_sample_blocks: int = 4, figures=None) -> dict:
+                   prefill_sample_blocks: int = 4, figures=None, on_progress=None) -> dict:
     """Counters and estimates of a decode and a prefill step of `preset` (see module doc).
     A prefill block does a whole tile's tensor-core work (seconds on the emulator), so fewer
-    of its blocks are sampled."""
+    of its blocks are sampled. `on_progress(text)` is told of each phase as it ends (the
+    emulator's kernel builds say themselves)."""
+    def said(text):
+        if on_progress is not None:
+            on_progress(f"{preset}: {text}")
     t0 = time.perf_counter()
     trace, meta = record(preset, batch=batch, context=context, prefill_len=prefill_len)
-    figures = nvrtc_figures() if figures is None else figures
+    said(f"recorded a prefill of {prefill_len} and a decode step of batch {batch}")
+    figures = nvrtc_figures(on_progress) if figures is None else figures
     out = {"preset": preset, "batch": batch, "context": context, "prefill_len": prefill_len,
            "sample_blocks": sample_blocks, "prefill_sample_blocks": prefill_sample_blocks,
            "full_grid": full_grid, "steps": {}}
@@ -194,6 +203,7 @@ def profile_preset(preset: str, *, batch: int = 1, context: int = 1024,
         n_tokens = batch if step == "decode" else prefill_len
         out["steps"][step] = profile_step(recs, meta, step, n_tokens, [context + 1] * batch,
                                           figures)
+        said(f"{step} step counted on the emulator ({len(recs)} launches)")
     out["seconds"] = time.perf_counter() - t0
     return out
 

@@ -39,9 +39,13 @@ def run_profile(args) -> int:
     from pathlib import Path
 
     from ..bench import emu_profile as profile
+    from .notes import Progress
     presets = args.preset or ["llama-3.1-8b", "qwen2.5-7b"]
-    figures = profile.nvrtc_figures()
-    rep = profile.report([profile.profile_preset(p, figures=figures) for p in presets])
+    # a line per NVRTC compile and per phase of each preset (minutes in all)
+    progress = Progress("check-kernels --profile", None)
+    figures = profile.nvrtc_figures(progress.step)
+    rep = profile.report([profile.profile_preset(p, figures=figures, on_progress=progress.step)
+                          for p in presets])
     rep["command"] = "metrale check-kernels --profile" + "".join(f" --preset {p}"
                                                                  for p in args.preset or [])
     rep["nvrtc_figures"] = bool(figures)

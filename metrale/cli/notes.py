@@ -14,15 +14,18 @@ def note(text: str) -> None:
 
 
 class Progress:
-    """`metrale COMMAND: [i/n] what (elapsed s)` lines on stderr, one per unit of work."""
+    """`metrale COMMAND: [i/n] what (elapsed s)` lines on stderr, one per unit of work
+    (`total` None: units not counted ahead, `metrale COMMAND: what (elapsed s)`)."""
 
-    def __init__(self, command: str, total: int) -> None:
-        self.command, self.total, self.done = command, int(total), 0
+    def __init__(self, command: str, total: int | None) -> None:
+        self.command, self.done = command, 0
+        self.total = None if total is None else int(total)
         self._t0 = time.perf_counter()
 
     def step(self, what: str) -> None:
         """One unit finished (`what` says which)."""
         self.done += 1
-        width = len(str(self.total))
-        print(f"metrale {self.command}: [{self.done:>{width}}/{self.total}] {what} "
+        count = "" if self.total is None else \
+            f"[{self.done:>{len(str(self.total))}}/{self.total}] "
+        print(f"metrale {self.command}: {count}{what} "
               f"({time.perf_counter() - self._t0:.1f} s)", file=sys.stderr, flush=True)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
+import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -36,3 +38,23 @@ def cache_root() -> Path:
         return Path(base)
     xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(xdg) / "metrale"
+
+
+def say(text: str) -> None:
+    """One line on stderr, `metrale: text`, terminal or not: what a first run builds (a
+    minute or more on two cores) is said, so a silent wait is never a mystery."""
+    print(f"metrale: {text}", file=sys.stderr, flush=True)
+
+
+def run_build(steps, what: str) -> subprocess.CompletedProcess:
+    """Run the compiler command lines `steps` in turn (stopping at the first that fails),
+    saying that `what` is built before and how long it took after; returns the last
+    process run."""
+    t0 = time.perf_counter()
+    say(f"building {what} (first use on this machine; cached for later runs)")
+    for step in steps:
+        proc = subprocess.run(step, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            return proc
+    say(f"built {what} in {time.perf_counter() - t0:.1f} s")
+    return proc

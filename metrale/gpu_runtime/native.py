@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DeviceError, KernelError
-from .cxx import cache_root, compiler, compiler_version
+from .cxx import cache_root, compiler, compiler_version, run_build
 
 log = logging.getLogger("metrale")
 
@@ -72,8 +72,9 @@ def _build(tune) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         lib = Path(tmp) / out.name
-        proc = subprocess.run([compiler(), *flags, *map(str, SOURCES), "-o", str(lib)],
-                              capture_output=True, text=True, check=False)
+        proc = run_build([[compiler(), *flags, *map(str, SOURCES), "-o", str(lib)]],
+                         "the CPU backend's native library" + ("" if tune else
+                                                                " (generic build)"))
         if proc.returncode != 0:
             raise KernelError(f"{', '.join(src.name for src in SOURCES)}: the native "
                               "build failed:\n"

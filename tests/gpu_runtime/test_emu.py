@@ -4,6 +4,7 @@ modes (shuffled order, AddressSanitizer) and its build cache."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -207,14 +208,20 @@ def test_dynamic_shared_rewrite_keeps_lines():
         rewrite_dynamic_shared("extern __shared__ float a[4];", "t.cu")
 
 
-def test_build_is_cached_by_content(tmp_path, monkeypatch):
+def test_build_is_cached_by_content(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("METRALE_CACHE_DIR", str(tmp_path))
     src = tmp_path / "k.cu"
     src.write_text('extern "C" __global__ void k(int *o) { o[threadIdx.x] = 1; }\n')
     so1, entries = build_library(src)
     assert [e.name for e in entries] == ["k"] and so1.parent == tmp_path / "emu"
     assert (entries[0].file, entries[0].line, entries[0].max_threads) == ("k.cu", 1, None)
+    # a build is said on stderr, before and after (first runs compile for minutes)
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "metrale: building k.cu for the emulator (first use on this machine; " \
+        "cached for later runs)" and re.fullmatch(r"metrale: built k\.cu for the emulator in "
+                                                  r"\d+\.\d s", err[1]), err
     assert build_library(src)[0] == so1
+    assert capsys.readouterr().err == ""   # the cached library: nothing to say
     src.write_text('extern "C" __global__ void k(int *o) { o[threadIdx.x] = 2; }\n')
     assert build_library(src)[0] != so1
     src.write_text('extern "C" __global__ void k(int *o) { o[threadIdx.x] = ; }\n')

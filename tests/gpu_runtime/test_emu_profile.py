@@ -4,6 +4,7 @@ blocks, and turned into an estimate that says it is one."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -117,3 +118,28 @@ def test_prefill_roofline_counts_active_parameters():
     moe = meta["qwen3-30b-a3b"]
     assert profile.prefill_roofline(moe, n, h200) == pytest.approx(
         weight_read_bytes(moe, n) / h200.hbm_bytes_per_s * 1e6)
+
+
+def test_check_kernels_profile_says_each_phase(monkeypatch, capsys):
+    """`check-kernels --profile` runs for minutes: a line per NVRTC compile and per phase of
+    each preset goes to stderr, terminal or not (its help promises it; it was silent)."""
+    from metrale.cli import main
+
+    def figures(on_progress=None):   # NVRTC's 21 compiles take 30 s: one stands for them
+        on_progress("NVRTC sm_90 argmax.cu [1/1]")
+        return {}
+    monkeypatch.setattr(profile, "nvrtc_figures", figures)
+    real = profile.profile_preset
+    monkeypatch.setattr(profile, "profile_preset", lambda p, **kw: real(
+        p, batch=1, context=24, prefill_len=16, **kw))
+    assert main(["check-kernels", "--profile", "--preset", "tiny"]) == 0
+    err = [ln for ln in capsys.readouterr().err.splitlines()
+           if ln.startswith("metrale check-kernels --profile:")]
+    assert [re.sub(r" \(\d+\.\d s\)$", "", ln) for ln in err] == [
+        "metrale check-kernels --profile: NVRTC sm_90 argmax.cu [1/1]",
+        "metrale check-kernels --profile: tiny: recorded a prefill of 16 and a decode step "
+        "of batch 1",
+        "metrale check-kernels --profile: tiny: decode step counted on the emulator "
+        f"({err[2].split('(')[1].split()[0]} launches)",
+        "metrale check-kernels --profile: tiny: prefill step counted on the emulator "
+        f"({err[3].split('(')[1].split()[0]} launches)"], err

@@ -59,6 +59,7 @@ from .. import kernel_source
 from ..host import HostBackend
 from ..types import DevicePtr, KernelHandle, check_launch_args
 from .build import build_library
+from .check_report import tally
 from .library import CHECK_ALIGN, CHECK_RACE, ORDERS, EmuKernel, EmuLibrary
 from .twin_check import TwinCheck
 
@@ -131,6 +132,7 @@ class EmuBackend(HostBackend):
         self.order, self._seed = parse_order(order)
         self.block_order, self._block_seed = parse_order(block_order)
         self.checks = parse_checks(checks)
+        self.check_names = [n for n, flag in CHECKS.items() if self.checks & flag]
         self.count = bool(count)
         self.sample_blocks = int(sample_blocks)
         if self.sanitize and (self.checks or self.count):
@@ -221,6 +223,7 @@ class EmuBackend(HostBackend):
                   } if self.count else None
 
         def run() -> None:
+            finding = None
             try:
                 out = impl.run(packed, grid3, block3, shared_mem, self.order, seed,
                                self.block_order, block_seed, self.checks,
@@ -229,7 +232,12 @@ class EmuBackend(HostBackend):
                 if record is not None:
                     record["counters"] = out
                     self.launch_counters.append(record)
+            except KernelError as e:
+                finding = str(e)
+                raise
             finally:
+                if self.checks:   # the line at exit (check_report.py)
+                    tally().record(kernel.name, self.check_names, finding)
                 for base in ranges:
                     self.convert_cache.drop(base)
             if not self.sanitize:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import KernelError
-from ..cxx import cache_root, compiler, compiler_version
+from ..cxx import cache_root, compiler, compiler_version, run_build
 
 EMU_DIR = Path(__file__).resolve().parent
 INCLUDE_DIR = EMU_DIR / "include"
@@ -218,10 +218,11 @@ def build_library(path: Path, sanitize: bool = False, header_dirs=(),
                      [compiler(), "-shared", "-Wl,-z,defs", str(obj), "-o", str(lib)]]
         else:
             steps = [[*cmd, "-o", str(lib)]]
-        for step in steps:
-            proc = subprocess.run(step, capture_output=True, text=True, check=False)
-            if proc.returncode != 0:
-                raise KernelError(f"{path.name}: the emulator build failed:\n"
-                                  f"{proc.stderr.strip()[-6000:]}")
+        proc = run_build(steps, f"{path.name} for the emulator" + {
+            "plain": "", "asan": " with AddressSanitizer",
+            "check": " with its checks and counters"}[flavour])
+        if proc.returncode != 0:
+            raise KernelError(f"{path.name}: the emulator build failed:\n"
+                              f"{proc.stderr.strip()[-6000:]}")
         os.replace(lib, out)  # atomic: a concurrent build of the same hash is harmless
     return out, entries
