@@ -231,11 +231,13 @@ def main(argv=None) -> int:
         llama_version = llama_cpp.__version__
     except ImportError:
         llama_version = None
-    from metrale.bench.env import cpu_info
+    from metrale.bench.env import cpu_info, recorded_path
     from metrale.gpu_runtime import native
     nat = native.try_load()
     report = {
-        "command": " ".join([sys.executable, *sys.argv]), "model": str(path),
+        "command": " ".join(["python", *(recorded_path(a) if os.path.exists(a) else a
+                                         for a in sys.argv)]),
+        "model": recorded_path(path),
         "metrale_commit": git_commit(), "llama_cpp_python": llama_version,
         "numpy": np.__version__, "python": platform.python_version(),
         "platform": platform.platform(), "cpu": cpu_info(),

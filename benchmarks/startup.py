@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Start-up time: `metrale generate MODEL --prompt ... --max-new-tokens 8` from the command
-line, and where a fresh process spends it, plus `metrale.load` repeated in one process.
+line (the default device, and --device cpu), and where a fresh process spends it, plus
+`metrale.load` repeated in one process.
 
     python benchmarks/startup.py [MODEL.gguf] [--runs 5] [--tokens 8] [--json FILE]
 
@@ -72,16 +73,20 @@ def main(argv=None) -> int:
     if args.model is None:
         from tests.real_model import smollm2_gguf
         args.model = str(smollm2_gguf())
+    from metrale.bench.env import recorded_path
     exe = [sys.executable, "-m", "metrale"]
+    # the default device (auto: the CPU here, after the cheap GPU probe) and --device cpu
     cmd = [*exe, "generate", args.model, "--prompt", PROMPT, "--max-new-tokens",
-           str(args.tokens), "--ignore-eos", "--device", "cpu"]
+           str(args.tokens), "--ignore-eos"]
+    cmd_cpu = [*cmd, "--device", "cpu"]
     before = loadavg()
     subprocess.run(cmd, capture_output=True, check=True)   # builds caches (native library)
-    walls, phases = [], []
+    walls, walls_cpu, phases = [], [], []
     for _ in range(args.runs):
-        t = time.perf_counter()
-        subprocess.run(cmd, capture_output=True, check=True)
-        walls.append(time.perf_counter() - t)
+        for c, into in ((cmd, walls), (cmd_cpu, walls_cpu)):
+            t = time.perf_counter()
+            subprocess.run(c, capture_output=True, check=True)
+            into.append(time.perf_counter() - t)
         out = subprocess.run([sys.executable, "-c", PHASES, args.model, PROMPT,
                               str(args.tokens)], capture_output=True, text=True, check=True)
         phases.append(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -89,8 +94,12 @@ def main(argv=None) -> int:
            for k in ("import", "open", "tokenizer", "load", "prefill")}
     med["decode_8"] = statistics.median(sum(p["decode_steps"]) for p in phases)
     med["load_again"] = statistics.median(x for p in phases for x in p["load_again"])
-    report = {"command": " ".join(cmd), "runs": args.runs,
+    shown = " ".join(["python", *cmd[1:2], *(recorded_path(a) if a == args.model else a
+                                             for a in cmd[2:])])
+    report = {"command": shown, "runs": args.runs,
               "cli_wall_s": walls, "cli_wall_median_s": statistics.median(walls),
+              "cli_wall_device_cpu_s": walls_cpu,
+              "cli_wall_device_cpu_median_s": statistics.median(walls_cpu),
               "phases_median_s": med, "loadavg_before": before, "loadavg_after": loadavg(),
               "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
               else os.cpu_count()}
