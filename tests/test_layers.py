@@ -36,6 +36,7 @@ MAX_LINES = 400
 #   cli, bench        — what users run from a shell: the top.
 LAYERS = {
     "metrale.errors": 0,
+    "metrale.progress": 0,   # lines on stderr about long work; imports nothing of metrale
     "metrale.gpu_runtime": 1,
     "metrale.kernels": 1,
     "metrale.ops": 1.5,

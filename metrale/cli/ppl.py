@@ -57,10 +57,15 @@ def run(args) -> int:
                                   "included): perplexity needs at least 2, as every token "
                                   "after the first is scored; give a longer text")
     model = load_model(source, args.device, max_seq_len=args.max_seq_len)
+    from ..progress import Ticker
+    ticker = Ticker("ppl")   # a line every few seconds once scoring has taken two
     try:
-        r = perplexity_details(model, ids, window=args.window, stride=args.stride)
+        r = perplexity_details(model, ids, window=args.window, stride=args.stride,
+                               on_progress=lambda done, total: ticker.tick(
+                                   f"{done:,} of {total:,} tokens scored"))
     finally:
         model.teardown()
+    ticker.done(f"{r.tokens_scored:,} tokens scored")
     if args.json:
         print(json.dumps({"model": source.description, "tokens": len(ids),
                           "tokens_scored": r.tokens_scored, "perplexity": r.perplexity,

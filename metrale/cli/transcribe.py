@@ -65,15 +65,25 @@ def run(args) -> int:
     audio = [load_wav(f) for f in args.files]   # each mono at 16 kHz; all read before loading
     progress = Progress("transcribe", sum(max(1, -(-a.size // N_SAMPLES)) for a in audio))
     model = load_model(source, args.device)
+    from ..progress import Ticker
     try:
         for path, samples in zip(args.files, audio):
-            def on_window(i, n, segs, path=path, samples=samples):
+            def span(i, samples=samples):
                 start = i * N_SAMPLES / SAMPLE_RATE
-                end = min(samples.size, (i + 1) * N_SAMPLES) / SAMPLE_RATE
-                progress.step(f"{path} {start:.1f}-{end:.1f} s")
+                return f"{start:.1f}-{min(samples.size, (i + 1) * N_SAMPLES) / SAMPLE_RATE:.1f} s"
+
+            def on_window(i, n, segs, path=path):
+                progress.step(f"{path} {span(i)}")
+            # within a window: a line every few seconds once it has taken two
+            ticker = Ticker(f"transcribe: {path}")
+
+            def on_step(i, n, tokens, ticker=ticker):
+                ticker.tick(f"{span(i)}: " + ("audio encoded" if tokens == 0 else
+                                              f"{tokens} tokens decoded"))
             result = transcribe(model, samples, tokenizer=tok, language=args.language,
                                 task=args.task, max_new_tokens=args.max_new_tokens,
-                                timestamps=args.timestamps, on_window=on_window)
+                                timestamps=args.timestamps, on_window=on_window,
+                                on_step=on_step)
             print_result(args, path, result, prefix=f"{path}: " if len(args.files) > 1 else "")
             sys.stdout.flush()   # each file's result as soon as it is done
     finally:

@@ -80,12 +80,14 @@ def window_plan(n_tokens: int, window: int, stride: int) -> list[tuple[int, int,
 
 
 def perplexity_details(model, token_ids: Sequence[int], window: int | None = None,
-                       stride: int | None = None, chunk: int = 512) -> PerplexityResult:
+                       stride: int | None = None, chunk: int = 512,
+                       on_progress=None) -> PerplexityResult:
     """Perplexity of `token_ids` (at least 2 tokens) under `model`, with the counts.
 
     window: most tokens in one forward context (default: the whole text when it fits the
     model's max_seq_len, else that limit); stride: how far the window moves (default
-    `window`; at most `window - 1` is used).
+    `window`; at most `window - 1` is used); `on_progress(scored, total)` is called after
+    each forward pass with the tokens scored so far and the number to score.
     """
     gm = generative_model(model)
     ids = check_prompt(token_ids, gm.metadata().vocab_size)
@@ -120,6 +122,8 @@ def perplexity_details(model, token_ids: Sequence[int], window: int | None = Non
                     _check_finite(logits[rows], lo - 1)
                     nll -= float(_log_softmax_at(logits[rows], arr[lo:hi]).sum())
                     count += hi - lo
+                if on_progress is not None:
+                    on_progress(count, len(ids) - 1)
         finally:
             cache.free()
     assert count == len(ids) - 1, (count, len(ids))

@@ -59,14 +59,17 @@ class Transcription:
 def transcribe(model, audio, tokenizer=None, language: str | None = None,
                task: str = "transcribe", max_new_tokens: int = 224, *,
                timestamps: bool = False,
-               sampling_rate: int = SAMPLE_RATE, on_window=None) -> Transcription:
+               sampling_rate: int = SAMPLE_RATE, on_window=None,
+               on_step=None) -> Transcription:
     """Transcribe (or translate) `audio` — a float numpy array of 16 kHz mono samples, or a
     path to a WAV file (multi-channel files are averaged) — with greedy decoding.
     `tokenizer`: anything with `decode(ids, skip_special_tokens=True)`; `language`: "en" or
     "<|en|>" (None: forced by the checkpoint or detected); `task`: "transcribe" or
     "translate" (to English); `timestamps`: segment times from the model's timestamp
     tokens (`result.segments`), which then stay out of `result.tokens`. `on_window(i, n,
-    segments)` is called after each 30 s window (i from 0 of n) with its segments."""
+    segments)` is called after each 30 s window (i from 0 of n) with its segments, and
+    `on_step(i, n, tokens)` within window i, after its encoder pass (tokens 0) and after
+    each token decoded (a window decodes for tens of seconds on a CPU)."""
     w = model.metadata().whisper
     if w is None:
         raise InvalidArgument("transcribe: the model is not a Whisper (speech-to-text) model")
@@ -94,6 +97,10 @@ def transcribe(model, audio, tokenizer=None, language: str | None = None,
         chunk = x[wi * N_SAMPLES:(wi + 1) * N_SAMPLES]
         mel = log_mel_spectrogram(chunk, n_mels=model.n_mels(), padding_to_30s=True)
         encoded = model.encode_audio(np.ascontiguousarray(mel[None, :, :frames]))
+        step = None if on_step is None else \
+            (lambda n_tokens, wi=wi: on_step(wi, n_windows, n_tokens))
+        if step is not None:
+            step(0)
         prompt = [w.decoder_start_token_id]
         lang = lang_token
         if lang is None and w.lang_to_id:
@@ -109,7 +116,8 @@ def transcribe(model, audio, tokenizer=None, language: str | None = None,
         if nots is not None and rules is None:
             prompt.append(int(nots))
         out = _greedy(model, prompt, encoded, eos, suppress, begin,
-                      min(int(max_new_tokens), w.max_target_positions - len(prompt)), rules)
+                      min(int(max_new_tokens), w.max_target_positions - len(prompt)), rules,
+                      step)
         start = wi * N_SAMPLES / SAMPLE_RATE
         end = min(x.size, (wi + 1) * N_SAMPLES) / SAMPLE_RATE
         segs = [Segment(start, end, out)] if rules is None else \
@@ -127,7 +135,7 @@ def transcribe(model, audio, tokenizer=None, language: str | None = None,
 
 
 def _greedy(model, prompt, encoded, eos, suppress, begin, budget: int,
-            rules=None) -> list[int]:
+            rules=None, on_token=None) -> list[int]:
     tokens, out = list(prompt), []
     for step in range(max(0, budget)):
         logits = np.array(to_numpy(model.decode_step(tokens, encoded)), np.float32)
@@ -142,6 +150,8 @@ def _greedy(model, prompt, encoded, eos, suppress, begin, budget: int,
             break
         tokens.append(nxt)
         out.append(nxt)
+        if on_token is not None:
+            on_token(len(out))
     return out
 
 

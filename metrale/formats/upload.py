@@ -7,6 +7,7 @@ straight to `copy_h2d`, so a checkpoint is never held in host RAM twice.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 
 import numpy as np
@@ -14,6 +15,7 @@ from tqdm.auto import tqdm
 
 from ..errors import FormatError, InvalidArgument
 from ..gpu_runtime.types import DevicePtr
+from ..progress import Ticker
 
 log = logging.getLogger("metrale")
 
@@ -21,8 +23,10 @@ log = logging.getLogger("metrale")
 class WeightUploader:
     """Context manager that uploads tensors of `source` to `backend` and counts bytes.
 
-    `total_bytes` sizes the progress bar (BF16 bytes of everything that will be uploaded).
-    On exit the bar closes and the load throughput (GB/s) is logged at DEBUG level.
+    `total_bytes` sizes the progress bar (BF16 bytes of everything that will be uploaded);
+    with `progress` a bar on a terminal, else (a log, CI) a line every few seconds once the
+    load has taken two (`Ticker`: quick loads say nothing). On exit the bar closes and the
+    load throughput (GB/s) is logged at DEBUG level.
     """
 
     def __init__(self, backend, source, total_bytes: int, desc: str = "weights",
@@ -34,6 +38,7 @@ class WeightUploader:
         self.desc = desc
         self.bytes_uploaded = 0
         self._bar = None
+        self._ticker = None
         self._t0 = 0.0
         self.seconds = 0.0
 
@@ -42,6 +47,8 @@ class WeightUploader:
         self._bar = tqdm(total=self.total_bytes, desc=self.desc, unit="B", unit_scale=True,
                          unit_divisor=1024, disable=None if self.progress else True,
                          leave=False)
+        if self.progress and not sys.stderr.isatty():
+            self._ticker = Ticker(f"loading {self.desc}")
         self._t0 = time.perf_counter()
         return self
 
@@ -51,6 +58,8 @@ class WeightUploader:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+        if self._ticker is not None and not exc[0]:
+            self._ticker.done(f"{_gib(self.bytes_uploaded)} loaded")
         log.debug("metrale: loaded %.3f GB of weights from %s in %.2f s (%.2f GB/s)",
                   self.bytes_uploaded / 1e9, self.source.description, self.seconds,
                   self.throughput_gbps())
@@ -64,6 +73,9 @@ class WeightUploader:
         self.bytes_uploaded += nbytes
         if self._bar is not None:
             self._bar.update(nbytes)
+        if self._ticker is not None:
+            self._ticker.tick(f"{100 * self.bytes_uploaded // max(self.total_bytes, 1)}% of "
+                              f"{_gib(self.total_bytes)}")
 
     def upload(self, name: str) -> DevicePtr:
         """Allocate and fill a device buffer with tensor `name` as BF16 ([*shape] uint16)."""
@@ -143,3 +155,7 @@ class WeightUploader:
                               f"{arr.dtype}, not uint16 BF16 bits")
         # mmap views are C-contiguous already; this only copies odd sources.
         return np.ascontiguousarray(arr)
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 30):.2f} GiB"

@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 from functools import lru_cache
 from pathlib import Path
 
 from ..errors import DeviceError
+from ..progress import say
 
 
 @lru_cache(maxsize=1)
@@ -40,16 +40,11 @@ def cache_root() -> Path:
     return Path(xdg) / "metrale"
 
 
-def say(text: str) -> None:
-    """One line on stderr, `metrale: text`, terminal or not: what a first run builds (a
-    minute or more on two cores) is said, so a silent wait is never a mystery."""
-    print(f"metrale: {text}", file=sys.stderr, flush=True)
-
-
 def run_build(steps, what: str) -> subprocess.CompletedProcess:
     """Run the compiler command lines `steps` in turn (stopping at the first that fails),
-    saying that `what` is built before and how long it took after; returns the last
-    process run."""
+    saying that `what` is built before and how long it took after, terminal or not (a first
+    run builds for a minute or more on two cores: a silent wait is never a mystery);
+    returns the last process run."""
     t0 = time.perf_counter()
     say(f"building {what} (first use on this machine; cached for later runs)")
     for step in steps:
