@@ -345,6 +345,27 @@ def test_generate_with_images(llava, capsys):
     assert out.out == tok.decode(greedy_with_images(d, ids, [a, b], 5)) + "\n"
 
 
+def test_generate_with_images_from_ids_follows_the_placeholder_rule(llava, capsys):
+    """--ids with --image: a lone image token is a placeholder (expanded to its span), ids
+    without one get the span first (after BOS); expanded spans are taken as they are."""
+    d, a, b = llava
+    F, img = 16, 255
+    common = ["--max-new-tokens", "3", "--ignore-eos", "--device", "cpu"]
+    for given, want, pngs in (([1, 40, 41], [1] + [img] * F + [40, 41], [a]),
+                              ([40, 41], [img] * F + [40, 41], [a]),
+                              ([1, 40, img, 41, img], [1, 40] + [img] * F + [41] + [img] * F,
+                               [a, b]),
+                              ([1] + [img] * F + [9], [1] + [img] * F + [9], [a])):
+        images = [x for p in pngs for x in ("--image", str(p))]
+        assert main(["generate", str(d), "--ids", ",".join(map(str, given))] + images +
+                    common) == 0
+        out = capsys.readouterr()
+        assert f"{len(want)} prompt tokens; {len(pngs)} image" in out.err, (given, out.err)
+        from tokenizers import Tokenizer
+        tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+        assert out.out == tok.decode(greedy_with_images(d, want, pngs, 3)) + "\n"
+
+
 def test_llava_without_images_and_mismatches(llava, capsys):
     d, a, _ = llava
     assert main(["generate", str(d), "Hello", "--max-new-tokens", "2", "--device", "cpu"]) == 0
@@ -356,9 +377,9 @@ def test_llava_without_images_and_mismatches(llava, capsys):
     assert main(["generate", str(d), "A <image>", "--image", str(a), "--image", str(a),
                  "--device", "cpu"]) == 1
     assert "1 <image> placeholder(s) but 2 --image file(s)" in err_line(capsys)
-    assert main(["generate", str(d), "--ids", "1,2", "--image", str(a), "--device",
-                 "cpu"]) == 1
-    assert "0 image span(s) but 1 image(s)" in err_line(capsys)
+    assert main(["generate", str(d), "--ids", "1,255,7,255", "--image", str(a), "--device",
+                 "cpu"]) == 1   # two placeholders in the ids, one image
+    assert "2 image span(s) but 1 image(s)" in err_line(capsys)
     assert main(["generate", str(FIXTURES / "llama_gqa"), "--ids", "1", "--image",
                  str(a)]) == 1
     assert "--image needs a LLaVA" in err_line(capsys)

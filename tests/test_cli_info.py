@@ -55,3 +55,27 @@ def test_context_and_parameters(capsys):
         out = info(capsys, path)
     assert "context        4,096 positions (max_position_embeddings 1,024, scaled" in out
     assert "F32 rounded to nearest even BF16" in out
+
+
+def test_info_presets_lists_every_preset_and_the_readme_names_them(capsys):
+    """A command lists the presets and the README names every one (issue 44: the list was
+    incomplete and no command listed them)."""
+    from pathlib import Path
+
+    from metrale.cli import main
+    from metrale.formats import PRESETS
+    assert main(["info", "--presets"]) == 0
+    out = capsys.readouterr().out
+    listed = [ln.split()[0] for ln in out.splitlines() if ln.startswith("preset:")]
+    assert listed == [f"preset:{n}" for n in PRESETS]
+    assert main(["info", "--presets", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    moe = next(r for r in rows if r["name"] == "qwen3-30b-a3b")
+    assert moe["active_parameters"] < moe["parameters"] and moe["architecture"] == "qwen3_moe"
+    assert next(r for r in rows if r["name"] == "qwen2.5-0.5b-gptq")["quantization"] == "gptq"
+    assert main(["info", "--presets", "preset:tiny"]) == 2
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Command line"):readme.index("```bash", readme.index(
+        "## Command line"))]
+    missing = [n for n in PRESETS if f"`{n}`" not in section]
+    assert not missing, missing

@@ -1,8 +1,9 @@
 """`metrale` command line: bench | generate | ppl | embed | transcribe | info | check-kernels.
 
 Every command that runs a model takes it as its first argument MODEL (`--model MODEL` is
-the same): a local checkpoint directory (config.json + *.safetensors), a .safetensors file
-or `preset:NAME` (random weights at a real model's shapes, no download). Bad arguments exit
+the same): a local checkpoint directory (config.json + *.safetensors), a .safetensors file,
+a llama.cpp .gguf file or `preset:NAME` (random weights at a real model's shapes, no
+download; `metrale info --presets` lists them). Bad arguments exit
 with code 2 and one line on stderr; a failure metrale reports (MetraleError) exits with 1;
 output piped into a reader that stops early (`| head`) ends quietly with 141 (as SIGPIPE).
 """

@@ -99,7 +99,8 @@ def preset_name(text: str) -> str:
     from ..formats import PRESETS
     if text not in PRESETS:
         raise argparse.ArgumentTypeError(f"unknown preset {text!r} (known: "
-                                         f"{', '.join(PRESETS)})")
+                                         f"{', '.join(PRESETS)}; metrale info --presets "
+                                         "describes them)")
     return text
 
 
@@ -190,8 +191,8 @@ def resolve_model(args) -> None:
     spec = args.model if args.model is not None else args.model_option
     if spec is None:
         raise argparse.ArgumentTypeError("the model is required: metrale "
-                                         f"{args.command} MODEL ... (a checkpoint directory "
-                                         "or preset:NAME)")
+                                         f"{args.command} MODEL ... (a checkpoint directory, "
+                                         "a .safetensors or .gguf file, or preset:NAME)")
     args.model = model_spec(spec)
 
 

@@ -95,8 +95,8 @@ def resolve_model(args) -> None:
                          None if args.preset is None else f"preset:{args.preset}") if x]
     if len(given) != 1:
         raise argparse.ArgumentTypeError("give the model once: metrale bench MODEL (a "
-                                         "checkpoint directory or preset:NAME), --model "
-                                         "MODEL or --preset NAME")
+                                         "checkpoint directory, a .safetensors or .gguf file, "
+                                         "or preset:NAME), --model MODEL or --preset NAME")
     args.model = model_spec(given[0])
     if args.hf_dtypes is not None and not args.compare_hf:
         raise argparse.ArgumentTypeError("--hf-dtypes is an option of --compare-hf")

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 
 def open_checkpoint(spec: str):
-    """The `ModelSource` of a MODEL value (directory, .safetensors file, preset:NAME)."""
+    """The `ModelSource` of a MODEL value (directory, .safetensors or .gguf file,
+    preset:NAME)."""
     from ..formats import open_source
     return open_source(spec)
 

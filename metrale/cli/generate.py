@@ -100,13 +100,16 @@ def prompt_ids(args, source, images: int):
     """(prompt token ids, tokenizer or None) for the prompt / --chat / --ids, with `images`
     <image> placeholders expanded to image-token spans (LLaVA)."""
     from ..errors import InvalidArgument
-    from .images import chat_text, encode_with_images, with_placeholders
+    from .images import chat_text, encode_with_images, ids_with_image_spans, with_placeholders
     if (args.chat or args.system) and args.prompt is None:
         raise InvalidArgument("--chat and --system need a prompt (the user message)")
     if args.system and not args.chat:
         raise InvalidArgument("--system needs --chat (it is a chat-template message)")
-    if args.ids is not None:
-        return list(args.ids), load_tokenizer(source)   # still decodes the output
+    if args.ids is not None:   # (the tokenizer still decodes the output)
+        ids = list(args.ids)
+        if images:
+            ids = ids_with_image_spans(ids, images, source.metadata())
+        return ids, load_tokenizer(source)
     tok = text_tokenizer(source, "the prompt")
     if args.chat:   # the template writes every special token itself
         # a GGUF source carries its template and tokenizer; others: the tokenizer's dir

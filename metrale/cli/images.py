@@ -7,6 +7,11 @@ start of the user message), as llama.cpp's multimodal CLI does. Each placeholder
 `num_image_tokens` copies of `image_token_index` (what LlavaProcessor expands it to), and
 the number of placeholders must equal the number of --image files.
 
+With --ids the same rule holds in token ids: a lone image token (the `<image>` id, as the
+tokenizer gives it) is a placeholder and becomes a span of `num_image_tokens`; spans already
+expanded stay as they are; ids with no image token get one span per image first (after a
+leading BOS), without the newline a text prompt's `<image>` lines add.
+
 A LLaVA checkpoint run without --image is a text-only run (a legitimate use: the language
 model alone); `generate` says so on stderr. A placeholder in the prompt without --image is
 refused, as transformers refuses image tokens without pixels.
@@ -43,6 +48,22 @@ def with_placeholders(prompt: str, n_images: int) -> str:
         raise InvalidArgument(f"the prompt holds {n} {IMAGE_PLACEHOLDER} placeholder(s) but "
                               f"{n_images} --image file(s) were given")
     return prompt
+
+
+def ids_with_image_spans(ids: list[int], n_images: int, meta) -> list[int]:
+    """`ids` (--ids) for `n_images` images by the placeholder rule (module docstring): lone
+    image tokens expanded to spans, or the spans put first when there are none; a count
+    that differs is refused where the prefill checks the spans (engine/multimodal.py)."""
+    F, img = meta.vision.num_image_tokens, meta.vision.image_token_index
+    if img not in ids:
+        at = 1 if ids and meta.bos_token_id is not None and ids[0] == meta.bos_token_id else 0
+        return ids[:at] + [img] * (F * n_images) + ids[at:]
+    out = []
+    for i, t in enumerate(ids):
+        lone = t == img and (i == 0 or ids[i - 1] != img) and \
+            (i + 1 == len(ids) or ids[i + 1] != img)
+        out += [img] * F if lone else [t]
+    return out
 
 
 def chat_text(directory, system: str | None, prompt: str, n_images: int) -> str:

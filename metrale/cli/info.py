@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from .args import add_model, positive_int
+from .args import add_model, positive_int, resolve_model
 from .checkpoint import open_checkpoint
 
 
@@ -21,7 +21,20 @@ def register(sub) -> None:
     i.add_argument("--batch", type=positive_int, default=1,
                    help="sequences for the memory estimate (default 1)")
     i.add_argument("--json", action="store_true", help="print JSON")
-    i.set_defaults(func=run)
+    i.add_argument("--presets", action="store_true",
+                   help="list every preset:NAME (random weights at a real model's shapes) "
+                        "instead of describing a MODEL")
+    i.set_defaults(func=run, resolve=resolve_info)
+
+
+def resolve_info(args) -> None:
+    """MODEL as every command takes it, or --presets without one."""
+    if args.presets:
+        if args.model is not None or args.model_option is not None:
+            import argparse
+            raise argparse.ArgumentTypeError("--presets lists the presets: give no MODEL")
+        return
+    resolve_model(args)
 
 
 DEFAULT_CONTEXT = 4096
@@ -60,6 +73,9 @@ def human_bytes(n: float) -> str:
 
 
 def run(args) -> int:
+    if args.presets:
+        from .info_presets import run_presets
+        return run_presets(args)
     import math
 
     from ..bench.roofline import decode_step_bytes, weight_read_bytes
