@@ -93,6 +93,46 @@ def test_random_rows_match_literal_rule(host, rng, vocab):
     assert np.array_equal(argmax.argmax_rule(rows_bf), got_bf)
 
 
+def negative_rows(rng, vocab):
+    """Rows with no positive value, around the rule's floor (-1e30, index 0), and what the
+    rule gives (None: not index 0, the literal rule says which): random values in [-5, -1]
+    with -5 first; -1e29 everywhere but a lower first value; exactly -1e30 (0); below the
+    floor (0); the floor with one -1e29 last (vocab - 1); the BF16 value just above the
+    floor with index 0 below it; index 0 below the floor and every other value exactly at
+    it (0: equal to the floor never wins, also where a thread scans several values). Each
+    value is exact in BF16 or rounds to the same side of the floor, so the expectations
+    hold for both runners."""
+    just_above = bf16_to_f32(np.uint16(f32_to_bf16(np.float32(-1e30)) - 1))
+    rows = np.empty((7, vocab), np.float32)
+    rows[0] = rng.integers(-5, 0, size=vocab)
+    rows[0, 0] = -5
+    rows[1] = -1e29
+    rows[1, 0] = -2e29
+    rows[2] = -1e30
+    rows[3] = -3e30
+    rows[4] = -1e30
+    rows[4, -1] = -1e29
+    rows[5] = just_above
+    rows[5, 0] = -3e30
+    rows[6] = -1e30
+    rows[6, 0] = -3e30
+    want = [None, None, 0, 0, vocab - 1, None, 0] if vocab > 1 else [0] * 7
+    return rows, want
+
+
+@pytest.mark.parametrize("vocab", [1, 7, 19, 111, 4097])
+@pytest.mark.parametrize("runner", [run_bf16, run_fp32])
+def test_all_negative_rows_start_from_the_floor(host, rng, vocab, runner):
+    """No positive value: the rule's floor (-1e30, index 0), not 0, is what a value must
+    beat, and only strictly (a row at or below -1e30 gives 0)."""
+    rows, want = negative_rows(rng, vocab)
+    seen = bf16_to_f32(f32_to_bf16(rows)) if runner is run_bf16 else rows
+    got = [int(g) for g in runner(host, rows)]
+    assert got == [reference_rule(r) for r in seen]
+    assert all(g == w if w is not None else g != 0 for g, w in zip(got, want)), got
+    assert rows[0, got[0]] == rows[0].max() < 0
+
+
 def test_bad_sizes_raise_before_launch(host):
     from metrale import MetraleError
     with pytest.raises(MetraleError, match="vocab"):
@@ -113,6 +153,16 @@ def test_gpu_matches_twin(device, host, rng, vocab):
         if max(positions) < vocab:
             row = tie_row(vocab, positions)[None]
             assert np.array_equal(run_bf16(device, row), run_bf16(host, row))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vocab", [1, 7, 19, 111, 4097])
+def test_gpu_all_negative_rows_match_twin(device, host, rng, vocab):
+    rows, want = negative_rows(rng, vocab)
+    for runner in (run_bf16, run_fp32):
+        got = runner(device, rows)
+        assert np.array_equal(got, runner(host, rows)), runner.__name__
+        assert all(g == w if w is not None else g != 0 for g, w in zip(got, want)), got
 
 
 # -- masked host-greedy pick ------------------------------------------------------------------

@@ -66,6 +66,17 @@ class Case:
         return k.astype(np.float64), v.astype(np.float64)
 
 
+def anti_aligned(c, rng, a=32.0):
+    """Case c with every query +a and every key -a plus 0..3 BF16 ulps of a (exact in BF16):
+    each score (q . k * scale * log2 e) lies thousands below zero with a spread of a few
+    units, so an online max started at 0 instead of -inf makes every exp2 underflow, in
+    float32 and in float64 alike."""
+    c.qkv[:] = f32_to_bf16(np.full(c.qkv.shape, a, np.float32))
+    ulp = a / 128
+    c.k = f32_to_bf16((-a + ulp * rng.integers(0, 4, c.k.shape)).astype(np.float32))
+    return c
+
+
 def ref_attention(q, k, v, qpos, h, kv, scale, window):
     """Plain float64 softmax attention. q [R, H, D]; k, v [T, KV, D]; qpos [R]."""
     g = h // kv
@@ -197,6 +208,17 @@ def test_chunked_prefill_matches_whole(host, rng):
     assert_close(bf16_to_f32(got), bf16_to_f32(run_prefill(host, whole, 0.125)), "twin_bf16")
 
 
+@pytest.mark.parametrize("h,kv,d,bs", [(4, 2, 64, 16), (2, 1, 6, 3)])
+def test_prefill_twin_all_scores_far_below_zero(host, rng, h, kv, d, bs):
+    """Queries anti-aligned with every key (scores ~ -1e3 to -1e4): the softmax is taken
+    against the row's own max, never against 0 (row 0 of a sequence sees one key only)."""
+    c = anti_aligned(Case(rng, [1, 7, 19], [1, 7 + 40, 19 + 100], h, kv, d, bs), rng)
+    scale = 1 / math.sqrt(d)
+    want = ref_prefill(c, scale)
+    assert np.abs(want).max() > 0.5
+    assert_close(bf16_to_f32(run_prefill(host, c, scale)), want, "twin_bf16")
+
+
 def test_prefill_empty_sequence_in_batch(host, rng):
     c = Case(rng, [5, 0, 3], [5, 9, 3 + 2], 2, 1, 32, 16)
     got = run_prefill(host, c, 0.2)
@@ -272,6 +294,15 @@ def test_decode_zero_length_rows_and_null_workspace(decode_host, rng):
     assert not got[1].any()  # padding row: zeros
     want = ref_decode(c, 0.3)
     assert_close(bf16_to_f32(got[[0, 2]]), want[[0, 2]], "twin_bf16")
+
+
+def test_decode_twin_all_scores_far_below_zero(decode_host, rng):
+    """As the prefill test, on both decode twins: one split (1, 19 keys) and two or three
+    splits combined (300, 600 keys), whose per-split maxima are all far below zero."""
+    c = anti_aligned(Case(rng, [1] * 4, [1, 19, 300, 600], 4, 2, 64, 16), rng)
+    want = ref_decode(c, 0.125)
+    assert np.abs(want).max() > 0.5
+    assert_close(bf16_to_f32(run_decode(decode_host, c, 0.125)), want, "twin_bf16")
 
 
 def test_decode_capacity_exceeded_raises_in_twin(decode_host, rng):
@@ -522,6 +553,20 @@ def test_gpu_decode_matches_twin(device, host, rng, h, kv, d, bs):
         assert np.array_equal(g[s], run_decode(device, c.subset(s), scale, max_splits=ms)[0])
     c.kv_lens[1] = 0  # padding row
     assert not run_decode(device, c, scale, max_splits=ms)[1].any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("h,kv,d,bs", [(4, 2, 64, 16), (2, 1, 6, 3)])
+def test_gpu_all_scores_far_below_zero_match_twin(device, host, rng, h, kv, d, bs):
+    """Prefill (the tile's online max) and decode (each split's max, the combine's max over
+    splits: 300 and 600 keys) with every query anti-aligned with every key."""
+    scale = 1 / math.sqrt(d)
+    c = anti_aligned(Case(rng, [1, 7, 19], [1, 7 + 40, 19 + 100], h, kv, d, bs), rng)
+    assert_close(bf16_to_f32(run_prefill(device, c, scale)),
+                 bf16_to_f32(run_prefill(host, c, scale)), "gpu_vs_twin_bf16", "prefill")
+    c = anti_aligned(Case(rng, [1] * 4, [1, 19, 300, 600], h, kv, d, bs), rng)
+    assert_close(bf16_to_f32(run_decode(device, c, scale)),
+                 bf16_to_f32(run_decode(host, c, scale)), "gpu_vs_twin_bf16", "decode")
 
 
 def test_native_exp2r_within_one_ulp_of_2_to_the_x():

@@ -14,7 +14,7 @@ from metrale.ops import attention_tc as tc
 from metrale.ops.bf16 import bf16_to_f32
 from tests.conftest import assert_close, real
 from tests.helpers import Buffers
-from tests.ops.test_attention import PREFILL_LAYOUTS, Case, ref_prefill
+from tests.ops.test_attention import PREFILL_LAYOUTS, Case, anti_aligned, ref_prefill
 
 # (H, KV, D, block_size): GQA, MQA (G = 12 does not divide the 64-row tile), MHA, every
 # tensor-core head dim, odd block sizes.
@@ -83,6 +83,17 @@ def test_twin_chunked_equals_whole_and_batch_invariant(host, rng):
     batch = run(host, c, 0.125)
     for s in range(c.n_seqs):
         assert np.array_equal(batch[c.qo[s]:c.qo[s + 1]], run(host, c.subset(s), 0.125))
+
+
+@pytest.mark.parametrize("h,kv,d,bs", [(8, 2, 64, 16), (4, 2, 16, 3)])
+def test_twin_all_scores_far_below_zero(host, rng, h, kv, d, bs):
+    """Queries anti-aligned with every key: the running max starts at -inf, not 0, and the
+    BF16 P is rounded against it (rows seeing one key, one tile, several tiles)."""
+    c = anti_aligned(Case(rng, [1, 7, 19], [1, 7 + 40, 19 + 100], h, kv, d, bs), rng)
+    scale = 1 / math.sqrt(d)
+    want = ref_prefill(c, scale)
+    assert np.abs(want).max() > 0.5
+    assert_close(bf16_to_f32(run(host, c, scale)), want, "twin_bf16")
 
 
 # ------------------------------------------------------------------------------------------
@@ -174,6 +185,15 @@ def test_gpu_matches_twin_and_is_batch_invariant(device, host, rng, h, kv, d, bs
     for s in range(c.n_seqs):  # bit-identical alone (g: the last launch, window 37)
         assert np.array_equal(g[c.qo[s]:c.qo[s + 1]], run(device, c.subset(s), scale, 37))
     assert np.array_equal(run(device, c, scale, 37, max_q_len=c.n_tokens), g)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("h,kv,d,bs", [(8, 2, 64, 16), (4, 2, 16, 3), (2, 1, 256, 16)])
+def test_gpu_all_scores_far_below_zero_match_twin(device, host, rng, h, kv, d, bs):
+    c = anti_aligned(Case(rng, [1, 7, 19], [1, 7 + 40, 19 + 100], h, kv, d, bs), rng)
+    scale = 1 / math.sqrt(d)
+    assert_close(bf16_to_f32(run(device, c, scale)), bf16_to_f32(run(host, c, scale)),
+                 "gpu_vs_twin_bf16")
 
 
 @pytest.mark.gpu

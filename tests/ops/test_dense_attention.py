@@ -51,6 +51,15 @@ def reference(q, k, v, H, KV, D, causal, q_offset=0):
     return out.reshape(n_q, H * D)
 
 
+def anti_aligned(rng, n_q, n_kv, H, KV, D, a=32.0):
+    """(q, k, v): every query +a, every key -a plus 0..3 BF16 ulps of a: each score lies
+    thousands below zero with a spread of a few units (an online max started at 0 instead
+    of -inf underflows every exp2)."""
+    q = f32_to_bf16(np.full((n_q, H * D), a, np.float32))
+    k = f32_to_bf16((-a + a / 128 * rng.integers(0, 4, (n_kv, KV * D))).astype(np.float32))
+    return q, k, rand_bf16(rng, (n_kv, KV * D))
+
+
 def test_entry_points_exist():
     # stamped out by the DENSE_ENTRY macro: found in the preprocessed source
     names = {f"dense_attention_p{p}_v{v}" for p in (1, 2, 4) for v in (8, 2)}
@@ -86,6 +95,15 @@ def test_rows_do_not_depend_on_n_q(host, rng):
         assert np.array_equal(one[0], full[i])
     enc = run(host, q, k, v, H, H, D, False)
     assert np.array_equal(run(host, q[7:9], k, v, H, H, D, False), enc[7:9])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_twin_all_scores_far_below_zero(host, rng, causal):
+    H, KV, D, n = 4, 2, 64, 40
+    q, k, v = anti_aligned(rng, n, n, H, KV, D)
+    want = reference(q, k, v, H, KV, D, causal)
+    assert np.abs(want).max() > 0.5
+    assert_close(bf16_to_f32(run(host, q, k, v, H, KV, D, causal)), want, "twin_bf16")
 
 
 def test_bad_arguments_raise(host):
@@ -126,3 +144,14 @@ def test_gpu_rows_do_not_depend_on_n_q(device, rng):
     for i in (0, 33, 79):
         one = run(device, q[i:i + 1], k, v, H, H, D, True, q_offset=i, fused=True)
         assert np.array_equal(one[0], full[i])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("H,KV,D", [(4, 2, 64), (3, 3, 6)])
+@pytest.mark.parametrize("causal,n_q,n_kv,off", [(False, 7, 65, 0), (True, 19, 19, 0)])
+def test_gpu_all_scores_far_below_zero_match_twin(device, host, rng, H, KV, D, causal, n_q,
+                                                  n_kv, off):
+    """Queries anti-aligned with every key (the causal rows' first sees one key only)."""
+    q, k, v = anti_aligned(rng, n_q, n_kv, H, KV, D)
+    assert_close(bf16_to_f32(run(device, q, k, v, H, KV, D, causal, off)),
+                 bf16_to_f32(run(host, q, k, v, H, KV, D, causal, off)), "gpu_vs_twin_bf16")

@@ -235,6 +235,32 @@ def test_fp8_twin_matches_float64(host, rng, m, n, k, out_fp32):
                      "twin_bf16")
 
 
+# k not a multiple of 32 (a partly filled last 32-code block, a k16 step and an 8-chunk
+# across k), with uniform (block_k % 64 == 0) and per-position scales: 128 * 3 + 40 = 424
+TAIL_F8 = [(1, (128, 128)), (19, (128, 128)), (111, (16, 8)), (424, (128, 128)),
+           (424, (1, 16)), (40, (7, 8))]
+
+
+def nan_padded_f8(rng, n, k, block):
+    """F8 whose padding codes (k .. kp - 1) are all NaN (0x7F): a code past k that reaches
+    the sum makes its row NaN even against a zero X (finite garbage there would not show)."""
+    w = F8(rng, n, k, block)
+    w.q[:, k:] = 0x7F
+    return w
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("k,block", TAIL_F8)
+def test_fp8_twin_never_reads_codes_past_k(rng, k, block, native):
+    from metrale.gpu_runtime import HostBackend
+    w = nan_padded_f8(rng, 19, k, block)
+    x = xs(rng, 3, k)
+    ref = bf16_to_f32(x).astype(np.float64) @ bf16_to_f32(w.dequant()).astype(np.float64).T
+    got = w.launch(HostBackend(native=native), x, True)
+    assert np.isfinite(got).all()
+    assert_close(got, ref, "twin_fp32")
+
+
 @pytest.mark.parametrize("fmt", ["q4", "q4_act", "fp8"])
 @pytest.mark.parametrize("m,n,k", [(1, 9, 40), (2, 33, 264), (5, 17, 1000), (12, 40, 4104)])
 @pytest.mark.parametrize("path", GEMM_PATHS)
@@ -417,6 +443,22 @@ def test_gpu_fp8_matches_twin_and_gemm_tc_bits(device, host, rng, m, n, k):
     for block in ((128, 128), (1, 16), (7, 8)):
         check_every_tile(device, host, F8(rng, n, k, block), xs(rng, m, k),
                          f"m={m} n={n} k={k} block={block}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k,block", TAIL_F8)
+def test_gpu_fp8_decode_tile_stops_at_k(device, host, rng, k, block):
+    """The decode tile (16x16) with NaN codes past k: 1 and 12 X rows (one and two n8
+    tiles), the twin's values and gemm_tc's bits on the dequantized weights."""
+    w = nan_padded_f8(rng, 19, k, block)
+    wd = w.dequant()
+    for m in (1, 12):
+        x = xs(rng, m, k)
+        for out_fp32 in (False, True):
+            got = w.launch(device, x, out_fp32, tile="16x16")
+            assert not np.isnan(as_f32(got)).any(), f"m={m} out_fp32={out_fp32}"
+            assert_close(as_f32(got), as_f32(w.launch(host, x, out_fp32)), KINDS[out_fp32])
+            assert np.array_equal(bits(got), bits(run_tc(device, x, wd, out_fp32, tile="16x16")))
 
 
 @pytest.mark.gpu

@@ -79,6 +79,50 @@ def test_ties_rank_the_lower_expert_first_and_nan_above_numbers():
     assert np.isfinite(w[3]).all() and w[3, 0] == w[3, 1]
 
 
+def tie_rows(E):
+    """Router rows whose top scores tie: all equal; two experts tied at the top (1 and the
+    last); three tied across the k = 2 boundary below a clear first; with E > 35, two tied
+    at the top in one lane (experts 1 and 33 of lane 1) and in two lanes (expert 2 of lane
+    2, expert 35 of lane 3). Ties go to the lower expert index (torch.topk's order on a
+    GPU, see moe_router.cu). Last, a row far below zero (the softmax's max is the row's,
+    not 0). E = 1: three single values."""
+    if E == 1:   # one expert: every k = 1 pick is it, weight 1 with or without renorm
+        return np.array([[0.5], [-3.0], [40.0], [-200.0]], np.float32)
+    rng = np.random.default_rng(E)
+    rows = [np.full(E, 0.5, np.float32)]
+    for _ in range(3 if E < 36 else 5):
+        rows.append(rng.uniform(-2.0, 0.0, E).astype(np.float32))
+    rows[1][[1, E - 1]] = 3.0
+    rows[2][[0]] = 4.0
+    rows[2][[2, 3 % E, E - 2]] = 1.0
+    if E >= 36:
+        rows[4][[33, 1]] = 2.5
+        rows[5][[35, 2]] = 2.5
+    rows.append(rng.uniform(-200.0, -190.0, E).astype(np.float32))
+    return np.stack(rows)
+
+
+@pytest.mark.parametrize("E", [1, 7, 19, 111])
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_top1_and_ties_around_renormalisation(host, E, k):
+    """Top-1 and tied top scores with and without norm_topk_prob: ids by the tie rule, the
+    weights the float64 formula's (top-1 renormalised is exactly 1)."""
+    k = min(k, E)
+    logits = tie_rows(E)
+    for renorm in (False, True):
+        ids, w = run_topk(host, logits, k, renorm)
+        want_ids, want_w = ref64(logits, k, renorm)
+        assert np.array_equal(ids, want_ids), renorm
+        assert_close(w, want_w, "twin_fp32")
+        if renorm and k == 1:
+            assert (w == 1).all()
+    if E > 1:
+        assert ids[1, :2].tolist() == [1, E - 1][:k]
+        assert ids[2, :2].tolist() == [0, 2][:k]
+    if E >= 36:
+        assert ids[4, :2].tolist() == [1, 33][:k] and ids[5, :2].tolist() == [2, 35][:k]
+
+
 def test_softmax_is_the_lane_sum_formula():
     # 40 experts: lane l sums experts l and l + 32, then the butterfly; reproduced exactly
     rng = np.random.default_rng(3)
@@ -182,6 +226,21 @@ def test_gpu_topk_nan_inf_and_one_expert_taking_every_token(device, host, rng):
     assert np.array_equal(np.isnan(w), np.isnan(want_w))
     ok = ~np.isnan(w)
     assert_close(w[ok], want_w[ok], "gpu_vs_twin_fp32")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("E", [1, 7, 19, 111])
+def test_gpu_top1_and_ties_match_twin(device, host, E):
+    logits = tie_rows(E)
+    for k in sorted({1, min(2, E), min(3, E)}):
+        for renorm in (False, True):
+            ids, w = run_topk(device, logits, k, renorm)
+            want_ids, want_w = run_topk(host, logits, k, renorm)
+            assert np.array_equal(ids, want_ids), f"k={k} renorm={renorm}"
+            assert np.array_equal(ids, ref64(logits, k, renorm)[0]), f"k={k} renorm={renorm}"
+            assert_close(w, want_w, "gpu_vs_twin_fp32")
+            if renorm and k == 1:
+                assert (w == 1).all()
 
 
 @pytest.mark.gpu

@@ -291,6 +291,101 @@ def test_repetition_penalty_rule(host):
     assert filtered_distribution(row2, SP(repetition_penalty=1.1), [0])[1] == 1.0
 
 
+# --------------------------------------------------------------------------- exact thresholds
+# At temperature 1/ln 2 the logits 0, -1, -2, -2 have weights exp(x - max) exactly 1, 1/2,
+# 1/4, 1/4 (the kernel's exp_det and float64 exp alike; -3 would not be exact in float64),
+# i.e. probabilities 1/2, 1/4, 1/8, 1/8, so a top_p or min_p threshold can be hit exactly.
+# HF's TopPLogitsWarper drops a token whose ascending cumulative probability is <= 1 - top_p
+# (whose mass of more probable tokens is >= top_p), MinPLogitsWarper one with p < min_p *
+# max p: a token whose mass above is exactly top_p goes, one with p == min_p * max p stays.
+BOUNDARY_T = 1 / math.log(2)
+BOUNDARY_LOGITS = [-2.0, 0.0, -1.0, -2.0]   # at boundary_slots(vocab), the rest -inf
+# (params, kept logits): each case has tokens exactly at its threshold, first or last in
+# vocabulary order among the candidates, so the first or last kept token shows the rule
+BOUNDARY_CASES = [(SP(temperature=BOUNDARY_T, top_p=0.75), {0.0, -1.0}),
+                  (SP(temperature=BOUNDARY_T, top_p=0.5), {0.0}),
+                  (SP(temperature=BOUNDARY_T, min_p=0.25), {0.0, -1.0, -2.0}),
+                  (SP(temperature=BOUNDARY_T, min_p=0.5), {0.0, -1.0})]
+
+
+def boundary_slots(vocab):
+    """Where the four finite logits sit: the first and the last index, two between."""
+    return [0, vocab // 4, vocab // 2, vocab - 1]
+
+
+def boundary_row(vocab):
+    row = np.full(vocab, -np.inf, np.float32)
+    row[boundary_slots(vocab)] = BOUNDARY_LOGITS
+    return row
+
+
+def hf_support(logits, p: SamplingParams) -> set:
+    """The ids HF's warpers keep, written out in float64 (exact here)."""
+    x = np.asarray(logits, np.float64) / p.temperature
+    probs = np.exp(x - x.max())
+    probs /= probs.sum()
+    keep = probs > 0
+    if p.top_p < 1:
+        order = np.argsort(probs, kind="stable")      # ascending
+        remove = np.cumsum(probs[order]) <= 1 - p.top_p
+        remove[-1] = False                           # min_tokens_to_keep = 1
+        keep[order[remove]] = False
+    if p.min_p > 0:
+        keep &= ~(probs < p.min_p * probs.max())
+    return set(np.flatnonzero(keep).tolist())
+
+
+def boundary_seeds():
+    """(seed lo, seed hi) at step 0: draw words below 2^32 / 10 and above 0.99 * 2^32, so
+    the draw takes the first kept token in vocabulary order, then the last."""
+    seeds = np.arange(4000, dtype=np.uint64)
+    words = S.draw_word(seeds, np.zeros_like(seeds))
+    return int(seeds[words < 2**32 // 10][0]), int(seeds[words > 0.99 * 2**32][0])
+
+
+def boundary_batch(vocab):
+    """Rows, params, seeds and the expected token of each: every boundary case with the
+    seed that takes its first kept token and the one that takes its last."""
+    row, slots = boundary_row(vocab), boundary_slots(vocab)
+    lo, hi = boundary_seeds()
+    rows, params, seeds, want = [], [], [], []
+    for p, kept in BOUNDARY_CASES:
+        ids = sorted(slots[i] for i, v in enumerate(BOUNDARY_LOGITS) if v in kept)
+        for seed, tok in ((lo, ids[0]), (hi, ids[-1])):
+            rows.append(row)
+            params.append(p)
+            seeds.append(seed)
+            want.append(tok)
+    return np.stack(rows), params, np.array(seeds, np.uint64), want
+
+
+def test_exact_threshold_weights_are_exact():
+    x = (np.float32(BOUNDARY_LOGITS) / np.float32(BOUNDARY_T)).astype(np.float32)
+    assert S.exp_det(x - x.max()).tolist() == [0.25, 1.0, 0.5, 0.25]
+    probs = filtered_distribution(np.float32(BOUNDARY_LOGITS), SP(temperature=BOUNDARY_T))
+    assert probs.tolist() == [0.125, 0.5, 0.25, 0.125]
+
+
+@pytest.mark.parametrize("case", range(len(BOUNDARY_CASES)))
+@pytest.mark.parametrize("vocab", [7, 19, 111, 4097])
+def test_exact_thresholds_keep_what_hf_keeps(vocab, case):
+    p, kept = BOUNDARY_CASES[case]
+    row, slots = boundary_row(vocab), boundary_slots(vocab)
+    want = {slots[i] for i, v in enumerate(BOUNDARY_LOGITS) if v in kept}
+    assert hf_support(row, p) == want
+    assert set(np.flatnonzero(filtered_distribution(row, p)).tolist()) == want
+
+
+@pytest.mark.parametrize("fp32", [True, False])
+@pytest.mark.parametrize("vocab", [7, 19, 111, 4097])
+def test_twin_exact_thresholds(host, vocab, fp32):
+    rows, params, seeds, want = boundary_batch(vocab)
+    got = run(host, rows, params, seeds, 0, fp32=fp32)
+    assert got.tolist() == want
+    for r in range(len(rows)):
+        assert kernel_transcription(rows[r], params[r], seeds[r], 0) == want[r]
+
+
 # --------------------------------------------------------------------------- seeding
 def test_seeded_reproducibility(host, rng):
     vocab = 111
@@ -488,6 +583,23 @@ def test_gpu_distribution_matches_twin(device, host):
     h = draw(host, row, p, n, seed=9, prev=PREV, chunk=n)
     assert np.mean(g != h) <= 1e-3
     assert chi2_pvalue(g, filtered_distribution(row, p, PREV)) > 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vocab", [7, 19, 111, 4097])
+@pytest.mark.parametrize("fp32", [True, False])
+def test_gpu_exact_thresholds_and_negative_rows_match_twin(device, host, rng, vocab, fp32):
+    """The exact top_p / min_p boundaries (tokens known), then rows with no positive logit:
+    greedy (the argmax floor, -1e30 with index 0) and sampled (the row max far below 0)."""
+    rows, params, seeds, want = boundary_batch(vocab)
+    got = run(device, rows, params, seeds, 0, fp32=fp32)
+    assert got.tolist() == want
+    neg = bf16_to_f32(f32_to_bf16(rng.uniform(-300, -290, (4, vocab)).astype(np.float32)))
+    neg[0, 0] = neg[1, 0] = -300   # not the argmax
+    p = [SP(temperature=0.0), SP(temperature=0.0), SP(temperature=1.0), SP(temperature=1.0)]
+    g = run(device, neg, p, [3, 4, 5, 6], [7, 8, 9, 10], fp32=fp32)
+    assert np.array_equal(g, run(host, neg, p, [3, 4, 5, 6], [7, 8, 9, 10], fp32=fp32))
+    assert g[0] != 0 and g[1] != 0
 
 
 # --------------------------------------------------------------------------- kernel algorithm
