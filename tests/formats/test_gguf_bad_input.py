@@ -56,3 +56,41 @@ def test_a_gap_in_the_layers_is_named(tmp_path):
                 add_tensors={"blk.3.attn_norm.weight": [1.0] * 64})
     refused(p, "llama.block_count = 3 but the file holds tensors for layers blk.0 .. blk.3 "
                "without blk.2")
+
+
+def nested(depth: int):
+    """A value of `depth` levels of one-item arrays around a u32."""
+    v = 7
+    for _ in range(depth):
+        v = [v]
+    return v
+
+
+@pytest.mark.parametrize("depth", [9, 3000])
+def test_deeply_nested_arrays_are_refused_by_key_and_limit(tmp_path, depth):
+    """3000 levels used to end in a RecursionError; 9 is one over the limit of 8."""
+    import sys
+    from gguf import GGUFValueType
+    from metrale.formats.gguf.file import MAX_ARRAY_DEPTH, GGUFFile
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(depth + 1000)    # for the gguf package's writer, which recurses
+    try:
+        p = rewrite(LLAMA, tmp_path / "m.gguf",
+                    {"general.nested": (nested(depth), GGUFValueType.ARRAY)})
+    finally:
+        sys.setrecursionlimit(limit)
+    with pytest.raises(FormatError) as e:
+        GGUFFile(p)
+    msg = str(e.value)
+    assert str(p) in msg and "'general.nested'" in msg and f"{MAX_ARRAY_DEPTH} deep" in msg
+
+
+def test_nesting_within_the_limit_is_read(tmp_path):
+    from gguf import GGUFValueType
+    from metrale.formats.gguf.file import MAX_ARRAY_DEPTH, GGUFFile
+    p = rewrite(LLAMA, tmp_path / "m.gguf",
+                {"general.nested": (nested(MAX_ARRAY_DEPTH), GGUFValueType.ARRAY)})
+    v = GGUFFile(p).fields["general.nested"]
+    for _ in range(MAX_ARRAY_DEPTH - 1):
+        v = v[0]
+    assert list(v) == [7]

@@ -44,6 +44,10 @@ _SCALARS = {0: ("<B", "<u1"), 1: ("<b", "<i1"), 2: ("<H", "<u2"), 3: ("<h", "<i2
             10: ("<Q", "<u8"), 11: ("<q", "<i8"), 12: ("<d", "<f8")}
 STRING, ARRAY = 8, 9
 FLOAT32 = 6
+# Levels of arrays in one metadata value, at most: `_value` recurses once per level, so a
+# file nesting a thousand deep would end in a RecursionError. Arrays of arrays are rare in
+# real files (two levels at most); 8 is well above them and far below Python's limit.
+MAX_ARRAY_DEPTH = 8
 
 # ggml type id -> (name, elements per block, bytes per block): every type of ggml.h, so a
 # refusal can name it (tests compare this with gguf.constants.GGML_QUANT_SIZES).
@@ -127,7 +131,7 @@ class GGUFFile:
         for _ in range(n_kv):
             key, p = self._string(p)
             vtype, = struct.unpack_from("<I", b, p)
-            value, p, tname = self._value(vtype, p + 4)
+            value, p, tname = self._value(vtype, p + 4, key)
             if key in self.fields:
                 raise FormatError(f"{self.path}: metadata key {key!r} appears twice")
             self.fields[key], self.field_types[key] = value, tname
@@ -162,8 +166,9 @@ class GGUFFile:
             raise FormatError(f"{self.path}: a string runs past the end of the file")
         return str(self._buf[p + 8:p + 8 + n], "utf-8"), p + 8 + n
 
-    def _value(self, vtype: int, p: int):
-        """(value, next position, type tag) of a value of type `vtype` at `p`."""
+    def _value(self, vtype: int, p: int, key: str, depth: int = 0):
+        """(value, next position, type tag) of a value of type `vtype` at `p` (of metadata
+        key `key`, inside `depth` arrays)."""
         if vtype in _SCALARS:
             fmt = _SCALARS[vtype][0]
             return struct.unpack_from(fmt, self._buf, p)[0], p + struct.calcsize(fmt), vtype
@@ -172,6 +177,9 @@ class GGUFFile:
             return s, p, vtype
         if vtype != ARRAY:
             raise FormatError(f"{self.path}: unknown metadata value type {vtype}")
+        if depth == MAX_ARRAY_DEPTH:
+            raise FormatError(f"{self.path}: metadata key {key!r} nests arrays more than "
+                              f"{MAX_ARRAY_DEPTH} deep (the limit MAX_ARRAY_DEPTH)")
         itype, count = struct.unpack_from("<IQ", self._buf, p)
         p += 12
         if itype in _SCALARS:
@@ -191,7 +199,7 @@ class GGUFFile:
             return out, p, (ARRAY, itype)
         items = []
         for _ in range(count):   # arrays of arrays: rare, read item by item
-            v, p, _t = self._value(itype, p)
+            v, p, _t = self._value(itype, p, key, depth + 1)
             items.append(v)
         return items, p, (ARRAY, itype)
 
