@@ -94,3 +94,80 @@ def test_nesting_within_the_limit_is_read(tmp_path):
     for _ in range(MAX_ARRAY_DEPTH - 1):
         v = v[0]
     assert list(v) == [7]
+
+
+def llama_fields():
+    from metrale.formats.gguf.file import GGUFFile
+    return GGUFFile(LLAMA).fields
+
+
+def a_merge_not_in(tokens: list[str]) -> str:
+    """'a b' of two tokens whose concatenation is not a token."""
+    vocab = set(tokens)
+    return next(f"{a} {b}" for a in tokens[10:] for b in tokens[10:]
+                if " " not in a + b and a + b not in vocab)
+
+
+@pytest.mark.parametrize("merge, piece", [("zzq Ġ", "'zzq'"), ("Ġ zzr", "'zzr'"),
+                                          (None, "")])
+def test_merges_outside_the_vocabulary_are_refused_by_key(tmp_path, merge, piece):
+    """Refused when the tokenizer is built: tokenizers raised a bare Exception ('Token `zzq`
+    out of vocabulary'), or panicked when only the merged piece was missing."""
+    tokens = llama_fields()["tokenizer.ggml.tokens"]
+    merge = merge or a_merge_not_in(tokens)
+    merges = list(llama_fields()["tokenizer.ggml.merges"]) + [merge]
+    p = rewrite(LLAMA, tmp_path / "m.gguf", {"tokenizer.ggml.merges": merges})
+    src = open_source(p)
+    with pytest.raises(FormatError) as e:
+        src.tokenizer()
+    msg = str(e.value)
+    assert str(p) in msg and f"tokenizer.ggml.merges entry {len(merges) - 1}" in msg
+    assert piece in msg and "not in tokenizer.ggml.tokens" in msg
+
+
+IDS = [("tokenizer.ggml.eos_token_id", 320), ("tokenizer.ggml.bos_token_id", 10**9),
+       ("tokenizer.ggml.padding_token_id", 400), ("tokenizer.ggml.eot_token_id", 320),
+       ("tokenizer.ggml.unknown_token_id", 10**6)]
+
+
+@pytest.mark.parametrize("key, value", IDS, ids=[k.split(".")[-1] for k, _ in IDS])
+def test_special_ids_outside_the_tokens_are_refused_at_open(tmp_path, key, value):
+    """An EOS past the 320 tokens used to load (a generation could never stop on it)."""
+    p = rewrite(LLAMA, tmp_path / "m.gguf", {key: value})
+    refused(p, f"{key} = {value} is not a token id of tokenizer.ggml.tokens (320 tokens)")
+
+
+def test_spm_unknown_id_past_the_tokens_is_a_format_error(tmp_path):
+    """build_tokenizer indexed the token list with it: IndexError."""
+    from metrale.formats.gguf.file import GGUFFile
+    from metrale.formats.gguf.tokenizer import build_tokenizer
+    p = rewrite(GGUF_FIXTURES / "spm_tokenizer.gguf", tmp_path / "t.gguf",
+                {"tokenizer.ggml.unknown_token_id": 459})
+    with pytest.raises(FormatError, match=r"t\.gguf: tokenizer\.ggml\.unknown_token_id = "
+                                          r"459 is not a token id"):
+        build_tokenizer(GGUFFile(p).fields, str(p))
+
+
+def test_more_tokens_than_embedding_rows_are_refused_at_open(tmp_path):
+    """Refused only at prefill before (token id >= vocab), naming neither file nor key."""
+    f = llama_fields()
+    p = rewrite(LLAMA, tmp_path / "m.gguf", {
+        "tokenizer.ggml.tokens": list(f["tokenizer.ggml.tokens"]) + ["extra1", "extra2"],
+        "tokenizer.ggml.token_type": ([int(t) for t in f["tokenizer.ggml.token_type"]]
+                                      + [1, 1])})
+    refused(p, "tokenizer.ggml.tokens holds 322 tokens but token_embd.weight has 320 rows")
+
+
+def test_fewer_tokens_than_embedding_rows_load(tmp_path):
+    """A padded embedding (llama.vocab_size = its rows, more than the tokens) is a valid
+    file, as transformers reads it: 330 rows, 320 tokens."""
+    import metrale
+    import numpy as np
+    rows = np.random.default_rng(0).standard_normal((330, 64)).astype(np.float32) * 0.02
+    p = rewrite(LLAMA, tmp_path / "m.gguf", {"llama.vocab_size": 330},
+                drop_tensors=["token_embd.weight", "output.weight"],
+                add_tensors={"token_embd.weight": rows})
+    src = open_source(p)
+    assert src.metadata().vocab_size == 330 and src.tokenizer().get_vocab_size() == 320
+    model = metrale.load(src, "cpu", progress=False)
+    assert model.metadata().vocab_size == 330

@@ -23,6 +23,7 @@ from ...errors import FormatError, Unsupported
 from .config import hf_config
 from .file import GGUFFile
 from .quants import SUPPORTED_NAMES, check_supported, dequantize_bf16
+from .tokenizer import check_token_ids
 from ..metadata import ModelMetadata
 
 # llama.cpp tensor name -> HF name ({n}: the layer)
@@ -75,6 +76,10 @@ class GGUFSource:
         for info in self.file.tensors.values():     # refused by name before anything else
             check_supported(info.ggml_type, f"{self.description}: {info.name}")
         self._config = hf_config(self.fields, self.file.tensors, self.description)
+        # special ids and the token count at open: an EOS outside the vocabulary would
+        # load and never stop a generation; the merges are checked when the tokenizer is
+        # built (tokenizer())
+        check_token_ids(self.fields, self.description, self._config["vocab_size"])
         self._names: dict[str, str] = {}      # HF name -> GGUF name
         for g in self.file.tensors:
             name = hf_name(g)
