@@ -67,7 +67,7 @@ def run(args) -> int:
     from ..formats.layout import head_name
     from ..formats.moe_config import inactive_parameters
     from ..model_engine.memory_plan import weight_bytes
-    from .info_math import math_fields
+    from .info_math import math_fields, stored_dtypes
     source = open_checkpoint(args.model)
     meta = source.metadata()
     context = context_tokens(args.context, meta, source.description)
@@ -92,7 +92,10 @@ def run(args) -> int:
             max_blocks_per_seq=-(-context // bs), fp32_logits=False)
     info = {
         "model": source.description, "architecture": meta.architecture,
-        "parameters": n_params, "dtype": meta.dtype, "device_dtype": "bfloat16",
+        # a GGUF has no config dtype: its stored ggml types by tensor group
+        "parameters": n_params, "dtype": (f"GGUF {source.stored_types()}" if hasattr(
+            source, "stored_types") else meta.dtype), "device_dtype": "bfloat16",
+        "stored_dtypes": stored_dtypes(source),
         "layers": meta.num_layers, "hidden_size": meta.hidden_size,
         "intermediate_size": meta.intermediate_size, "heads": meta.num_heads,
         "kv_heads": meta.num_kv_heads, "head_dim": meta.head_dim,

@@ -21,7 +21,7 @@ import numpy as np
 
 from ...errors import FormatError, Unsupported
 from .config import hf_config
-from .file import GGUFFile
+from .file import GGUFFile, file_type_name
 from .quants import SUPPORTED_NAMES, check_supported, dequantize_bf16
 from .tokenizer import check_token_ids
 from ..metadata import ModelMetadata
@@ -56,6 +56,18 @@ def unpermute_rows(x: np.ndarray, n_heads: int) -> np.ndarray:
     """Undo llama.cpp's rotary row permutation of a q/k weight [n_heads*d, ...] or bias."""
     d = x.shape[0] // n_heads
     return x.reshape(n_heads, d // 2, 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
+
+
+def _group(gguf_name: str) -> str:
+    """The tensor group `stored_types` reports a llama.cpp tensor name in."""
+    if "norm" in gguf_name:
+        return "norms"
+    if gguf_name.endswith(".bias"):
+        return "biases"
+    m = _LAYER.fullmatch(gguf_name)
+    if m:
+        return {"attn": "attention", "ffn": "ffn"}.get(m.group(2).split("_")[0], m.group(2))
+    return gguf_name.rsplit(".", 1)[0]
 
 
 class GGUFSource:
@@ -139,6 +151,19 @@ class GGUFSource:
             out.reshape(info.shape)[...] = self.read_bf16(name)
         else:
             dequantize_bf16(self.file.raw(info.name), info.ggml_type, info.shape, out=out)
+
+    def stored_types(self) -> str:
+        """The tensors' stored ggml types by group, e.g. "MOSTLY_Q4_K_M (general.file_type):
+        token_embd Q4_K, attention Q4_K/Q6_K, ffn Q4_K/Q6_K, norms F32, output Q6_K"
+        (read_bf16 dequantizes every one to BF16)."""
+        groups: dict[str, set[str]] = {}
+        for info in self.file.tensors.values():
+            groups.setdefault(_group(info.name), set()).add(info.type_name)
+        order = ("token_embd", "attention", "ffn", "biases", "norms", "output")
+        names = sorted(groups, key=lambda g: (order.index(g) if g in order else len(order), g))
+        text = ", ".join(f"{g} {'/'.join(sorted(groups[g]))}" for g in names)
+        ftype = file_type_name(self.fields)
+        return f"{ftype} (general.file_type): {text}" if ftype else text
 
     def tokenizer_path(self) -> Path | None:
         return None     # no tokenizer.json: `tokenizer()` builds one from the metadata
