@@ -171,3 +171,26 @@ def test_fewer_tokens_than_embedding_rows_load(tmp_path):
     assert src.metadata().vocab_size == 330 and src.tokenizer().get_vocab_size() == 320
     model = metrale.load(src, "cpu", progress=False)
     assert model.metadata().vocab_size == 330
+
+
+def test_unsupported_types_are_refused_by_the_files_type_with_counts(tmp_path):
+    """An IQ4_XS file whose first tensor in file order is IQ4_NL was refused as "tensor
+    type IQ4_NL": the refusal names general.file_type and every unsupported type, most
+    tensors first, with a count and a first tensor each."""
+    import numpy as np
+    from gguf import GGMLQuantizationType as T
+    from metrale.errors import Unsupported
+    nl = np.zeros((64, 2 * 18), np.uint8)             # IQ4_NL: 32 elements in 18 B
+    xs = np.zeros((64, 136), np.uint8)                # IQ4_XS: 256 elements in 136 B
+    p = rewrite(LLAMA, tmp_path / "m.gguf", {"general.file_type": 30},
+                drop_tensors=["blk.0.attn_q.weight", "blk.0.ffn_down.weight",
+                              "blk.1.ffn_down.weight"],
+                add_tensors={"blk.0.attn_q.weight": (nl, T.IQ4_NL),
+                             "blk.0.ffn_down.weight": (xs, T.IQ4_XS),
+                             "blk.1.ffn_down.weight": (xs, T.IQ4_XS)})
+    with pytest.raises(Unsupported) as e:
+        open_source(p)
+    assert str(e.value).startswith(
+        f"{p}: a MOSTLY_IQ4_XS file (general.file_type) holds tensor types metrale cannot "
+        "read: IQ4_XS (2 tensors, e.g. blk.0.ffn_down.weight), IQ4_NL (1 tensor, e.g. "
+        "blk.0.attn_q.weight) (supported: F32, F16, BF16, Q4_0")

@@ -22,7 +22,7 @@ import numpy as np
 from ...errors import FormatError, Unsupported
 from .config import hf_config
 from .file import GGUFFile, file_type_name
-from .quants import SUPPORTED_NAMES, check_supported, dequantize_bf16
+from .quants import SUPPORTED_NAMES, check_tensor_types, dequantize_bf16
 from .tokenizer import check_token_ids
 from ..metadata import ModelMetadata
 
@@ -85,8 +85,8 @@ class GGUFSource:
             raise Unsupported(f"{self.description}: tensor 'rope_freqs.weight' (llama.cpp's "
                               "per-frequency rope factors, e.g. Llama 3.1's rope scaling) is "
                               "not supported")
-        for info in self.file.tensors.values():     # refused by name before anything else
-            check_supported(info.ggml_type, f"{self.description}: {info.name}")
+        # refused by type (and the file's type) before anything else
+        check_tensor_types(self.file.tensors, self.fields, self.description)
         self._config = hf_config(self.fields, self.file.tensors, self.description)
         # special ids and the token count at open: an EOS outside the vocabulary would
         # load and never stop a generation; the merges are checked when the tokenizer is
