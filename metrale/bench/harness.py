@@ -49,6 +49,7 @@ import numpy as np
 from ..errors import InvalidArgument
 from . import roofline, tensor_parallel
 from .env import environment, peak_rss_bytes
+from .report import model_labels
 from .rows import Rows
 
 CPU_DEFAULT_SECONDS = 40.0
@@ -113,13 +114,6 @@ def _progress(enabled, total, desc):
                 leave=False, dynamic_ncols=True)
 
 
-def _source_label(source) -> str:
-    d = getattr(source, "description", str(source))
-    if d.startswith("preset:"):
-        return d[len("preset:"):]
-    return str(d).rstrip("/").split("/")[-1] or str(d)
-
-
 def run_bench(cfg: BenchConfig, backend=None, peer=None, on_row=None) -> dict:
     """Run the benchmark described by `cfg`; returns the JSON-ready report dict. `peer`:
     an `HFComparison` timed between metrale's repetitions (its results go under "hf").
@@ -175,10 +169,10 @@ def run_bench(cfg: BenchConfig, backend=None, peer=None, on_row=None) -> dict:
         raise
     weights_per_rank = int(model._weights.nbytes)
     results = []
-    label = _source_label(source)
+    label = model_labels(cfg.model, source)   # (preset NAME or None, model path)
     report = dict(env)
     report.update({
-        "model": getattr(source, "description", str(cfg.model)),
+        "model": label[1],
         "results": results,
         "architecture": meta.architecture,
         "parameters": int(num_parameters(meta)),
@@ -196,7 +190,8 @@ def run_bench(cfg: BenchConfig, backend=None, peer=None, on_row=None) -> dict:
         "wall_s": None,
         "peak_rss_bytes": None,
     })
-    bar = _progress(cfg.progress, len(cfg.batches) * reps * (1 + cfg.gen_len), f"bench {label}")
+    bar = _progress(cfg.progress, len(cfg.batches) * reps * (1 + cfg.gen_len),
+                    f"bench {label[1]}")
     t_meas = time.perf_counter()
 
     def finish(interrupted: bool) -> dict:
@@ -357,7 +352,7 @@ def _run_batch(model, cfg, label, batch, reps, warm_len, seq_cap, share, copy_gb
     hbm_gb_s = roofline.median(hbm) if on_gpu else None
     comm = tensor_parallel.comm_columns(model, stream, batch)
     return {
-        "preset": label,
+        "preset": label[0], "model": label[1],
         "batch": batch,
         "prompt_len": cfg.prompt_len,
         "gen_len": cfg.gen_len,

@@ -8,12 +8,29 @@ from pathlib import Path
 
 from ..errors import InvalidArgument
 
-# The keys tests outside the project read (`metrale bench --json`).
+# The keys tests outside the project read (`metrale bench --json`). A row's "preset" is the
+# NAME of preset:NAME (None for a checkpoint); "model" (top level and in each row) is
+# preset:NAME or the checkpoint's path (model_labels).
 TOP_KEYS = ("device", "gpu_name", "driver", "cupy", "cuda", "model", "results")
 RESULT_KEYS = ("preset", "batch", "prompt_len", "gen_len", "prefill_tokens_per_s",
                "decode_tokens_per_s", "ttft_ms", "itl_ms_p50", "itl_ms_p99",
                "peak_memory_bytes", "hbm_gb_s", "roofline_fraction")
 GPU_ONLY_RESULT_KEYS = ("hbm_gb_s", "roofline_fraction")
+
+
+def model_labels(spec, source) -> tuple[str | None, str]:
+    """(preset, model) a report records for the model `spec` (BenchConfig.model) opened as
+    `source`: ("tiny", "preset:tiny") for a preset; (None, path) for a checkpoint directory,
+    .safetensors or .gguf file, the path as `env.recorded_path` writes it (relative to the
+    current directory when it is under it, no machine directories); (None, the source's
+    description) for a source passed as an object."""
+    from .env import recorded_path
+    d = getattr(source, "description", str(source))
+    if d.startswith("preset:"):
+        return d[len("preset:"):], d
+    if not isinstance(spec, (str, os.PathLike)):
+        return None, d
+    return None, recorded_path(Path(spec).resolve())
 
 
 def check_schema(report: dict) -> None:

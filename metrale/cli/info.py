@@ -7,6 +7,7 @@ import json
 
 from .args import add_model, positive_int, resolve_model
 from .checkpoint import open_checkpoint
+from .info_presets import human_count
 
 
 def register(sub) -> None:
@@ -38,14 +39,6 @@ def resolve_info(args) -> None:
 
 
 DEFAULT_CONTEXT = 4096
-
-
-def human_count(n: int) -> str:
-    """8_030_261_248 -> "8.03 B", 494_032_768 -> "494.0 M", 106_816 -> "106.8 K"."""
-    for scale, unit, digits in ((1e9, "B", 2), (1e6, "M", 1), (1e3, "K", 1)):
-        if n >= scale:
-            return f"{n / scale:.{digits}f} {unit}"
-    return str(n)
 
 
 def context_tokens(asked: int | None, meta, model: str) -> int:
@@ -83,7 +76,7 @@ def run(args) -> int:
     from ..formats.layout import head_name
     from ..formats.moe_config import inactive_parameters
     from ..model_engine.memory_plan import weight_bytes
-    from .info_math import math_fields
+    from .info_math import math_fields, stored_dtypes
     source = open_checkpoint(args.model)
     meta = source.metadata()
     context = context_tokens(args.context, meta, source.description)
@@ -108,7 +101,10 @@ def run(args) -> int:
             max_blocks_per_seq=-(-context // bs), fp32_logits=False)
     info = {
         "model": source.description, "architecture": meta.architecture,
-        "parameters": n_params, "dtype": meta.dtype, "device_dtype": "bfloat16",
+        # a GGUF has no config dtype: its stored ggml types by tensor group
+        "parameters": n_params, "dtype": (f"GGUF {source.stored_types()}" if hasattr(
+            source, "stored_types") else meta.dtype), "device_dtype": "bfloat16",
+        "stored_dtypes": stored_dtypes(source),
         "layers": meta.num_layers, "hidden_size": meta.hidden_size,
         "intermediate_size": meta.intermediate_size, "heads": meta.num_heads,
         "kv_heads": meta.num_kv_heads, "head_dim": meta.head_dim,

@@ -64,18 +64,23 @@ def biases_text(meta) -> str:
     return ", ".join(parts) if parts else "none"
 
 
+def stored_dtypes(source) -> dict[str, int]:
+    """Stored dtype (BF16, F32, a GGUF's Q4_K...) -> how many tensors have it."""
+    return dict(sorted(Counter(source.tensor_dtype(n) for n in source.tensor_names()).items()))
+
+
 def dtype_text(meta, source) -> str:
-    stored = Counter(source.tensor_dtype(n) for n in source.tensor_names())
-    kinds = ", ".join(f"{n} {dt}" for dt, n in sorted(stored.items()))
+    stored = stored_dtypes(source)
+    kinds = ", ".join(f"{n} {dt}" for dt, n in stored.items())
     if getattr(meta, "quantization", None) is not None:
         return (f"{meta.dtype} in config.json; tensors: {kinds}; the quantized linears stay "
                 "packed on the device (quantization), the rest bfloat16")
     lossy = sorted(dt for dt in stored if dt != "BF16")
     how = "exact" if not lossy else (f"{'/'.join(lossy)} rounded to nearest even BF16")
-    if hasattr(source, "CONVERTED_DTYPES"):   # a GGUF file: no config.json
-        return (f"GGUF; tensors: {kinds} -> bfloat16 on the device (ggml's float32 values "
-                f"of {'/'.join(lossy)} rounded to nearest even BF16)" if lossy else
-                f"GGUF; tensors: {kinds} -> bfloat16 on the device (exact)")
+    if hasattr(source, "stored_types"):   # a GGUF file: no config.json
+        return (f"GGUF {source.stored_types()}; dequantized to bfloat16 at load ("
+                + (f"ggml's float32 values of {'/'.join(lossy)} rounded to nearest even)"
+                   if lossy else "exact)"))
     return f"{meta.dtype} in config.json; tensors: {kinds} -> bfloat16 on the device ({how})"
 
 

@@ -5,6 +5,14 @@ from __future__ import annotations
 import json
 
 
+def human_count(n: int) -> str:
+    """8_030_261_248 -> "8.03 B", 494_032_768 -> "494.0 M", 106_816 -> "106.8 K"."""
+    for scale, unit, digits in ((1e9, "B", 2), (1e6, "M", 1), (1e3, "K", 1)):
+        if n >= scale:
+            return f"{n / scale:.{digits}f} {unit}"
+    return str(n)
+
+
 def preset_rows() -> list[dict]:
     """One row per preset, in the order formats.presets lists them."""
     from ..formats import PRESETS, MemorySource, num_parameters
@@ -24,7 +32,6 @@ def preset_rows() -> list[dict]:
 
 
 def run_presets(args) -> int:
-    from .info import human_count
     rows = preset_rows()
     if args.json:
         print(json.dumps(rows, indent=1))

@@ -166,8 +166,23 @@ def render_chat_template(template: str, messages, *, add_generation_prompt: bool
         raise InvalidArgument(f"{where}: {type(e).__name__}: {e}") from None
 
 
+def _gguf_source(model_or_path):
+    """The GGUF source of a path to a .gguf file (template and tokenizer are in its
+    metadata, not in its folder), else None."""
+    if isinstance(model_or_path, (str, os.PathLike)):
+        p = Path(model_or_path)
+        if p.suffix == ".gguf" and p.is_file():
+            from ..formats import open_source
+            return open_source(p)
+    return None
+
+
 def load_tokenizer(directory):
-    """tokenizer.json of a checkpoint directory as a `tokenizers.Tokenizer`, or None."""
+    """tokenizer.json of a checkpoint directory as a `tokenizers.Tokenizer`, or None; for
+    a .gguf file, the tokenizer of its metadata (tokenizer.ggml.*)."""
+    gguf = _gguf_source(directory)
+    if gguf is not None:
+        return gguf.tokenizer()
     path = Path(directory) / "tokenizer.json"
     if not path.is_file():
         return None
@@ -187,12 +202,13 @@ def apply_chat_template(model_or_path, messages, add_generation_prompt: bool = T
     """Render `messages` with a checkpoint's chat template, as transformers'
     `tokenizer.apply_chat_template`.
 
-    model_or_path: a checkpoint directory, a `ModelSource` read from one, or a GGUF source
-    (formats/gguf/: template and tokenizer from its metadata). Returns the
+    model_or_path: a checkpoint directory, a `ModelSource` read from one, or a .gguf file
+    or its source (formats/gguf/: template and tokenizer from its metadata). Returns the
     prompt token ids (list of int) or, with `tokenize=False`, the text. `tokenizer`: a
     `tokenizers.Tokenizer` to use instead of the directory's tokenizer.json. Extra keyword
     arguments become template variables (e.g. `enable_thinking=False`).
     """
+    model_or_path = _gguf_source(model_or_path) or model_or_path
     own = getattr(model_or_path, "chat_template", None)
     if callable(own):   # a GGUF source: template, special tokens and tokenizer in the file
         template = own()

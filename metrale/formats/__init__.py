@@ -3,8 +3,9 @@ parsing with validation, `ModelMetadata` from config.json, and weight upload.
 
 One direction inside: field_table (every HF config field: honoured, refused or irrelevant)
 <- config_fields <- decoder_fields, rope_config, multimodal <- metadata (config.json is
-parsed first) <- layout (the tensors derived from the metadata) <- source (reads the files
-and checks them against the layout: missing, mis-shaped and unused tensors)."""
+parsed first) <- layout (the tensors derived from the metadata) <- config_bounds (counts and
+sizes bounded by the tensors held) <- source (reads the files and checks them against the
+layout: missing, mis-shaped and unused tensors)."""
 from .field_table import FIELD_TABLE, HF_ACTIVATIONS
 from .layout import expected_tensors, num_parameters
 from .metadata import ARCHITECTURES, DECODER_ARCHS, ModelMetadata, RopeScaling, parse_rope

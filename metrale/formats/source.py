@@ -18,9 +18,10 @@ import numpy as np
 
 from ..errors import FormatError
 from ..ops.bf16 import f32_to_bf16
+from .config_bounds import check_decoder_sizes, check_layer_counts
 from .hub import hub_hint
 from .layout import expected_tensors
-from .metadata import ModelMetadata
+from .metadata import DECODER_ARCHS, ModelMetadata
 from .presets import preset_config
 from .safetensors import SafetensorsFile
 
@@ -211,8 +212,13 @@ class DirectorySource:
 
     @cached_property
     def _meta(self) -> ModelMetadata:
-        return ModelMetadata.from_config(self._config, self._gen,
-                                         source=str(self.path / "config.json"))
+        where = str(self.path / "config.json")
+        # counts and sizes against the tensors held, before anything is sized by them
+        check_layer_counts(self._config, self._where, where)
+        meta = ModelMetadata.from_config(self._config, self._gen, source=where)
+        if meta.architecture in DECODER_ARCHS:
+            check_decoder_sizes(meta, self._where, self.tensor_shape, where)
+        return meta
 
     def metadata(self) -> ModelMetadata:
         return self._meta

@@ -40,7 +40,7 @@ from .readout import LogitsReadout
 from .sequence import SequenceState
 from .streams import ModelStreams
 from .verify import ModelVerify
-from .weights import DecoderWeights
+from .weights import DecoderWeights, check_checkpoint
 from .workspace import Workspace
 
 DECODER_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe",
@@ -80,6 +80,9 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
         self._graphs: dict[int, int] = {}
         # decode graphs unless told: the backend's default (protocol.py)
         self._use_graphs = backend.decode_graphs_by_default if graphs is None else bool(graphs)
+        # the checkpoint's tensors against the config before the plan is sized by it: a
+        # wrong size is refused naming the tensor, not as memory the model cannot need
+        check_checkpoint(source, meta)
         from .memory_plan import plan_memory
         plan = plan_memory(backend, self._layer_meta, kv_blocks=kv_blocks,
                            block_size=block_size, max_rows=max_rows,

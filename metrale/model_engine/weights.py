@@ -37,6 +37,17 @@ class LayerWeights:
     moe: MoeLayerWeights | None = None  # a mixture-of-experts block instead of the MLP
 
 
+def check_checkpoint(source, meta) -> dict[str, tuple[int, ...]]:
+    """Check every tensor of a decoder checkpoint (presence, shape, dtype) against its
+    metadata; returns the float tensors (name -> shape) uploaded as BF16. FormatError
+    naming the file and the tensor."""
+    if meta.quantization is None:
+        expected = expected_tensors(meta, source.tensor_names())
+        check_tensors(source, expected)
+        return expected
+    return check_quantized(source, meta)   # quantized linears: formats/quant/
+
+
 class DecoderWeights:
     """Uploads a decoder checkpoint (MoE blocks: moe_weights.py); `free()` returns every
     byte."""
@@ -44,13 +55,9 @@ class DecoderWeights:
     def __init__(self, backend, source, meta, progress: bool = True) -> None:
         self.backend = backend
         self._owned: list[DevicePtr] = []
-        if meta.quantization is None:
-            expected = expected_tensors(meta, source.tensor_names())
-            check_tensors(source, expected)
-            self.nbytes = sum(2 * _numel(s) for s in expected.values())
-        else:   # quantized linears: their own tensors and checks (formats/quant/)
-            expected = check_quantized(source, meta)
-            self.nbytes = weight_bytes(meta)
+        expected = check_checkpoint(source, meta)
+        self.nbytes = (sum(2 * _numel(s) for s in expected.values())
+                       if meta.quantization is None else weight_bytes(meta))
 
         def lin(*modules):
             return upload_linear(self, up, source, meta, list(modules))

@@ -180,3 +180,26 @@ def test_bench_kernels_small_on_cpu(tmp_path):
     for r in d["results"]:
         assert r["time_us"] > 0 and r["fraction_of_peak"] is None  # no peaks on the CPU
         assert r["gb_s"] is not None or r["tflop_s"] is not None
+
+
+def test_a_checkpoint_is_recorded_as_a_model_path_and_a_preset_as_a_preset(
+        tmp_path, monkeypatch):
+    """A .gguf used to land in every row's "preset" ("llama.gguf"); now "preset" is a
+    preset's NAME only, and a checkpoint is its path (relative to the current directory
+    when it is under it, else its name) in "model", at the top and in each row."""
+    gguf = ROOT / "tests" / "fixtures" / "gguf" / "llama.gguf"
+    small = dict(batches=(1,), prompt_len=8, gen_len=2, progress=False)
+    monkeypatch.chdir(ROOT)
+    r = run_bench(BenchConfig(model=str(gguf), **small), backend=HostBackend())
+    check_schema(r)
+    assert r["model"] == "tests/fixtures/gguf/llama.gguf"
+    assert [(x["preset"], x["model"]) for x in r["results"]] == [(None, r["model"])]
+    # not under the current directory: its name alone (bench.env.recorded_path: a report
+    # records no directory of the machine it ran on)
+    monkeypatch.chdir(tmp_path)
+    r = run_bench(BenchConfig(model=str(gguf.parent / ".." / "gguf" / "llama.gguf"),
+                              **small), backend=HostBackend())
+    assert r["model"] == "llama.gguf" and r["results"][0]["preset"] is None
+    r = run_bench(BenchConfig(model="preset:tiny", **small), backend=HostBackend())
+    assert r["model"] == "preset:tiny"
+    assert [(x["preset"], x["model"]) for x in r["results"]] == [("tiny", "preset:tiny")]

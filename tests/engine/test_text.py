@@ -138,3 +138,21 @@ def test_generation_config_file_is_read(tmp_path):
     (d / "generation_config.json").write_text(json.dumps(gen))
     defaults = generation_defaults(open_source(d).generation_config())
     assert defaults.sampling_params().temperature == 0.7
+
+
+def test_gguf_paths_give_their_template_and_tokenizer():
+    """A .gguf path is read as metrale.load and the CLI read it: the template from
+    tokenizer.chat_template, the tokenizer from tokenizer.ggml.* (the file's folder holds
+    neither: apply_chat_template looked there and failed, load_tokenizer gave None)."""
+    from metrale.engine.chat import load_tokenizer
+    from metrale.formats import open_source
+    from tests.formats.gguf_util import GGUF_FIXTURES
+    path = GGUF_FIXTURES / "llama.gguf"
+    want = json.loads((GGUF_FIXTURES / "tokenizers.json").read_text())["llama"]["chat_ids"]
+    msgs = [{"role": "user", "content": "Hello there"}]
+    assert apply_chat_template(path, msgs) == want
+    assert apply_chat_template(str(path), msgs) == apply_chat_template(open_source(path), msgs)
+    assert apply_chat_template(path, msgs, tokenize=False).startswith("<|im_start|>user\n")
+    tok = load_tokenizer(path)
+    assert tok is not None and tok.encode("Hello there").ids == \
+        open_source(path).tokenizer().encode("Hello there").ids

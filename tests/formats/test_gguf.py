@@ -170,7 +170,8 @@ def test_unsupported_tensor_types_are_refused_by_name(tmp_path):
     p = rewrite(GGUF_FIXTURES / "llama.gguf", tmp_path / "q.gguf",
                 drop_tensors=["blk.1.ffn_down.weight"],
                 add_tensors={"blk.1.ffn_down.weight": (blocks, T.IQ4_XS)})
-    with pytest.raises(Unsupported, match=r"blk\.1\.ffn_down\.weight: tensor type IQ4_XS"):
+    with pytest.raises(Unsupported,
+                       match=r"IQ4_XS \(1 tensor, e\.g\. blk\.1\.ffn_down\.weight\)"):
         open_source(p)
 
 
@@ -240,9 +241,29 @@ def test_cli_takes_gguf_paths(capsys):
     path = str(GGUF_FIXTURES / "qwen2.gguf")
     assert main(["info", path]) == 0
     out = capsys.readouterr().out
-    assert "GGUF; tensors:" in out and "Q6_K" in out and "tokenizer.ggml" in out
+    assert "GGUF MOSTLY_Q8_0" in out and "Q6_K" in out and "tokenizer.ggml" in out
     assert main(["generate", path, "--chat", "--prompt", "Hello there", "--max-new-tokens",
                  "3", "--ignore-eos", "--device", "cpu"]) == 0
     err = capsys.readouterr().err
     want = json.loads((GGUF_FIXTURES / "tokenizers.json").read_text())["qwen2"]["chat_ids"]
     assert f"3 tokens (length); {len(want)} prompt tokens" in err
+
+
+def test_info_reports_the_stored_types_not_a_float_dtype(capsys):
+    """`info --json` on a GGUF said "dtype": "float32" (the config it stands for); it
+    names the file type and the stored types per tensor group, counts them, and says they
+    are dequantized to bfloat16 at load (the plain text too)."""
+    from collections import Counter
+    from metrale.cli import main
+    path = str(GGUF_FIXTURES / "qwen2.gguf")
+    assert main(["info", path, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["dtype"] == ("GGUF MOSTLY_Q8_0 (general.file_type): token_embd Q8_0, attention "
+                          "F16/Q4_0/Q4_1/Q8_0, ffn Q4_1/Q4_K/Q6_K/Q8_0, biases F32, norms F32")
+    assert d["device_dtype"] == "bfloat16"
+    assert d["stored_dtypes"] == dict(Counter(t.type_name for t in
+                                              GGUFFile(path).tensors.values()))
+    assert "dequantized to bfloat16 at load" in d["math"]["dtype"]
+    assert main(["info", path]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("dtype"))
+    assert d["dtype"] in line and "float32 in" not in line

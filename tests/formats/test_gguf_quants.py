@@ -170,6 +170,14 @@ def test_type_table_matches_the_gguf_package():
         assert theirs[t] == entry, t
 
 
+def test_file_type_table_matches_the_gguf_package():
+    constants = pytest.importorskip("gguf.constants")
+    from metrale.formats.gguf.file import FILE_TYPES
+    theirs = {int(t): t.name for t in constants.LlamaFileType}
+    for t, name in FILE_TYPES.items():
+        assert theirs[t] == name, t
+
+
 @pytest.mark.parametrize("name", ["Q4_1", "Q6_K"])
 def test_native_threads_split_large_tensors_exactly(name):
     """From 1M elements the native loop splits blocks over threads: same bits as numpy."""

@@ -18,6 +18,7 @@ import numpy as np
 
 from ...errors import FormatError, Unsupported
 from ..field_table import GGUF, HONOURED, REFUSED, Field
+from .shapes import check_block_count, check_dim
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
@@ -74,8 +75,9 @@ def _same(value, allowed) -> bool:
     return value == allowed
 
 
-def hf_config(fields: dict, tensor_names, where: str) -> dict:
-    """The config.json dict of a GGUF's metadata (after `check_keys`)."""
+def hf_config(fields: dict, tensors: dict, where: str) -> dict:
+    """The config.json dict of a GGUF's metadata (after `check_keys`); `tensors`: the
+    tensor directory {name: TensorInfo}, which every count and size must agree with."""
     arch = fields.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise Unsupported(f"{where}: general.architecture {arch!r} is not supported "
@@ -95,7 +97,24 @@ def hf_config(fields: dict, tensor_names, where: str) -> dict:
     heads = _int(get("attention.head_count", required=True), f"{arch}.attention.head_count",
                  where)
     head_dim = get("attention.key_length")
-    head_dim = hidden // heads if head_dim is None else int(head_dim)
+    head_dim = hidden // heads if head_dim is None else \
+        _int(head_dim, f"{arch}.attention.key_length", where)
+    kv = _int(get("attention.head_count_kv", heads), f"{arch}.attention.head_count_kv", where)
+    ffn = _int(get("feed_forward_length", required=True), f"{arch}.feed_forward_length", where)
+    layers = _int(get("block_count", required=True), f"{arch}.block_count", where)
+    tokens = fields.get("tokenizer.ggml.tokens")
+    vocab_key = f"{arch}.vocab_size" if f"{arch}.vocab_size" in fields else \
+        "tokenizer.ggml.tokens (its length)"
+    vocab = _int(get("vocab_size", len(tokens) if tokens is not None else None,
+                     required=True), vocab_key, where)
+    # every size against the tensor that carries it, before anything is sized by one
+    check_block_count(layers, f"{arch}.block_count", tensors, where)
+    check_dim(tensors, "token_embd.weight", 0, vocab_key, vocab, where)
+    check_dim(tensors, "token_embd.weight", 1, f"{arch}.embedding_length", hidden, where)
+    check_dim(tensors, "blk.0.ffn_gate.weight", 0, f"{arch}.feed_forward_length", ffn, where)
+    for key, n, t in (("head_count", heads, "q"), ("head_count_kv", kv, "k")):
+        check_dim(tensors, f"blk.0.attn_{t}.weight", 0, f"{arch}.attention.{key}",
+                  n * head_dim, where, shown=f"{n} (x head_dim {head_dim})")
     if get("attention.value_length", head_dim) != head_dim:
         raise Unsupported(f"{where}: {arch}.attention.value_length "
                           f"{get('attention.value_length')} differs from key_length {head_dim}")
@@ -103,17 +122,15 @@ def hf_config(fields: dict, tensor_names, where: str) -> dict:
     if rot != head_dim:
         raise Unsupported(f"{where}: {arch}.rope.dimension_count {rot} is not head_dim "
                           f"{head_dim} (partial rotary embeddings are not supported)")
-    tokens = fields.get("tokenizer.ggml.tokens")
-    vocab = get("vocab_size", len(tokens) if tokens is not None else None, required=True)
-    names = set(tensor_names)
+    names = set(tensors)
     cfg = {
         "model_type": arch,
-        "vocab_size": int(vocab),
+        "vocab_size": vocab,
         "hidden_size": hidden,
-        "intermediate_size": get("feed_forward_length", required=True),
-        "num_hidden_layers": get("block_count", required=True),
+        "intermediate_size": ffn,
+        "num_hidden_layers": layers,
         "num_attention_heads": heads,
-        "num_key_value_heads": get("attention.head_count_kv", heads),
+        "num_key_value_heads": kv,
         "head_dim": head_dim,
         "max_position_embeddings": get("context_length", required=True),
         "rms_norm_eps": f32_value(get("attention.layer_norm_rms_epsilon", required=True)),

@@ -44,6 +44,10 @@ _SCALARS = {0: ("<B", "<u1"), 1: ("<b", "<i1"), 2: ("<H", "<u2"), 3: ("<h", "<i2
             10: ("<Q", "<u8"), 11: ("<q", "<i8"), 12: ("<d", "<f8")}
 STRING, ARRAY = 8, 9
 FLOAT32 = 6
+# Levels of arrays in one metadata value, at most: `_value` recurses once per level, so a
+# file nesting a thousand deep would end in a RecursionError. Arrays of arrays are rare in
+# real files (two levels at most); 8 is well above them and far below Python's limit.
+MAX_ARRAY_DEPTH = 8
 
 # ggml type id -> (name, elements per block, bytes per block): every type of ggml.h, so a
 # refusal can name it (tests compare this with gguf.constants.GGML_QUANT_SIZES).
@@ -59,6 +63,27 @@ GGML_TYPES = {
     30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66),
     39: ("MXFP4", 32, 17),
 }
+
+# general.file_type (llama.h's llama_ftype) -> name: the label of a file's dominant tensor
+# type (tests compare this with gguf.constants.LlamaFileType)
+FILE_TYPES = {
+    0: "ALL_F32", 1: "MOSTLY_F16", 2: "MOSTLY_Q4_0", 3: "MOSTLY_Q4_1", 7: "MOSTLY_Q8_0",
+    8: "MOSTLY_Q5_0", 9: "MOSTLY_Q5_1", 10: "MOSTLY_Q2_K", 11: "MOSTLY_Q3_K_S",
+    12: "MOSTLY_Q3_K_M", 13: "MOSTLY_Q3_K_L", 14: "MOSTLY_Q4_K_S", 15: "MOSTLY_Q4_K_M",
+    16: "MOSTLY_Q5_K_S", 17: "MOSTLY_Q5_K_M", 18: "MOSTLY_Q6_K", 19: "MOSTLY_IQ2_XXS",
+    20: "MOSTLY_IQ2_XS", 21: "MOSTLY_Q2_K_S", 22: "MOSTLY_IQ3_XS", 23: "MOSTLY_IQ3_XXS",
+    24: "MOSTLY_IQ1_S", 25: "MOSTLY_IQ4_NL", 26: "MOSTLY_IQ3_S", 27: "MOSTLY_IQ3_M",
+    28: "MOSTLY_IQ2_S", 29: "MOSTLY_IQ2_M", 30: "MOSTLY_IQ4_XS", 31: "MOSTLY_IQ1_M",
+    32: "MOSTLY_BF16", 36: "MOSTLY_TQ1_0", 37: "MOSTLY_TQ2_0", 38: "MOSTLY_MXFP4_MOE",
+}
+
+
+def file_type_name(fields: dict) -> str | None:
+    """The name of a file's general.file_type (MOSTLY_Q4_K_M, ...), None without one."""
+    t = fields.get("general.file_type")
+    if t is None:
+        return None
+    return FILE_TYPES.get(t, f"file type {t!r}") if isinstance(t, int) else repr(t)
 
 
 class TensorInfo(NamedTuple):
@@ -127,7 +152,7 @@ class GGUFFile:
         for _ in range(n_kv):
             key, p = self._string(p)
             vtype, = struct.unpack_from("<I", b, p)
-            value, p, tname = self._value(vtype, p + 4)
+            value, p, tname = self._value(vtype, p + 4, key)
             if key in self.fields:
                 raise FormatError(f"{self.path}: metadata key {key!r} appears twice")
             self.fields[key], self.field_types[key] = value, tname
@@ -162,8 +187,9 @@ class GGUFFile:
             raise FormatError(f"{self.path}: a string runs past the end of the file")
         return str(self._buf[p + 8:p + 8 + n], "utf-8"), p + 8 + n
 
-    def _value(self, vtype: int, p: int):
-        """(value, next position, type tag) of a value of type `vtype` at `p`."""
+    def _value(self, vtype: int, p: int, key: str, depth: int = 0):
+        """(value, next position, type tag) of a value of type `vtype` at `p` (of metadata
+        key `key`, inside `depth` arrays)."""
         if vtype in _SCALARS:
             fmt = _SCALARS[vtype][0]
             return struct.unpack_from(fmt, self._buf, p)[0], p + struct.calcsize(fmt), vtype
@@ -172,6 +198,9 @@ class GGUFFile:
             return s, p, vtype
         if vtype != ARRAY:
             raise FormatError(f"{self.path}: unknown metadata value type {vtype}")
+        if depth == MAX_ARRAY_DEPTH:
+            raise FormatError(f"{self.path}: metadata key {key!r} nests arrays more than "
+                              f"{MAX_ARRAY_DEPTH} deep (the limit MAX_ARRAY_DEPTH)")
         itype, count = struct.unpack_from("<IQ", self._buf, p)
         p += 12
         if itype in _SCALARS:
@@ -191,7 +220,7 @@ class GGUFFile:
             return out, p, (ARRAY, itype)
         items = []
         for _ in range(count):   # arrays of arrays: rare, read item by item
-            v, p, _t = self._value(itype, p)
+            v, p, _t = self._value(itype, p, key, depth + 1)
             items.append(v)
         return items, p, (ARRAY, itype)
 

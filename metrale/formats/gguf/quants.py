@@ -39,7 +39,7 @@ import numpy as np
 
 from ...errors import Unsupported
 from ...ops.bf16 import f32_to_bf16
-from .file import GGML_TYPES
+from .file import GGML_TYPES, file_type_name
 
 F32, F16, BF16 = 0, 1, 30
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K = 2, 3, 6, 7, 8, 12, 13, 14
@@ -137,6 +137,26 @@ def check_supported(ggml_type: int, where: str) -> None:
         name = GGML_TYPES.get(ggml_type, (f"ggml type {ggml_type}",))[0]
         raise Unsupported(f"{where}: tensor type {name} is not supported (supported: "
                           f"{', '.join(SUPPORTED_NAMES)})")
+
+
+def check_tensor_types(tensors, fields: dict, where: str) -> None:
+    """Unsupported naming the file's general.file_type and every stored type not in
+    SUPPORTED, with its tensor count and a first tensor (file order), most tensors first:
+    an IQ4_XS file holds a few IQ4_NL tensors too, and naming only the first tensor's type
+    would misname the file."""
+    bad: dict[str, list[str]] = {}
+    for info in tensors.values():
+        if info.ggml_type not in SUPPORTED:
+            bad.setdefault(info.type_name, []).append(info.name)
+    if not bad:
+        return
+    kinds = ", ".join(f"{t} ({len(names)} tensor{'s' if len(names) > 1 else ''}, e.g. "
+                      f"{names[0]})" for t, names in sorted(bad.items(),
+                                                            key=lambda kv: -len(kv[1])))
+    ftype = file_type_name(fields)
+    what = f"a {ftype} file (general.file_type)" if ftype else "the file"
+    raise Unsupported(f"{where}: {what} holds tensor types metrale cannot read: {kinds} "
+                      f"(supported: {', '.join(SUPPORTED_NAMES)})")
 
 
 def dequantize_f32(raw: np.ndarray, ggml_type: int, n: int) -> np.ndarray:

@@ -21,8 +21,9 @@ import numpy as np
 
 from ...errors import FormatError, Unsupported
 from .config import hf_config
-from .file import GGUFFile
-from .quants import SUPPORTED_NAMES, check_supported, dequantize_bf16
+from .file import GGUFFile, file_type_name
+from .quants import SUPPORTED_NAMES, check_tensor_types, dequantize_bf16
+from .tokenizer import check_token_ids
 from ..metadata import ModelMetadata
 
 # llama.cpp tensor name -> HF name ({n}: the layer)
@@ -57,6 +58,18 @@ def unpermute_rows(x: np.ndarray, n_heads: int) -> np.ndarray:
     return x.reshape(n_heads, d // 2, 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
 
 
+def _group(gguf_name: str) -> str:
+    """The tensor group `stored_types` reports a llama.cpp tensor name in."""
+    if "norm" in gguf_name:
+        return "norms"
+    if gguf_name.endswith(".bias"):
+        return "biases"
+    m = _LAYER.fullmatch(gguf_name)
+    if m:
+        return {"attn": "attention", "ffn": "ffn"}.get(m.group(2).split("_")[0], m.group(2))
+    return gguf_name.rsplit(".", 1)[0]
+
+
 class GGUFSource:
     """A .gguf file (llama / qwen2 / qwen3 architectures); see the module docstring."""
 
@@ -72,9 +85,13 @@ class GGUFSource:
             raise Unsupported(f"{self.description}: tensor 'rope_freqs.weight' (llama.cpp's "
                               "per-frequency rope factors, e.g. Llama 3.1's rope scaling) is "
                               "not supported")
-        for info in self.file.tensors.values():     # refused by name before anything else
-            check_supported(info.ggml_type, f"{self.description}: {info.name}")
+        # refused by type (and the file's type) before anything else
+        check_tensor_types(self.file.tensors, self.fields, self.description)
         self._config = hf_config(self.fields, self.file.tensors, self.description)
+        # special ids and the token count at open: an EOS outside the vocabulary would
+        # load and never stop a generation; the merges are checked when the tokenizer is
+        # built (tokenizer())
+        check_token_ids(self.fields, self.description, self._config["vocab_size"])
         self._names: dict[str, str] = {}      # HF name -> GGUF name
         for g in self.file.tensors:
             name = hf_name(g)
@@ -134,6 +151,19 @@ class GGUFSource:
             out.reshape(info.shape)[...] = self.read_bf16(name)
         else:
             dequantize_bf16(self.file.raw(info.name), info.ggml_type, info.shape, out=out)
+
+    def stored_types(self) -> str:
+        """The tensors' stored ggml types by group, e.g. "MOSTLY_Q4_K_M (general.file_type):
+        token_embd Q4_K, attention Q4_K/Q6_K, ffn Q4_K/Q6_K, norms F32, output Q6_K"
+        (read_bf16 dequantizes every one to BF16)."""
+        groups: dict[str, set[str]] = {}
+        for info in self.file.tensors.values():
+            groups.setdefault(_group(info.name), set()).add(info.type_name)
+        order = ("token_embd", "attention", "ffn", "biases", "norms", "output")
+        names = sorted(groups, key=lambda g: (order.index(g) if g in order else len(order), g))
+        text = ", ".join(f"{g} {'/'.join(sorted(groups[g]))}" for g in names)
+        ftype = file_type_name(self.fields)
+        return f"{ftype} (general.file_type): {text}" if ftype else text
 
     def tokenizer_path(self) -> Path | None:
         return None     # no tokenizer.json: `tokenizer()` builds one from the metadata

@@ -70,6 +70,28 @@ def bytes_to_unicode() -> dict[int, str]:
     return dict(zip(bs, map(chr, cs)))
 
 
+def check_token_ids(fields: dict, where: str, rows: int | None = None) -> None:
+    """FormatError naming the key unless every tokenizer.ggml.*_token_id (BOS, EOS, EOT,
+    padding, unknown, fill-in-the-middle...) is an id of tokenizer.ggml.tokens (of the
+    `rows` embedding rows without a token list), and the list has no more tokens than
+    `rows`. Fewer tokens than rows is a padded embedding (a vocab_size key saying so),
+    which transformers loads too."""
+    tokens = fields.get("tokenizer.ggml.tokens")
+    n = len(tokens) if isinstance(tokens, list) else None
+    if n is not None and rows is not None and n > rows:
+        raise FormatError(f"{where}: tokenizer.ggml.tokens holds {n} tokens but "
+                          f"token_embd.weight has {rows} rows (one per token id): ids "
+                          f"{rows} .. {n - 1} have no embedding")
+    bound, what = (n, f"tokenizer.ggml.tokens ({n} tokens)") if n is not None else \
+        (rows, f"the vocabulary ({rows} embedding rows)")
+    if bound is None:
+        return
+    for key, v in fields.items():
+        if key.startswith("tokenizer.ggml.") and key.endswith("_token_id") and (
+                isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < bound):
+            raise FormatError(f"{where}: {key} = {v!r} is not a token id of {what}")
+
+
 def build_tokenizer(fields: dict, where: str):
     """The `tokenizers.Tokenizer` of a GGUF's metadata; None when it has no vocabulary."""
     model = fields.get("tokenizer.ggml.model")
@@ -78,6 +100,7 @@ def build_tokenizer(fields: dict, where: str):
         return None
     if not isinstance(tokens, list) or not tokens:
         raise FormatError(f"{where}: tokenizer.ggml.tokens is missing or empty")
+    check_token_ids(fields, where)
     types = fields.get("tokenizer.ggml.token_type")
     types = [1] * len(tokens) if types is None else [int(t) for t in types]
     if len(types) != len(tokens):
@@ -98,14 +121,20 @@ def build_tokenizer(fields: dict, where: str):
     return tok
 
 
-def _merges(fields: dict, where: str) -> list[tuple[str, str]]:
+def _merges(fields: dict, vocab: dict, where: str) -> list[tuple[str, str]]:
     """(left, right) pairs split at the first space after the first character (llama.cpp:
-    a left part may itself be a space)."""
+    a left part may itself be a space); both parts and their merge must be in `vocab`
+    (the BPE model fails on them otherwise, without naming the file)."""
     merges = fields.get("tokenizer.ggml.merges") or []
     out = [(m[:i], m[i + 1:]) for m, i in zip(merges, (m.find(" ", 1) for m in merges))]
     bad = next((m for m, (a, b) in zip(merges, out) if len(a) + len(b) + 1 != len(m)), None)
     if bad is not None:
         raise FormatError(f"{where}: tokenizer.ggml.merges entry {bad!r} has no space")
+    for i, (a, b) in enumerate(out):
+        if a not in vocab or b not in vocab or a + b not in vocab:
+            piece = next(x for x in (a, b, a + b) if x not in vocab)
+            raise FormatError(f"{where}: tokenizer.ggml.merges entry {i} ({merges[i]!r}) "
+                              f"names {piece!r}, which is not in tokenizer.ggml.tokens")
     return out
 
 
@@ -126,7 +155,7 @@ def _byte_level_bpe(fields: dict, tokens: list[str], where: str):
                    for t in tokens]
     # the first id of a duplicate wins: assigned last
     vocab = dict(zip(reversed(spelled), range(len(spelled) - 1, -1, -1)))
-    tok = Tokenizer(BPE(vocab=vocab, merges=_merges(fields, where), dropout=None,
+    tok = Tokenizer(BPE(vocab=vocab, merges=_merges(fields, vocab, where), dropout=None,
                         continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False,
                         ignore_merges=ignore_merges))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -140,7 +169,7 @@ def _sentencepiece_bpe(fields: dict, tokens: list[str], types: list[int], where:
     from tokenizers import Tokenizer, decoders, normalizers
     from tokenizers.models import BPE
     vocab = {t: i for i, t in reversed(list(enumerate(tokens)))}   # first id of a duplicate
-    merges = _merges(fields, where)
+    merges = _merges(fields, vocab, where)
     if not merges:
         scores = fields.get("tokenizer.ggml.scores")
         if scores is None or len(scores) != len(tokens):
