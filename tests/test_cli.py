@@ -25,7 +25,6 @@ def _one_line_error(capsys) -> str:
 
 
 @pytest.mark.parametrize("argv, needle", [
-    ([], "COMMAND"),
     (["nope"], "invalid choice"),
     (["bench"], "metrale bench MODEL"),
     (["bench", "--preset", "tiny", "--batch", "0"], "'0'"),
@@ -56,6 +55,16 @@ def _one_line_error(capsys) -> str:
 def test_bad_arguments_exit_2_with_one_line(capsys, argv, needle):
     assert main(argv) == 2
     assert needle in _one_line_error(capsys)
+
+
+def test_no_arguments_print_the_help(capsys):
+    """`metrale` alone prints `metrale --help` (it was an error naming COMMAND); -V is
+    --version."""
+    assert main([]) == 0
+    alone = capsys.readouterr()
+    assert main(["--help"]) == 0
+    assert alone.out == capsys.readouterr().out and alone.err == ""
+    assert main(["-V"]) == 0 and capsys.readouterr().out.startswith("metrale ")
 
 
 def test_help_for_every_command(capsys):
