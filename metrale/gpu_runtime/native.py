@@ -35,11 +35,12 @@ from .cxx import cache_root, compiler, compiler_version, run_build
 log = logging.getLogger("metrale")
 
 SOURCES = tuple(Path(__file__).resolve().parent / "native" / name
-                for name in ("gemm_f32.cpp", "gemm_quant.cpp", "convert_bf16.cpp",
+                for name in ("gemm_f32.cpp", "gemm_quant.cpp", "gemm_gguf.cpp", "convert_bf16.cpp",
                              "dequant_gguf.cpp", "norm_rope_act.cpp", "attention_f32.cpp"))
 HEADERS = tuple(Path(__file__).resolve().parent / "native" / name
                 for name in ("pool.h", "gemm_core.h", "gemm_avx2.h",
-                             "gemm_quant_dp.h"))
+                             "gemm_quant_dp.h", "gemm_dp_view.h", "gemm_gguf_types.h",
+                             "gemm_gguf_dp.h"))
 # Adversarial blocks the load-time check runs through VDPBF16PS and the formula (~40 ms).
 SELFCHECK_BLOCKS = 1 << 16
 # IEEE arithmetic (no -ffast-math: signed zeros, NaN and subnormals are kept); FMA
@@ -104,10 +105,12 @@ class NativeKernels:
         self._q4.restype = self._fp8.restype = None
         self._q4.argtypes = [_P] * 6 + [_I64] * 5 + [_P, _P]
         self._fp8.argtypes = [_P] * 4 + [_I64] * 5 + [_P, _P]
+        self._gguf_gemm = lib.md_gemm_gguf
+        self._gguf_gemm.restype, self._gguf_gemm.argtypes = ctypes.c_int, [ctypes.c_int] + [
+            _P] * 4 + [_I64] * 4 + [_P, _P]
         self._to_bf16, self._to_f32 = lib.md_f32_to_bf16, lib.md_bf16_to_f32
         for f in (self._to_bf16, self._to_f32):
-            f.restype = None
-            f.argtypes = [_P, _P, _I64]
+            f.restype, f.argtypes = None, [_P, _P, _I64]
         self._gguf = lib.md_gguf_dequant_bf16
         self._gguf.restype = ctypes.c_int
         self._gguf.argtypes = [ctypes.c_int, _P, _P, _I64, ctypes.c_int]
@@ -118,10 +121,8 @@ class NativeKernels:
         self._rope.argtypes = [_P] * 8 + [_I64] * 4 + [ctypes.c_float]
         self._silu.argtypes = [_P, _P, _I64, _I64]
         self._add = lib.md_add_bf16
-        self._add.restype = None
-        self._add.argtypes = [_P, _P, _I64]
-        lib.md_sum_squares.restype = None
-        lib.md_sum_squares.argtypes = [_P, _I64, _I64, _P]
+        self._add.restype, self._add.argtypes = None, [_P, _P, _I64]
+        lib.md_sum_squares.restype, lib.md_sum_squares.argtypes = None, [_P, _I64, _I64, _P]
         self._attn_split, self._attn_combine = (lib.md_decode_attention_split,
                                                 lib.md_decode_attention_combine)
         self._attn_split.restype = self._attn_combine.restype = ctypes.c_int
@@ -129,8 +130,7 @@ class NativeKernels:
         self._attn_combine.argtypes = [_P] * 3 + [_I64] * 7
         lib.md_set_threads.argtypes = [ctypes.c_int]
         lib.md_set_threads(usable_cpus())
-        lib.md_dp_selfcheck.restype = _I64
-        lib.md_dp_selfcheck.argtypes = [_I64]
+        lib.md_dp_selfcheck.restype, lib.md_dp_selfcheck.argtypes = _I64, [_I64]
         lib.md_set_dp.argtypes = [ctypes.c_int]
         lib.md_gemm_kind.restype = ctypes.c_char_p
         self._lib = lib
@@ -260,6 +260,15 @@ class NativeKernels:
                   None if f32 is None else f32.ctypes.data, None if bf is None else bf.ctypes.data)
         return out
 
+    def gemm_gguf_at(self, ggml_type: int, x_addr: int, q_addr: int, qh_addr: int,
+                     meta_addr: int, m: int, n: int, k: int, ldy: int, out_addr: int,
+                     out_fp32: bool) -> bool:
+        """ops.gemm_gguf's twin bit for bit on checked addresses (as gemm_q4_at), out rows
+        ldy apart; qh 0 without one. False, nothing written, for a type not kept packed."""
+        return self._gguf_gemm(ggml_type, x_addr, q_addr, qh_addr or None, meta_addr, m, n, k,
+                               ldy, out_addr if out_fp32 else None,
+                               None if out_fp32 else out_addr) == 0
+
     def f32_to_bf16(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
         """x C-contiguous float32, out C-contiguous uint16 of x's size: ops.bf16's rule."""
         _check_pair("f32_to_bf16", x, np.float32, out, np.uint16)
@@ -271,7 +280,6 @@ class NativeKernels:
         _check_pair("bf16_to_f32", bits, np.uint16, out, np.float32)
         self._to_f32(bits.ctypes.data, out.ctypes.data, bits.size)
         return out
-
 
     def rmsnorm(self, out_ptr: int, x_ptr: int, weight_ptr: int, residual_ptr: int,
                 n_rows: int, hidden: int, eps: float) -> None:

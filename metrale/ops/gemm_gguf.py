@@ -100,10 +100,43 @@ def read_planes(ctx, q_ptr, qh_ptr, meta_ptr, ggml_type: int, n: int, k: int):
     return q, qh, ctx.read(meta_ptr, n * meta_row, np.uint8).reshape(n, meta_row)
 
 
+def gguf_rows_at(ctx, q_ptr, qh_ptr, meta_ptr, ggml_type: int, n: int, k: int):
+    """gemm(y_addr, x_addr, m, out_fp32=False, ldy=n) -> bool: the twin on host rows given by
+    address (x [m, k] BF16 bits, y rows ldy apart, float32 or BF16 bits, both checked by the
+    caller) through the native library, W's plane ranges checked here; None without the
+    library (the gemm_q.q4_rows_at of GGUF W). The call returns False, having written
+    nothing, where the library does not take the type."""
+    native = getattr(ctx.backend, "native", None)
+    if native is None:
+        return None
+    q_row, qh_row, meta_row = plane_bytes(ggml_type, k)
+    w = (ctx.read_addr(q_ptr, n * q_row), ctx.read_addr(qh_ptr, n * qh_row) if qh_row else 0,
+         ctx.read_addr(meta_ptr, n * meta_row))
+    return lambda y_addr, x_addr, m, out_fp32=False, ldy=n: native.gemm_gguf_at(
+        ggml_type, x_addr, *w, m, n, k, ldy, y_addr, out_fp32)
+
+
+def _row_stride(x: np.ndarray, y: np.ndarray, n: int, k: int) -> int:
+    """y's row stride in elements where the native GEMM takes x and y by address (x [m, k]
+    BF16 bits C-contiguous, y [m, n] float32 / BF16 bits with contiguous rows), else 0."""
+    ok = (x.dtype == np.uint16 and y.dtype in (np.float32, np.uint16) and x.ndim == 2 and
+          y.ndim == 2 and x.flags.c_contiguous and y.flags.writeable and x.shape[1] == k and
+          y.shape == (len(x), n) and y.strides[1] == y.itemsize and
+          y.strides[0] % y.itemsize == 0 and y.strides[0] >= n * y.itemsize)
+    return y.strides[0] // y.itemsize if ok else 0
+
+
 def gguf_rows_twin(ctx, y: np.ndarray, x: np.ndarray, q_ptr, qh_ptr, meta_ptr,
                    ggml_type: int, n: int, k: int) -> None:
     """y [m, n] (float32, or uint16 BF16 bits; may be a strided view) = x [m, k] (BF16
-    bits) @ dequant(W)^T, W's planes at device addresses: the twin's arithmetic."""
+    bits) @ dequant(W)^T, W's planes at device addresses: the twin's arithmetic (natively,
+    W dequantized in the GEMM's tiles, where the library is; else dequant_bf16 and
+    gemm_tc's dot_f32)."""
+    ldy = _row_stride(x, y, n, k)
+    gemm_at = gguf_rows_at(ctx, q_ptr, qh_ptr, meta_ptr, ggml_type, n, k) if ldy else None
+    if gemm_at is not None and gemm_at(y.ctypes.data, x.ctypes.data, len(x),
+                                       y.dtype == np.float32, ldy):
+        return
     w = dequant_bf16(*read_planes(ctx, q_ptr, qh_ptr, meta_ptr, ggml_type, n, k), ggml_type, k)
     x = np.ascontiguousarray(x)
     native = getattr(ctx.backend, "native", None)
@@ -119,10 +152,15 @@ def gguf_rows_twin(ctx, y: np.ndarray, x: np.ndarray, q_ptr, qh_ptr, meta_ptr,
 def _gemm_gguf_twin(ctx, y_ptr, x_ptr, q_ptr, qh_ptr, meta_ptr, m, n, k, ldy, ggml_type,
                     out_fp32: bool) -> None:
     m, n, k, ldy = int(m), int(n), int(k), int(ldy)
-    x = ctx.read(x_ptr, m * k, np.uint16).reshape(m, k)
     dtype = np.float32 if out_fp32 else np.uint16
-    # the last row needs only n of its ldy elements
-    y = ctx.view(y_ptr, (m - 1) * ldy + n, dtype)
+    y_count = (m - 1) * ldy + n   # the last row needs only n of its ldy elements
+    gemm_at = gguf_rows_at(ctx, q_ptr, qh_ptr, meta_ptr, ggml_type, n, k)
+    if gemm_at is not None and gemm_at(   # by address: no numpy views on the decode path
+            ctx.write_addr(y_ptr, y_count * np.dtype(dtype).itemsize),
+            ctx.read_addr(x_ptr, m * k * 2), m, out_fp32, ldy):
+        return
+    x = ctx.read(x_ptr, m * k, np.uint16).reshape(m, k)
+    y = ctx.view(y_ptr, y_count, dtype)
     rows = np.lib.stride_tricks.as_strided(y, (m, n), (ldy * y.itemsize, y.itemsize))
     gguf_rows_twin(ctx, rows, x, q_ptr, qh_ptr, meta_ptr, ggml_type, n, k)
 
@@ -138,4 +176,5 @@ def _register_twins() -> None:
 
 _register_twins()
 
-__all__ = ["gemm_gguf", "GgufW", "check_gguf", "gguf_rows_twin", "kernel_name", "NULL"]
+__all__ = ["gemm_gguf", "GgufW", "check_gguf", "gguf_rows_at", "gguf_rows_twin",
+           "kernel_name", "NULL"]

@@ -27,6 +27,14 @@ namespace {
 // memory operand (R x C loads instead of R + C per step).
 inline void pin8(__m256 &v) { asm("" : "+x"(v)); }
 
+// float32 lanes rounded to BF16 as float32 bit patterns (the dequantizing views')
+inline __m256 bf16_round8(__m256 v) {   // nearest even, float32 bit pattern; NaN stays NaN
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF)));
+    return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(int(0xFFFF0000u))));
+}
+
 // BF16 words (word i: positions 2i | 2i + 1 << 16) -> step P's float32 lanes: the odd
 // positions (P = 0) are the high halves as they stand, the even ones shifted up.
 template <int P>

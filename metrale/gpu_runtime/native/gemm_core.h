@@ -245,7 +245,7 @@ struct WPanel {
 struct Out {
     float *f32;      // one of the two
     uint16_t *bf16;
-    int64_t n;
+    int64_t n;       // elements between rows (ldy, at least the GEMM's n)
     void put(int64_t i, int64_t j, float v) const {
         if (f32) f32[i * n + j] = v;
         else bf16[i * n + j] = f32_to_bf16(v);
@@ -423,8 +423,8 @@ void gemm(const uint16_t *x, const W &w, int64_t m, int64_t n, int64_t k, Out ou
     const int64_t x_block_rows = (int64_t(2) << 20) / (steps * 64) / MR * MR;
     const int64_t rows = m <= kDirectRows ? m : std::max<int64_t>(16 * MR, x_block_rows);
     for (int64_t i0 = 0; i0 < m; i0 += rows) {
-        const Out part{out.f32 ? out.f32 + i0 * n : nullptr,
-                       out.bf16 ? out.bf16 + i0 * n : nullptr, n};
+        const Out part{out.f32 ? out.f32 + i0 * out.n : nullptr,   // (out.n: Y's row stride)
+                       out.bf16 ? out.bf16 + i0 * out.n : nullptr, out.n};
         const Job<W> job{xs.data() + i0 * steps, w, part, std::min(rows, m - i0), n, k, steps};
         std::atomic<int64_t> next{0};
         std::function<void(int)> run = [&](int) {

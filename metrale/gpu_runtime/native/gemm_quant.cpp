@@ -16,7 +16,7 @@
 // 2^-24 as FP16; FP8: the loader refuses scales whose products could be subnormal), so FTZ
 // and DAZ cannot change a bit. Positions past k give +0. Act-order (a group per position)
 // takes a scalar path.
-#include "gemm_core.h"
+#include "gemm_dp_view.h"   // gemm_core.h, and the AVX-512 BF16 decode tiles
 
 namespace md {
 namespace {
@@ -139,17 +139,6 @@ inline __m512i q4_table(uint16_t scale_bits, uint8_t zero) {
     return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(v, v));
 }
 
-// The block of 32 codes at p as words in position order: word 2l's low byte holds the low
-// nibble of byte l in its bits 0-3, word 2l + 1's its high nibble, each with the next
-// nibble's bits above (mask with 15 for the codes). Byte pairs widened to qwords, then one
-// vpmultishiftqb puts the nibble at bit offset 4i of a qword into word i's low byte.
-inline __m512i q4_nibble_words(const uint8_t *p) {
-    const __m512i pairs =
-        _mm512_cvtepu16_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
-    // control bytes 0, 2, 4, 6 of each qword: bit offsets 0, 4, 8, 12
-    return _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x000C000800040000LL), pairs);
-}
-
 // The block of 32 codes at p through its group's q4_table: q4_nibble_words as word indices
 // (vpermw reads 5 bits: the next nibble's lowest bit rides along, and the table's copy at
 // + 16 makes it harmless), one vpermw (3 operations; shift-and-or of widened bytes took 4,
@@ -181,13 +170,6 @@ inline v16u fp8_block_words(const uint8_t *p, float s) {
 // that gives the 8 float32 lanes of one step and lane half, dequantized in registers. Each
 // lane step is the same FMA on the same operands as in `tile`, so the bits are the same
 // (the tests compare this build with numpy).
-
-inline __m256 bf16_round8(__m256 v) {   // nearest even, float32 bit pattern; NaN stays NaN
-    const __m256i u = _mm256_castps_si256(v);
-    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    const __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF)));
-    return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(int(0xFFFF0000u))));
-}
 
 // Lanes of positions at or past k set to +0 (pos0: the position of lane 0, step 2).
 inline __m256 zero_past_k(__m256 v, int64_t pos0, int64_t k) {
