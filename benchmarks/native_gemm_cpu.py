@@ -3,14 +3,18 @@
 tree's library against the library built from another git revision, interleaved.
 
     python benchmarks/native_gemm_cpu.py [--baseline-rev REV] [--m 1 128]
-                                         [--formats bf16 q4 fp8] [--cold-mib 128]
-                                         [--json FILE]
+                                         [--formats bf16 q4 fp8 q4_1 q4_k ...]
+                                         [--cold-mib 128] [--avx2] [--json FILE]
 
 Shapes (n, k) are the linears of SmolLM2-135M (hidden 576, intermediate 1536, 9 heads / 3
 KV heads of 64, vocab 49152) and Qwen2.5-0.5B (896, 4864, 14 / 2 heads of 64, vocab
 151936), q/k/v and gate/up fused as the model path runs them; the LM head only at m = 1
 (prefill computes the last row's logits). W is random: BF16 bits, 4-bit (group 128, FP16
-scales, uint8 zeros) or FP8 e4m3 with 128x128 block scales, as ops.gemm_q passes them.
+scales, uint8 zeros) or FP8 e4m3 with 128x128 block scales, as ops.gemm_q passes them, or
+a GGUF type's planes (ops/gguf_planes.py; random codes, f16 scales of moderate size) as
+ops.gemm_gguf passes them, at the shapes whose k is a multiple of the type's block (the
+K-quants skip k = 576, 896, as llama.cpp's quantizer does). --avx2 measures the library
+built without AVX-512 (gemm_avx2.h's tiles: the stand-in for an AVX2-only CPU).
 Every measurement is the median of `--reps` calls (at least ~0.2 s of calls each), rounds
 alternate the libraries so a busy machine slows both alike; the library threads are the
 process's usable CPUs. Without --cold-mib a small W stays in the caches between calls;
@@ -37,8 +41,27 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from metrale.formats.gguf.packed import split_blocks  # noqa: E402
 from metrale.gpu_runtime import native  # noqa: E402
 from metrale.ops.bf16 import f32_to_bf16  # noqa: E402
+from metrale.ops.gguf_planes import PACKED  # noqa: E402
+
+GGUF = {t.name.lower(): i for i, t in PACKED.items()}
+# byte offsets of the f16 fields in a stored block (ggml-common.h)
+F16_AT = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
+          "IQ4_NL": [0], "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2],
+          "Q6_K": [208], "IQ4_XS": [0]}
+
+
+def gguf_planes(ggml_type: int, n: int, k: int, rng):
+    """Planes (q, qh or None, meta) of random stored blocks with f16 scales in [2^-8, 2^-4)."""
+    t = PACKED[ggml_type]
+    b = rng.integers(0, 256, (n * k // t.qk, t.block_bytes), dtype=np.uint8)
+    for a in F16_AT[t.name]:
+        h = (2.0 ** rng.uniform(-8, -4, len(b))).astype(np.float16)
+        b[:, a:a + 2] = h.view(np.uint8).reshape(-1, 2)
+    p = split_blocks(b.reshape(-1), ggml_type, n, k)
+    return p.q, p.qh, p.meta
 
 # model -> [(linear, n, k)]
 SHAPES = {
@@ -84,6 +107,17 @@ def make_call(fmt: str, x: np.ndarray, n: int, k: int, rng, cold_bytes: int = 0)
             scales = (rng.uniform(0.005, 0.02, (n, groups)).astype(np.float16)).view(np.uint16)
             return q, scales, rng.integers(0, 16, (n, groups), dtype=np.uint8)
         run = lambda lib, w: lib.gemm_q4(x, *w, None, None, k, GROUP, out)   # noqa: E731
+    elif fmt in GGUF:
+        ggml_type = GGUF[fmt]
+
+        def make():
+            return tuple(a for a in gguf_planes(ggml_type, n, k, rng) if a is not None)
+
+        def run(lib, w):
+            q, qh, meta = (w[0], w[1], w[2]) if len(w) == 3 else (w[0], None, w[1])
+            lib.gemm_gguf_at(ggml_type, x.ctypes.data, q.ctypes.data,
+                             0 if qh is None else qh.ctypes.data, meta.ctypes.data, m, n, k,
+                             n, out.ctypes.data, True)
     else:   # fp8: e4m3 codes without the NaN ones, float32 scales per 128 x 128 block
         def make():
             q = rng.integers(0, 256, (n, (k + 31) // 32 * 32), dtype=np.uint8)
@@ -119,7 +153,10 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline-rev", help="git revision whose native library to compare")
     ap.add_argument("--models", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--m", nargs="+", type=int, default=[1, 128])
-    ap.add_argument("--formats", nargs="+", default=["bf16"], choices=["bf16", "q4", "fp8"])
+    ap.add_argument("--formats", nargs="+", default=["bf16"],
+                    choices=["bf16", "q4", "fp8", *GGUF])
+    ap.add_argument("--avx2", action="store_true",
+                    help="this tree's library built without AVX-512 (-mno-avx512f)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--cold-mib", type=int, default=0,
@@ -128,7 +165,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
 
-    libs = {"this": native.load()}
+    libs = {"this": native.NativeKernels(native._build((*native.TUNE, "-mno-avx512f")))
+            if args.avx2 else native.load()}
     with tempfile.TemporaryDirectory() as tmp:
         if args.baseline_rev:
             libs[args.baseline_rev] = native.NativeKernels(build_revision(args.baseline_rev,
@@ -143,6 +181,8 @@ def main(argv=None) -> int:
                         continue
                     x = f32_to_bf16(rng.standard_normal((m, k), dtype=np.float32))
                     for fmt in args.formats:
+                        if fmt in GGUF and k % PACKED[GGUF[fmt]].qk:
+                            continue
                         call, nbytes = make_call(fmt, x, n, k, np.random.default_rng(1),
                                                  args.cold_mib << 20)
                         calls = {name: functools.partial(call, lib)
@@ -171,6 +211,7 @@ def main(argv=None) -> int:
                 line += f" | x{row['speedup']}"
             print(line, flush=True)
     report = {"benchmark": "native_gemm_cpu", "gemm_kind": libs["this"].kind,
+              "build": "-march=native -mno-avx512f" if args.avx2 else "-march=native",
               "threads": native.usable_cpus(), "baseline_rev": args.baseline_rev,
               "cold_mib": args.cold_mib,
               "rounds": args.rounds, "loadavg_before": before, "loadavg_after": loadavg(),
