@@ -120,28 +120,38 @@ inline v16f dp_step_words_of(const GgufRow &row, int64_t t) {
     return dp_words<kId>(row, t, s0, m0, s1, m1);
 }
 
-// Decode through gemm_dp_view.h's tiles: 32-blocks read their scale with the block; the
-// 256-blocks of the K-quants decode the block's 8 or 16 (s, mn) once per tile row.
+// Decode through gemm_dp_view.h's tiles, a tile row's scales decoded once per chunk of
+// steps: 32-blocks' f16 fields (d, or d and m) for 16 / (meta / 2) blocks widened by one
+// vcvtph2ps (a masked load: no byte past the row's meta), the K-quants' 8 or 16 (s, mn) of
+// a 256-block by sub_scale. A chunk with a non-finite scale takes step_words throughout.
 template <int kId>
 struct GgufView {
     using T = Gguf<kId>;
+    static constexpr int kHalves = T::meta / 2;            // 32-blocks: f16 fields a block
+    static constexpr int kPer = T::qk == 32 ? 16 / kHalves : 8;   // steps a chunk
     WG<DpStep, kId> w;
     static constexpr bool kPerRow = true, kPairs = false;
     static constexpr int kBlocksPerLine = 16 / T::low;   // 64 bytes of q
     struct State {
-        float s[16], mn[16];
+        alignas(64) float s[16], mn[16];   // 32-blocks: the chunk's fields in s
         bool finite;
     };
     GgufView rows(int64_t r0) const { return {w.rows(r0)}; }
     bool shared(int) const { return true; }
     int64_t full_blocks() const { return w.k / 32; }
     int64_t chunk_end(int64_t blk, int64_t b1) const {
-        if constexpr (T::qk == 32) return b1;
-        return std::min(b1, (blk / 8 + 1) * 8);
+        return std::min(b1, (blk / kPer + 1) * kPer);
     }
     __attribute__((always_inline)) void refresh(int b, int64_t blk, State &st) const {
-        if constexpr (T::qk == 256) {
-            const uint8_t *mb = w.row(b).meta + blk / 8 * T::meta;
+        const uint8_t *meta = w.row(b).meta;
+        if constexpr (T::qk == 32) {
+            const int64_t left = (full_blocks() - blk) * kHalves;
+            const __mmask16 have = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+            const __m512 h = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(have, meta + blk * T::meta));
+            _mm512_store_ps(st.s, h);
+            st.finite = _mm512_fpclass_ps_mask(h, 0x99) == 0;   // NaN, +-inf
+        } else {
+            const uint8_t *mb = meta + blk / 8 * T::meta;
             bool ok = true;
             for (int j = 0; j < 256 / T::sub; j++) {
                 sub_scale<kId>(mb, j, st.s[j], st.mn[j]);
@@ -152,16 +162,12 @@ struct GgufView {
     }
     __attribute__((always_inline)) v16f block(int b, int64_t blk, const State &st) const {
         const GgufRow row = w.row(b);
+        if (__builtin_expect(!st.finite, 0)) return nonfinite_words<kId>(row, blk);
         if constexpr (T::qk == 32) {
-            uint16_t d, m = 0;
-            std::memcpy(&d, row.meta + blk * T::meta, 2);
-            if constexpr (T::has_min) std::memcpy(&m, row.meta + blk * T::meta + 2, 2);
-            if (((d & 0x7C00) == 0x7C00) | ((m & 0x7C00) == 0x7C00))
-                return nonfinite_words<kId>(row, blk);
-            const float s = _cvtsh_ss(d), mn = T::has_min ? _cvtsh_ss(m) : 0.0f;
+            const int i = int(blk % kPer) * kHalves;
+            const float s = st.s[i], mn = T::has_min ? st.s[i + 1] : 0.0f;
             return dp_words<kId>(row, blk, s, mn, s, mn);
         } else {
-            if (!st.finite) return nonfinite_words<kId>(row, blk);
             const int j = int(blk % 8) * (32 / T::sub);
             const int j1 = T::sub == 16 ? j + 1 : j;
             return dp_words<kId>(row, blk, st.s[j], st.mn[j], st.s[j1], st.mn[j1]);
