@@ -151,8 +151,18 @@ class Metrale:
 
 
 class LlamaCpp:
-    def __init__(self, path: Path, label: str, threads: int, n_ctx: int) -> None:
+    def __init__(self, path: Path, label: str, threads: int, n_ctx: int,
+                 extra_bufts: bool = True) -> None:
+        import llama_cpp.llama_cpp as low
         from llama_cpp import Llama
+        if not extra_bufts:   # llama_model_params.use_extra_bufts: not a Llama() argument
+            defaults = low.llama_model_default_params
+
+            def params():
+                p = defaults()
+                p.use_extra_bufts = False
+                return p
+            low.llama_model_default_params = params
         self.name = f"llama.cpp {label}"
         self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx,
                          n_threads=threads, n_threads_batch=threads, verbose=False)
@@ -205,6 +215,15 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--llamacpp-types", default="stored,BF16",
                     help="comma list of 'stored' (the file as it is) and 'BF16'")
+    ap.add_argument("--quantize", metavar="TYPE",
+                    help="run a file llama.cpp's quantizer makes from the BF16 copy "
+                         "(Q4_K_M, Q8_0, ...)")
+    ap.add_argument("--no-extra-bufts", action="store_true",
+                    help="llama.cpp without its repacked / AMX weight buffers "
+                         "(use_extra_bufts = false)")
+    ap.add_argument("--rss", action="store_true",
+                    help="each system's peak RSS, measured alone in a fresh process")
+    ap.add_argument("--rss-of", help=argparse.SUPPRESS)
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args(argv)
     if hasattr(os, "sched_setaffinity"):
@@ -213,17 +232,41 @@ def main(argv=None) -> int:
         from tests.real_model import smollm2_gguf
         args.model = str(smollm2_gguf())
     path = Path(args.model)
+    if args.quantize:
+        path = quantized_copy(bf16_copy(path), args.quantize)
     lens = [int(x) for x in args.prompt_lens.split(",")]
     n_ctx = max(max(lens), args.decode_prompt + args.gen_len) + 16
-    systems = [Metrale(path)]
-    vocab = systems[0].model.vocab_size()
-    for kind in filter(None, args.llamacpp_types.split(",")):
+    extra = not args.no_extra_bufts
+
+    def make(kind: str):
+        if kind == "metrale":
+            return Metrale(path)
         if kind == "stored":
-            systems.append(LlamaCpp(path, "stored", args.threads, n_ctx))
-        elif kind.upper() == "BF16":
-            systems.append(LlamaCpp(bf16_copy(path), "BF16", args.threads, n_ctx))
-        else:
-            ap.error(f"--llamacpp-types: unknown {kind!r}")
+            return LlamaCpp(path, "stored", args.threads, n_ctx, extra)
+        if kind.upper() == "BF16":
+            return LlamaCpp(bf16_copy(path), "BF16", args.threads, n_ctx, extra)
+        ap.error(f"--llamacpp-types: unknown {kind!r}")
+    kinds = ["metrale", *filter(None, args.llamacpp_types.split(","))]
+    if args.rss_of:   # the child of --rss: one system, alone
+        s = make(args.rss_of)
+        s.prefill(np.random.default_rng(0).integers(3, 1000, max(lens)).tolist())
+        s.decode(list(range(3, 3 + args.decode_prompt)), args.gen_len)
+        import resource
+        print(json.dumps({"peak_rss_mib": resource.getrusage(
+            resource.RUSAGE_SELF).ru_maxrss / 1024}))
+        return 0
+    rss = {}
+    if args.rss:
+        for kind in kinds:
+            cmd = [sys.executable, __file__, str(path), "--rss-of", kind, "--threads",
+                   str(args.threads), "--prompt-lens", args.prompt_lens, "--gen-len",
+                   str(args.gen_len), "--decode-prompt", str(args.decode_prompt)]
+            if args.no_extra_bufts:
+                cmd.append("--no-extra-bufts")
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+            rss[kind] = json.loads(out.strip().splitlines()[-1])["peak_rss_mib"]
+    systems = [make(kind) for kind in kinds]
+    vocab = systems[0].model.vocab_size()
     rng = np.random.default_rng(0)
     prompts = {n: rng.integers(3, vocab, n).tolist() for n in lens}
     dprompt = rng.integers(3, vocab, args.decode_prompt).tolist()
@@ -271,11 +314,15 @@ def main(argv=None) -> int:
         "threads": args.threads, "rounds": args.rounds, "gen_len": args.gen_len,
         "decode_prompt": args.decode_prompt, "prompt_lens": lens,
         "loadavg_before": before, "loadavg_after": loadavg(),
+        "llama_cpp_extra_bufts": extra,
+        "peak_rss_mib": rss or None,
+        "peak_rss_ratio_metrale_over": {k: rss["metrale"] / v for k, v in rss.items()
+                                        if k != "metrale"} if rss else None,
         "logits_vs_metrale": agreement,
         "tokens_per_s_median": med, "ratio_metrale_over": ratios, "runs": runs,
     }
     print(json.dumps({"logits_vs_metrale": agreement, "tokens_per_s_median": med,
-                      "ratio_metrale_over": ratios}, indent=1))
+                      "ratio_metrale_over": ratios, "peak_rss_mib": rss or None}, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     return 0
