@@ -108,13 +108,7 @@ struct G8 {
     }
     void refresh(int64_t row, int64_t blk, State &st) const {
         if constexpr (T::qk == 256) {
-            const uint8_t *mb = w.row(row).meta + blk / 8 * T::meta;
-            bool ok = true;
-            for (int j = 0; j < 256 / T::sub; j++) {
-                sub_scale<kId>(mb, j, st.ss[j], st.mm[j]);
-                ok &= finite(st.ss[j]) & finite(st.mm[j]);
-            }
-            st.finite = ok;
+            st.finite = block_scales<kId>(w.row(row).meta + blk / 8 * T::meta, st.ss, st.mm);
         }
     }
     // positions 16 L .. 16 L + 15 of step blk as pairs (lane i: 2i low word, 2i + 1 high)

@@ -123,7 +123,7 @@ inline v16f dp_step_words_of(const GgufRow &row, int64_t t) {
 // Decode through gemm_dp_view.h's tiles, a tile row's scales decoded once per chunk of
 // steps: 32-blocks' f16 fields (d, or d and m) for 16 / (meta / 2) blocks widened by one
 // vcvtph2ps (a masked load: no byte past the row's meta), the K-quants' 8 or 16 (s, mn) of
-// a 256-block by sub_scale. A chunk with a non-finite scale takes step_words throughout.
+// a 256-block by block_scales. A chunk with a non-finite scale takes step_words throughout.
 template <int kId>
 struct GgufView {
     using T = Gguf<kId>;
@@ -151,13 +151,7 @@ struct GgufView {
             _mm512_store_ps(st.s, h);
             st.finite = _mm512_fpclass_ps_mask(h, 0x99) == 0;   // NaN, +-inf
         } else {
-            const uint8_t *mb = meta + blk / 8 * T::meta;
-            bool ok = true;
-            for (int j = 0; j < 256 / T::sub; j++) {
-                sub_scale<kId>(mb, j, st.s[j], st.mn[j]);
-                ok &= finite(st.s[j]) & finite(st.mn[j]);
-            }
-            st.finite = ok;
+            st.finite = block_scales<kId>(meta + blk / 8 * T::meta, st.s, st.mn);
         }
     }
     __attribute__((always_inline)) v16f block(int b, int64_t blk, const State &st) const {

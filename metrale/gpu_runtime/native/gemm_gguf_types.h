@@ -23,6 +23,12 @@
 namespace md {
 namespace {
 
+typedef uint8_t v8b __attribute__((vector_size(8)));
+typedef uint8_t v16b __attribute__((vector_size(16)));
+typedef int8_t v32c __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef float v8f __attribute__((vector_size(32)));
+
 // ggml type ids (ggml.h)
 enum GgmlType : int {
     kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ2_K = 10, kQ3_K = 11,
@@ -126,6 +132,76 @@ inline bool finite(float f) {
     return (u & 0x7F800000u) != 0x7F800000u;
 }
 
+// Every sub-block's s and mn (256 / sub of each) of the 256-block whose meta bytes start at
+// mb, d and dmin widened once: sub_scale's products, in vectors. Returns whether all are
+// finite.
+template <int kId>
+inline bool block_scales(const uint8_t *mb, float *s, float *mn) {
+    using T = Gguf<kId>;
+    static_assert(T::qk == 256, "K-quants and IQ4_XS");
+    float d, dmin = 0.0f;
+    if constexpr (T::sub == 32) {
+        v8i sc, m6 = {};
+        if constexpr (kId == kIQ4_XS) {
+            const int sh = mb[2] | mb[3] << 8;
+            const v8i j2 = {0, 2, 4, 6, 8, 10, 12, 14};
+            const v8i lo = {mb[4], mb[4], mb[5], mb[5], mb[6], mb[6], mb[7], mb[7]};
+            const v8i nib = {0, 4, 0, 4, 0, 4, 0, 4};
+            sc = (((lo >> nib) & 15) | (((v8i{} + sh) >> j2) & 3) << 4) - 32;
+            d = f16_at(mb);
+        } else {   // Q4_K, Q5_K: get_scale_min_k4 on 12 bytes at mb + 4
+            const uint8_t *q = mb + 4;
+            const v8i a = {q[0], q[1], q[2], q[3], q[8], q[9], q[10], q[11]};
+            const v8i b = {0, 0, 0, 0, q[0], q[1], q[2], q[3]};
+            const v8i c = {q[4], q[5], q[6], q[7], q[8], q[9], q[10], q[11]};
+            const v8i e = {0, 0, 0, 0, q[4], q[5], q[6], q[7]};
+            const v8i low = {63, 63, 63, 63, 15, 15, 15, 15}, sh = {0, 0, 0, 0, 4, 4, 4, 4};
+            sc = (a & low) | ((b >> 6) << 4);
+            m6 = ((c >> sh) & low) | ((e >> 6) << 4);
+            d = f16_at(mb);
+            dmin = f16_at(mb + 2);
+        }
+        const v8f vs = d * __builtin_convertvector(sc, v8f);
+        const v8f vm = -(dmin * __builtin_convertvector(m6, v8f));
+        std::memcpy(s, &vs, 32);
+        std::memcpy(mn, &vm, 32);
+    } else {
+        v16i sc, m4 = {};
+        if constexpr (kId == kQ2_K) {
+            v16b b;
+            std::memcpy(&b, mb, 16);
+            const v16i w = __builtin_convertvector(b, v16i);
+            sc = w & 15;
+            m4 = w >> 4;
+            d = f16_at(mb + 16);
+            dmin = f16_at(mb + 18);
+        } else if constexpr (kId == kQ3_K) {
+            v8b b;
+            std::memcpy(&b, mb, 8);
+            const v16i lo = __builtin_convertvector(
+                __builtin_shufflevector(b, b, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7), v16i);
+            const v16i hi = {mb[8], mb[9], mb[10], mb[11], mb[8], mb[9], mb[10], mb[11],
+                             mb[8], mb[9], mb[10], mb[11], mb[8], mb[9], mb[10], mb[11]};
+            const v16i nib = {0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4};
+            const v16i two = {0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6};
+            sc = (((lo >> nib) & 15) | ((hi >> two) & 3) << 4) - 32;
+            d = f16_at(mb + 12);
+        } else {   // Q6_K: int8 scales
+            v32c b;
+            std::memcpy(&b, mb, 16);   // (the low 16 lanes)
+            sc = __builtin_convertvector(
+                __builtin_shufflevector(b, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                v16i);
+            d = f16_at(mb + 16);
+        }
+        const v16f vs = d * __builtin_convertvector(sc, v16f);
+        const v16f vm = -(dmin * __builtin_convertvector(m4, v16f));
+        std::memcpy(s, &vs, 64);
+        std::memcpy(mn, &vm, 64);
+    }
+    return finite(d) && finite(dmin);   // then every product is finite
+}
+
 // One row of W's planes.
 struct GgufRow {
     const uint8_t *q, *qh, *meta;
@@ -143,10 +219,6 @@ inline void step_scales(const uint8_t *meta, int64_t t, float &s0, float &m0, fl
     if constexpr (T::sub == 16) sub_scale<kId>(mb, j + 1, s1, m1);
     else s1 = s0, m1 = m0;
 }
-
-typedef uint8_t v8b __attribute__((vector_size(8)));
-typedef uint8_t v16b __attribute__((vector_size(16)));
-typedef int8_t v32c __attribute__((vector_size(32)));
 
 // 2-bit fields of 8 bytes (4 a byte from bit 0) for the even (lane l: position 2l) and odd
 // positions of 32
