@@ -298,8 +298,9 @@ def main(argv=None) -> int:
     try:
         import llama_cpp
         llama_version = llama_cpp.__version__
+        llama_system = llama_cpp.llama_print_system_info().decode().strip()
     except ImportError:
-        llama_version = None
+        llama_version = llama_system = None
     from metrale.bench.env import cpu_info, recorded_path
     from metrale.gpu_runtime import native
     nat = native.try_load()
@@ -308,6 +309,7 @@ def main(argv=None) -> int:
                                          for a in sys.argv)]),
         "model": recorded_path(path),
         "metrale_commit": git_commit(), "llama_cpp_python": llama_version,
+        "llama_cpp_system_info": llama_system,
         "numpy": np.__version__, "python": platform.python_version(),
         "platform": platform.platform(), "cpu": cpu_info(),
         "metrale_gemm": None if nat is None else nat.kind,
