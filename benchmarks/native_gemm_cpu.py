@@ -210,7 +210,8 @@ def main(argv=None) -> int:
             if args.baseline_rev:
                 line += f" | x{row['speedup']}"
             print(line, flush=True)
-    report = {"benchmark": "native_gemm_cpu", "gemm_kind": libs["this"].kind,
+    from metrale.bench.env import cpu_info
+    report = {"benchmark": "native_gemm_cpu", "cpu": cpu_info(), "gemm_kind": libs["this"].kind,
               "build": "-march=native -mno-avx512f" if args.avx2 else "-march=native",
               "threads": native.usable_cpus(), "baseline_rev": args.baseline_rev,
               "cold_mib": args.cold_mib,
