@@ -595,7 +595,8 @@ FAMILIES = {
 # helpers of metrale/ops with no kernel of their own (attention_tile: the twin of a header
 # that attention.cu and dense_attention.cu share, benchmarked through them; attention_native:
 # the decode twins' native path on HostBackend, timed through attention's rows)
-NOT_KERNELS = {"bf16", "registry", "checks", "attention_tile", "attention_native"}
+NOT_KERNELS = {"bf16", "registry", "checks", "attention_tile", "attention_native",
+               "gguf_planes"}   # the GGUF planes' layout and formula (gemm_gguf runs them)
 
 
 def ops_modules() -> list[str]:
