@@ -63,6 +63,8 @@ def main(argv=None) -> int:
         print(f"metrale: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        from ..gpu_runtime.comm.interrupts import end_interrupted_job
+        end_interrupted_job(getattr(args, "tensor_parallel", 1))   # N > 1: ends the whole job
         print("metrale: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
