@@ -24,13 +24,14 @@ def load(path_or_source, device="auto", *, kv_blocks=None, block_size=16, max_ba
     waits for the others before TensorParallelError) and `tp_rendezvous` ("host:port" where
     NCCL's id is handed out when no MPI launcher started the ranks).
     """
-    from .formats import open_source
-    source = open_source(path_or_source)
     if not (type(tensor_parallel_size) is int and tensor_parallel_size == 1):
-        from .model_engine.tp.model import load_rank   # checks the size itself
-        return load_rank(device, source, tensor_parallel_size=tensor_parallel_size,
+        # checks the size itself; opens the checkpoint once the ranks are in touch
+        from .model_engine.tp.model import load_rank
+        return load_rank(device, path_or_source, tensor_parallel_size=tensor_parallel_size,
                          kv_blocks=kv_blocks, block_size=block_size, max_batch=max_batch,
                          fp32_logits=fp32_logits, **options)
+    from .formats import open_source
+    source = open_source(path_or_source)
     meta = source.metadata()
     be = backend_for(device)
     if meta.architecture == "whisper":

@@ -62,7 +62,8 @@ def register(sub) -> None:
                         "time and bytes (default 1)")
     b.add_argument("--json", type=json_out, metavar="FILE",
                    help="write the report as JSON to FILE (- for stdout; the table then goes "
-                        "to stderr); an interrupted run writes the rows finished")
+                        "to stderr); an interrupted run writes the rows finished (on one "
+                        "device: Ctrl-C aborts a tensor-parallel job)")
     b.add_argument("--compare-hf", action="store_true",
                    help="also run Hugging Face transformers on the same weights (needs torch "
                         "and transformers), interleaved with metrale's repetitions on the same "
