@@ -147,8 +147,15 @@ def run(args) -> int:
         require_torch()       # before the model loads
         peer = HFComparison(args.hf_dtypes or DTYPES)
     model = args.model
+    from ..errors import MetraleError
     from .checkpoint import open_checkpoint
-    meta = open_checkpoint(model).metadata()
+    try:
+        meta = open_checkpoint(model).metadata()
+    except MetraleError as e:   # the other ranks of a tensor-parallel job raise it too
+        if args.tensor_parallel > 1:
+            from ..model_engine.tp.model import fail_rank
+            fail_rank(e, args.tensor_parallel)
+        raise
     # other architectures get the harness's own refusal
     from ..formats import DECODER_ARCHS
     positions = meta.max_position_embeddings if meta.architecture in DECODER_ARCHS else None

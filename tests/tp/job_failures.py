@@ -13,6 +13,8 @@ wall time.
                          end_interrupted_job); rank 0 loads and decodes
   cli_interrupted_early  `metrale bench --tensor-parallel 2` where rank 1 is interrupted while
                          it opens the checkpoint, before the group exists
+  cli_bad_config         `metrale bench --tensor-parallel 2` where rank 1's checkpoint has a
+                         bad config.json (the command opens it before the group exists)
 Every rank writes "RANK r ..." lines to OUT/rank<r>.txt (what it raised, how far it got):
 mpiexec interleaves the ranks' stdout, not always at line ends.
 """
@@ -99,6 +101,14 @@ def main(case: str, d: Path) -> int:
         return metrale.cli.main(["bench", str(d / "good"), "--device", "cpu", "--batch", "1",
                                  "--prompt-len", "4", "--gen-len", "200",
                                  "--tensor-parallel", "2"])
+    if case == "cli_bad_config":   # rank 1's copy of the checkpoint is damaged
+        import metrale.cli
+        path = d / ("bad_config" if RANK == 1 else "good")
+        t0 = time.monotonic()
+        rc = metrale.cli.main(["bench", str(path), "--device", "cpu", "--batch", "1",
+                               "--prompt-len", "4", "--gen-len", "4", "--tensor-parallel", "2"])
+        say(f"EXIT {rc} after {time.monotonic() - t0:.1f} s")
+        return rc
     if case == "cli_bench":
         import metrale.cli
         from metrale.bench import tensor_parallel

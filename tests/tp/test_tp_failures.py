@@ -97,6 +97,23 @@ def test_a_rank_that_fails_before_the_communicator_ends_every_rank(checkpoints, 
     assert wall < 20, wall   # the error, not the ranks' 30 s timeout
 
 
+def test_metrale_command_with_a_bad_checkpoint_on_one_rank(checkpoints, tmp_path):
+    """`metrale bench --tensor-parallel 2` opens the checkpoint before the group exists: the
+    failing rank hands its error to the other (which waited in MPI's initialisation for the
+    300 s default timeout), both exit 1 with it at once."""
+    status, out, err, wall = launch("cli_bad_config", checkpoints, tmp_path)
+    assert status == 1, (status, out, err)
+    assert re.search(r"^RANK 1 EXIT 1 ", out, re.M) and re.search(r"^RANK 0 EXIT 1 ", out,
+                                                                  re.M), out
+    lines = [ln for ln in err.splitlines() if ln.startswith("metrale: error:")]
+    assert any(re.search(r"bad_config/config\.json: not valid JSON", ln) and
+               "rank 1 of 2 failed" not in ln for ln in lines), err
+    assert any("tensor parallel: rank 1 of 2 failed: " in ln and "bad_config/config.json"
+               in ln for ln in lines), err
+    assert not NOISE.search(err), err
+    assert wall < 30, wall
+
+
 def test_a_rank_that_never_joins_ends_the_wait_after_the_timeout(checkpoints, tmp_path):
     status, out, err, wall = launch("never_joins", checkpoints, tmp_path)
     assert status != 0

@@ -240,6 +240,31 @@ def load_rank(device, path_or_source, *, tensor_parallel_size: int,
 _LOAD_MISMATCH = "load different checkpoints or options"
 
 
+def fail_rank(error: BaseException, tensor_parallel_size: int,
+              tp_timeout_s: float | None = None) -> None:
+    """Raise `error`, a failure of this rank before it called `load_rank` (a command line
+    opening the checkpoint first), after handing it to the other ranks: they are joining
+    the launch's group to load, and without it would wait there until their timeout. Joins
+    the group (bounded) and settles the error record where `_prepare_rank` settles, so the
+    others raise it naming this rank. A process that is no rank of such a launch raises at
+    once."""
+    try:
+        ranks = launcher_ranks()
+    except TensorParallelError:
+        raise error from None
+    if tensor_parallel_size <= 1 or ranks.size != tensor_parallel_size:
+        raise error
+    timeout = DEFAULT_TIMEOUT_S if tp_timeout_s is None else float(tp_timeout_s)
+    group = join_group(ranks, timeout_s=timeout)
+    try:
+        if group is not None:
+            settle(group, error_record(error), error, name_rank=True)
+    finally:
+        if group is not None:
+            group.close()
+    raise error
+
+
 def _prepare_rank(group, device, path_or_source, ranks: RankInfo, n: int, options: dict):
     """(source, shard plan, backend, agreement record) of this rank, agreed over `group`
     (None: torchrun, each rank raises its own errors): every rank raises a failing rank's
