@@ -166,12 +166,12 @@ def test_other_architectures_and_tensors_are_refused(tmp_path):
 
 def test_unsupported_tensor_types_are_refused_by_name(tmp_path):
     from gguf import GGMLQuantizationType as T
-    blocks = np.zeros((64, 136), np.uint8)                 # IQ4_XS: 256 elements, 136 B
+    blocks = np.zeros((64, 74), np.uint8)                  # IQ2_XS: 256 elements, 74 B
     p = rewrite(GGUF_FIXTURES / "llama.gguf", tmp_path / "q.gguf",
                 drop_tensors=["blk.1.ffn_down.weight"],
-                add_tensors={"blk.1.ffn_down.weight": (blocks, T.IQ4_XS)})
+                add_tensors={"blk.1.ffn_down.weight": (blocks, T.IQ2_XS)})
     with pytest.raises(Unsupported,
-                       match=r"IQ4_XS \(1 tensor, e\.g\. blk\.1\.ffn_down\.weight\)"):
+                       match=r"IQ2_XS \(1 tensor, e\.g\. blk\.1\.ffn_down\.weight\)"):
         open_source(p)
 
 
