@@ -21,7 +21,7 @@ def load(path_or_source, device="auto", *, kv_blocks=None, block_size=16, max_ba
     IQ4_NL, IQ4_XS) stay at their stored bytes on the device and are dequantized inside
     the GEMMs and the embedding lookup, to the bits of dequantizing them at load:
     `model.weight_bytes()` is about the file's tensor bytes. `gguf_dequantize=True`
-    (decoder models) dequantizes them to BF16 at load instead: the same logits, 2-7x the
+    (decoder models) dequantizes them to BF16 at load instead: the same logits, 1.9-6x the
     bytes (a safetensors checkpoint ignores it). A tensor-parallel load dequantizes at
     load either way, for now.
 
