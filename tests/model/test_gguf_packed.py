@@ -175,3 +175,16 @@ def test_the_fixtures_ratios(gguf_file):
         got[name] = round(load(path).weight_bytes() /
                           sum(t.nbytes for t in GGUFFile(path).tensors.values()), 3)
     assert got == {"llama": 0.996, "qwen2": 1.030, "qwen3": 0.992}
+
+
+def test_the_memory_plan_counts_the_bytes_held(monkeypatch):
+    """The plan sizes the weights as held (before anything is allocated): a device too
+    small names the planes' bytes, and the BF16 bytes when dequantizing at load."""
+    from metrale.errors import OutOfMemory
+    from metrale.gpu_runtime.host import HostBackend as Host
+    path = GGUF_FIXTURES / "llama.gguf"
+    held, bf16 = load(path).weight_bytes(), load(path, gguf_dequantize=True).weight_bytes()
+    monkeypatch.setattr(Host, "free_memory", lambda self: 1 << 16)
+    for opts, want in (({}, held), ({"gguf_dequantize": True}, bf16)):
+        with pytest.raises(OutOfMemory, match=f"the weights alone need {want} bytes"):
+            load(path, **opts)
