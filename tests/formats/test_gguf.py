@@ -272,6 +272,18 @@ def test_info_reports_the_stored_types_not_a_float_dtype(capsys):
         "float part, e.g. model.layers.0.self_attn.k_proj.weight)" in d["math"]["dtype"]
     assert d["held_dtypes"] == {"BF16": 17, "Q4_0": 2, "Q4_1": 2, "Q4_K": 1, "Q6_K": 1,
                                 "Q8_0": 3}
+    # weight bytes as held, what a packed load holds (the BF16 ones said too)
+    import metrale
+    held = metrale.load(path, "cpu", progress=False).weight_bytes()
+    bf16 = metrale.load(path, "cpu", progress=False, gguf_dequantize=True).weight_bytes()
+    assert d["weight_bytes"] == held == 128560 and bf16 == 276992
     assert main(["info", path]) == 0
-    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("dtype"))
+    lines = capsys.readouterr().out.splitlines()
+    line = next(x for x in lines if x.startswith("dtype"))
     assert d["dtype"] in line and "float32 in" not in line
+    assert "weights        125.5 KiB as held (block types at their stored bytes; 270.5 KiB " \
+        "dequantized at load with gguf_dequantize=True)" in lines
+    # a file without a fused group of mixed float / block parts: nothing dequantized at load
+    assert main(["info", str(GGUF_FIXTURES / "llama.gguf"), "--json"]) == 0
+    text = json.loads(capsys.readouterr().out)["math"]["dtype"]
+    assert "dequantized to bfloat16 at load" not in text and "15 tensors" in text
