@@ -11,11 +11,19 @@ from .gpu_runtime import backend_for
 
 def load(path_or_source, device="auto", *, kv_blocks=None, block_size=16, max_batch=64,
          fp32_logits=False, tensor_parallel_size=1, **options):
-    """Load a checkpoint directory, `.safetensors` file or `ModelSource`.
+    """Load a checkpoint directory, `.safetensors` or `.gguf` file or `ModelSource`.
 
     Returns a `TransformerModel` (llama, mistral, qwen2, qwen3), a `WhisperModel`
     (whisper) or a multimodal `LlavaModel` (llava). `device`: "auto" | "cpu" | "cuda[:N]"
     or a backend instance.
+
+    A llama.cpp `.gguf` file's weights of a block type (Q4_0 ... Q8_0, Q2_K ... Q6_K,
+    IQ4_NL, IQ4_XS) stay at their stored bytes on the device and are dequantized inside
+    the GEMMs and the embedding lookup, to the bits of dequantizing them at load:
+    `model.weight_bytes()` is about the file's tensor bytes. `gguf_dequantize=True`
+    (decoder models) dequantizes them to BF16 at load instead: the same logits, 1.9-6x the
+    bytes (a safetensors checkpoint ignores it). A tensor-parallel load dequantizes at
+    load either way, for now.
 
     `tensor_parallel_size=N > 1`: this process is one of N ranks started by a launcher
     (mpiexec, torchrun, srun), each calling `load` alike; returns this rank's
