@@ -30,8 +30,9 @@
 // Launch (both): grid (d_v / 32, n_v_heads, n_seqs), block 128 (4 warps); a CTA owns 32 value
 // columns of one (sequence, head): its state tile [d_k, 32] and no other block's bytes.
 // Prefill: the tile lives in shared memory across the sequence's chunks; static shared memory
-// 16 KiB (S tile) + 16 KiB (A, then Q^K^T) + 10 KiB (X, rows padded to 40 floats: the
-// substitution's column reads are conflict-free) + 1 KiB (per-token norms, gamma, beta).
+// 16 KiB (S tile) + 16.25 KiB (A, then Q^K^T; rows padded to 65 floats) + 10 KiB (X, rows
+// padded to 40 floats: the substitution's column reads are conflict-free) + 1 KiB (per-token
+// norms, gamma, beta).
 // Gram tiles are 4 x 4 per thread from 128-bit q/k row loads (L1-resident: the chunk's rows
 // are 2 x 16 KiB); the substitution runs per warp on 8 columns, 4 lanes per column, partial
 // sums over j = lane/8 (mod 4) joined by shuffles, __syncwarp per row; each chunk costs five
@@ -40,63 +41,14 @@
 // Decode: each thread holds d_k/16 rows x 4 columns of the tile (float4 loads and stores),
 // the two column dots reduce by xor shuffles over the warp's row groups, then across the 4
 // warps in warp order through shared memory; shared memory 1.6 KiB.
-#include "common.cuh"
+#include "recurrent_tiles.cuh"
 
 #define GDR_THREADS 128
 #define GDR_CHUNK 64
 #define GDR_BV 32
 #define GDR_MAX_DK 128
 #define GDR_XS 40   // row stride of the X tile (floats)
-
-__device__ __forceinline__ float gdr_softplus(float x) {
-    return x > 20.f ? x : log1pf(expf(x));
-}
-
-__device__ __forceinline__ void load4_bf16(const bf16 *p, float f[4]) {
-    const uint2 raw = *reinterpret_cast<const uint2 *>(p);
-    f[0] = bf_lo(raw.x);
-    f[1] = bf_hi(raw.x);
-    f[2] = bf_lo(raw.y);
-    f[3] = bf_hi(raw.y);
-}
-
-__device__ __forceinline__ void store4_bf16(bf16 *p, const float f[4]) {
-    *reinterpret_cast<uint2 *>(p) = make_uint2(pack_bf2(f[0], f[1]), pack_bf2(f[2], f[3]));
-}
-
-// acc[ii][jj] = dot(rows_a[ra + ii], rows_b[rb + jj]) over d_k, rows >= L read as zero.
-__device__ __forceinline__ void gram4x4(const bf16 *rows_a, const bf16 *rows_b, long long stride,
-                                        int ra, int rb, int L, int d_k, float acc[4][4]) {
-#pragma unroll
-    for (int ii = 0; ii < 4; ++ii)
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) acc[ii][jj] = 0.f;
-    for (int d = 0; d < d_k; d += 8) {
-        float fa[4][8], fb[4][8];
-#pragma unroll
-        for (int ii = 0; ii < 4; ++ii) {
-            const int r = ra + ii;
-            if (r < L) unpack8(*reinterpret_cast<const bf16x8 *>(rows_a + r * stride + d), fa[ii]);
-            else
-#pragma unroll
-                for (int e = 0; e < 8; ++e) fa[ii][e] = 0.f;
-        }
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-            const int r = rb + jj;
-            if (r < L) unpack8(*reinterpret_cast<const bf16x8 *>(rows_b + r * stride + d), fb[jj]);
-            else
-#pragma unroll
-                for (int e = 0; e < 8; ++e) fb[jj][e] = 0.f;
-        }
-#pragma unroll
-        for (int e = 0; e < 8; ++e)
-#pragma unroll
-            for (int ii = 0; ii < 4; ++ii)
-#pragma unroll
-                for (int jj = 0; jj < 4; ++jj) acc[ii][jj] = fmaf(fa[ii][e], fb[jj][e], acc[ii][jj]);
-    }
-}
+#define GDR_AS 65   // row stride of the A tile: step 5 reads four rows per column at once
 
 // acc[m][c] = sum_d rows[tg + 16m][d] * sS[d][4cq + c] for the four tokens tg + 16m < L.
 __device__ __forceinline__ void rows_times_state(const bf16 *rows, long long stride, int tg,
@@ -137,7 +89,7 @@ gdr_prefill(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stri
             const int *cu_seqlens, const int *start_pos, int n_k_heads, int n_v_heads, int d_k,
             int d_v) {
     __shared__ __align__(16) float sS[GDR_MAX_DK][GDR_BV];
-    __shared__ __align__(16) float sA[GDR_CHUNK][GDR_CHUNK];
+    __shared__ __align__(16) float sA[GDR_CHUNK][GDR_AS];
     __shared__ __align__(16) float sX[GDR_CHUNK][GDR_XS];
     __shared__ float s_rk[GDR_CHUNK], s_rq[GDR_CHUNK], s_gam[GDR_CHUNK], s_beta[GDR_CHUNK];
 
@@ -187,7 +139,7 @@ gdr_prefill(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stri
                 rk = rsqrtf(sk + 1e-6f);
                 rq = rsqrtf(sq + 1e-6f) * inv_sqrt_dk;
                 const long long ra = (long long)(row0 + c0 + tid) * ab_stride + h;
-                gg = neg_a * gdr_softplus(bf2f(a[ra]) + dtb);
+                gg = neg_a * softplus_f(bf2f(a[ra]) + dtb);
                 bb = 1.f / (1.f + expf(-bf2f(b[ra])));
             }
             s_rk[tid] = rk;
@@ -210,7 +162,7 @@ gdr_prefill(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stri
             const int bi = tile >> 4, bj = tile & 15;
             if (bj > bi || 4 * bi >= L) continue;
             float acc[4][4];
-            gram4x4(kc, kc, stride, 4 * bi, 4 * bj, L, d_k, acc);
+            gram4x4(kc, L, kc, L, stride, 4 * bi, 4 * bj, d_k, acc);
 #pragma unroll
             for (int ii = 0; ii < 4; ++ii)
 #pragma unroll
@@ -258,7 +210,7 @@ gdr_prefill(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stri
             const int bi = tile >> 4, bj = tile & 15;
             if (bj > bi || 4 * bi >= L) continue;
             float acc[4][4];
-            gram4x4(qc, kc, stride, 4 * bi, 4 * bj, L, d_k, acc);
+            gram4x4(qc, L, kc, L, stride, 4 * bi, 4 * bj, d_k, acc);
 #pragma unroll
             for (int ii = 0; ii < 4; ++ii)
 #pragma unroll
@@ -371,7 +323,7 @@ gdr_decode(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int qkv_strid
         if (lane == 0) s_par[warp] = rsqrtf(s + 1e-6f) * (warp == 0 ? 1.f : 1.0f / sqrtf((float)d_k));
     } else if (tid == 64) {
         const long long ra = (long long)seq * ab_stride + h;
-        s_par[2] = -expf(A_log[h]) * gdr_softplus(bf2f(a[ra]) + dt_bias[h]);
+        s_par[2] = -expf(A_log[h]) * softplus_f(bf2f(a[ra]) + dt_bias[h]);
         s_par[3] = 1.f / (1.f + expf(-bf2f(b[ra])));
     }
     __syncthreads();
