@@ -116,15 +116,16 @@ def causal_conv1d_update(backend, stream: int, out_ptr, out_stride: int, x_ptr, 
 
 
 # ---- the twins ------------------------------------------------------------------------------
-def conv_rows_f32(ext: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
+def conv_rows_f32(ext: np.ndarray, taps: np.ndarray, bias: np.ndarray | None,
                   silu: bool) -> np.ndarray:
-    """The kernel's formula: ext [W-1+n, C] float32 (state rows, then inputs), w [C, W]
-    float32 -> [n, C] float32 (before the BF16 store), in the kernel's rounding order."""
-    width = w.shape[1]
+    """The kernel's formula: ext [W-1+n, C] float32 (state rows, then inputs), taps [W, C]
+    float32 (w transposed) -> [n, C] float32 (before the BF16 store), in the kernel's
+    rounding order."""
+    width = taps.shape[0]
     n = ext.shape[0] - (width - 1)
-    acc = w[:, 0] * ext[0:n]
+    acc = taps[0] * ext[0:n]
     for j in range(1, width):
-        acc += w[:, j] * ext[j:j + n]      # float32 product, then float32 sum: no FMA
+        acc += taps[j] * ext[j:j + n]      # float32 product, then float32 sum: no FMA
     if bias is not None:
         acc += bias
     return silu_f32(acc) if silu else acc
@@ -153,9 +154,22 @@ def _slot_view(ctx, pool, slot: int, slot_stride: int, rows: int, channels: int)
 
 
 def _params(ctx, w_ptr, bias_ptr, channels: int, width: int):
-    w = bf16_to_f32(ctx.read(w_ptr, channels * width, np.uint16)).reshape(channels, width)
-    bias = None if int(bias_ptr) == 0 else bf16_to_f32(ctx.read(bias_ptr, channels, np.uint16))
-    return w, bias
+    """(taps [W, channels] = w transposed, bias [channels] or None) as float32, converted
+    once and cached with their allocation (a decode step would convert them every launch)."""
+    def convert():
+        return np.ascontiguousarray(bf16_to_f32(ctx.read(w_ptr, channels * width,
+                                                         np.uint16)).reshape(channels, width).T)
+    nbytes = channels * width * 2
+    w = ctx.backend.converted(w_ptr, nbytes, "causal_conv1d.w", convert, 2 * nbytes)
+    w = convert() if w is None else w
+    if int(bias_ptr) == 0:
+        return w, None
+
+    def convert_b():
+        return bf16_to_f32(ctx.read(bias_ptr, channels, np.uint16))
+    b = ctx.backend.converted(bias_ptr, channels * 2, "causal_conv1d.bias", convert_b,
+                              channels * 4)
+    return w, (convert_b() if b is None else b)
 
 
 def _prefill_twin(ctx, out_ptr, out_stride, x_ptr, x_stride, w_ptr, bias_ptr, pool,
@@ -185,12 +199,27 @@ def _update_twin(ctx, out_ptr, out_stride, x_ptr, x_stride, w_ptr, bias_ptr, poo
     w, bias = _params(ctx, w_ptr, bias_ptr, C, W)
     slots = ctx.read(slots_ptr, n, np.int32)
     x = _rows(ctx, x_ptr, 0, n, int(x_stride), C)
-    out = _out_rows(ctx, out_ptr, 0, n, int(out_stride), C)
-    for i in range(n):
-        st = _slot_view(ctx, pool, int(slots[i]), int(slot_stride), W - 1, C)
-        ext = np.concatenate([st, x[i:i + 1]])
-        out[i] = f32_to_bf16(conv_rows_f32(bf16_to_f32(ext), w, bias, bool(int(silu)))[0])
-        st[:] = ext[1:]
+    states = [_slot_view(ctx, pool, int(s), int(slot_stride), W - 1, C) for s in slots]
+    # every sequence at once: ext[j] is tap j's input row of each sequence ([W, n, C])
+    ext = np.empty((W, n, C), np.uint16)
+    for i, st in enumerate(states):
+        ext[:W - 1, i] = st
+    ext[W - 1] = x
+    y = _taps_f32(bf16_to_f32(ext), w, bias, bool(int(silu)))
+    _out_rows(ctx, out_ptr, 0, n, int(out_stride), C)[:] = f32_to_bf16(y)
+    for i, st in enumerate(states):
+        st[:] = ext[1:, i]
+
+
+def _taps_f32(ext: np.ndarray, w: np.ndarray, bias, silu: bool) -> np.ndarray:
+    """conv_rows_f32 for one output row per sequence: ext [W, n, C] float32, w [W, C] -> [n, C], the
+    same rounding order (product, then sum, taps ascending, bias last)."""
+    acc = w[0] * ext[0]
+    for j in range(1, w.shape[0]):
+        acc += w[j] * ext[j]
+    if bias is not None:
+        acc += bias
+    return silu_f32(acc) if silu else acc
 
 
 for _v in ("v8", "v1"):

@@ -41,6 +41,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InvalidArgument
+from ..gpu_runtime import native_recurrent
 from ..gpu_runtime.types import DevicePtr
 from .bf16 import bf16_to_f32, f32_to_bf16
 from .checks import check_ptrs, check_sizes
@@ -151,16 +152,17 @@ def gates_f32(a: np.ndarray, b: np.ndarray, a_log: np.ndarray, dt_bias: np.ndarr
 
 
 def normalized_qk(q: np.ndarray, k: np.ndarray, ratio: int):
-    """q, k float32 [n, n_k_heads, d_k] -> (q^, k^) float32 [n_v_heads, n, d_k]: L2-normalised
+    """q, k float32 [n, n_k_heads, d_k] -> (q^, k^) float32 [n, n_v_heads, d_k]: L2-normalised
     (eps 1e-6 under the root), q^ also scaled by 1/sqrt(d_k), key heads repeated `ratio`
     times (head h uses key head h // ratio)."""
     d_k = q.shape[-1]
-    rk = np.float32(1) / np.sqrt(np.einsum("nhd,nhd->nh", k, k) + EPS)
-    rq = np.float32(1) / np.sqrt(np.einsum("nhd,nhd->nh", q, q) + EPS)
-    rq = rq * np.float32(1 / np.sqrt(d_k))
-    kn = np.repeat(k * rk[..., None], ratio, axis=1).transpose(1, 0, 2)
-    qn = np.repeat(q * rq[..., None], ratio, axis=1).transpose(1, 0, 2)
-    return np.ascontiguousarray(qn), np.ascontiguousarray(kn)
+    rk = np.float32(1) / np.sqrt((k * k).sum(-1) + EPS)
+    rq = np.float32(1) / np.sqrt((q * q).sum(-1) + EPS)
+    rq *= np.float32(1 / np.sqrt(d_k))
+    kn, qn = k * rk[..., None], q * rq[..., None]
+    if ratio > 1:
+        kn, qn = np.repeat(kn, ratio, axis=1), np.repeat(qn, ratio, axis=1)
+    return qn, kn
 
 
 def chunk_bounds(start_pos: int, length: int) -> list[tuple[int, int]]:
@@ -199,15 +201,30 @@ def chunked_f32(qn, kn, v, g, beta, state, start_pos: int):
     return out
 
 
-def step_f32(qn, kn, v, g, beta, state):
+def step_f32(qn, kn, v, g, beta, state, native=None):
     """One token, all heads: qn, kn [H, d_k], v [H, d_v], g, beta [H], state [H, d_k, d_v]
-    (updated in place) -> out [H, d_v]. S^T k and S^T q from the old state in one pass:
-    u = beta (v - e S^T k), out = e S^T q + u (k . q), S = e S + k u^T, e = exp(g)."""
-    kq = np.stack([kn, qn], axis=1)                          # [H, 2, d_k]
-    ab = kq @ state                                          # [H, 2, d_v]
-    e = np.exp(g)
-    u = beta[:, None] * (v - e[:, None] * ab[:, 0])
-    out = e[:, None] * ab[:, 1] + u * np.einsum("hd,hd->h", kn, qn)[:, None]
+    (updated in place) -> out [H, d_v]. With e = exp(g), from the old state:
+    a = S^T k, c = S^T q, kq = k . q (sums over d_k in ascending order from +0, each product
+    rounded: no FMA), u = beta (v - e a), out = e c + u kq, S = e S + k u^T. `native`
+    (gpu_runtime/native_recurrent.py) computes the same bits in one pass over the state."""
+    H, d_k, d_v = state.shape
+    e = np.exp(g).astype(np.float32)
+    if native is not None:
+        args = [np.ascontiguousarray(a, np.float32) for a in (kn, qn, v, e, beta)]
+        out = np.empty((H, d_v), np.float32)
+        native.gdr_step(state.ctypes.data, *(a.ctypes.data for a in args), out.ctypes.data,
+                        0, H, d_k, d_v)
+        return out
+    a = np.zeros((H, d_v), np.float32)
+    c = np.zeros((H, d_v), np.float32)
+    kq = np.zeros(H, np.float32)
+    for i in range(d_k):
+        row = state[:, i, :]
+        a += row * kn[:, i:i + 1]
+        c += row * qn[:, i:i + 1]
+        kq += kn[:, i] * qn[:, i]
+    u = beta[:, None] * (v - e[:, None] * a)
+    out = e[:, None] * c + u * kq[:, None]
     state *= e[:, None, None]
     state += kn[:, :, None] * u[:, None, :]
     return out
@@ -227,21 +244,26 @@ class _Layout:
         self.dt_bias = ctx.read(dt_bias, self.Hv, np.float32)
 
     def rows(self, ptr, lo, n, width, stride):
-        flat = self.ctx.read(DevicePtr(ptr).offset(2 * lo * stride), (n - 1) * stride + width,
-                             np.uint16)
+        """float32 [n, width] of BF16 rows lo..lo+n (a decode step reads one row per
+        sequence: the single-row case skips the strided view)."""
+        start = DevicePtr(ptr).offset(2 * lo * stride)
+        if n == 1:
+            return bf16_to_f32(self.ctx.read(start, width, np.uint16)).reshape(1, width)
+        flat = self.ctx.read(start, (n - 1) * stride + width, np.uint16)
         return bf16_to_f32(np.lib.stride_tricks.as_strided(flat, (n, width), (2 * stride, 2)))
 
     def inputs(self, lo: int, n: int):
-        """(q^, k^ [Hv, n, dk], v [Hv, n, dv], g, beta [Hv, n]) of rows lo..lo+n."""
+        """(q^, k^ [n, Hv, dk], v [n, Hv, dv], g, beta [n, Hv]) of rows lo..lo+n, token-major
+        (a decode step's row i is sequence i's; the prefill transposes to heads first)."""
         Hk, Hv, dk, dv = self.Hk, self.Hv, self.dk, self.dv
         q = self.rows(self.q, lo, n, Hk * dk, self.qs).reshape(n, Hk, dk)
         k = self.rows(self.k, lo, n, Hk * dk, self.qs).reshape(n, Hk, dk)
-        v = self.rows(self.v, lo, n, Hv * dv, self.qs).reshape(n, Hv, dv).transpose(1, 0, 2)
+        v = self.rows(self.v, lo, n, Hv * dv, self.qs).reshape(n, Hv, dv)
         a = self.rows(self.a, lo, n, Hv, self.abs_)
         b = self.rows(self.b, lo, n, Hv, self.abs_)
         g, beta = gates_f32(a, b, self.a_log, self.dt_bias)
         qn, kn = normalized_qk(q, k, Hv // Hk)
-        return qn, kn, np.ascontiguousarray(v), g.T.copy(), beta.T.copy()
+        return qn, kn, v, g, beta
 
     def state(self, slot: int) -> np.ndarray:
         if slot < 0:
@@ -271,7 +293,8 @@ def _prefill_twin(ctx, out, q, k, v, qkv_stride, a, b, ab_stride, a_log, dt_bias
             continue
         st = lay.state(int(slots[i]))
         s0 = np.zeros_like(st) if int(start[i]) == 0 else st.copy()
-        y = chunked_f32(*lay.inputs(lo, n), s0, int(start[i]))
+        heads_first = [np.ascontiguousarray(np.swapaxes(a, 0, 1)) for a in lay.inputs(lo, n)]
+        y = chunked_f32(*heads_first, s0, int(start[i]))
         lay.out_rows(out, lo, n)[:] = f32_to_bf16(y.transpose(1, 0, 2))
         st[:] = s0
 
@@ -285,7 +308,11 @@ def _decode_twin(ctx, out, q, k, v, qkv_stride, a, b, ab_stride, a_log, dt_bias,
     slots = ctx.read(slots_ptr, n_seqs, np.int32)
     qn, kn, vv, g, beta = lay.inputs(0, n_seqs)
     o = lay.out_rows(out, 0, n_seqs)
-    for i in range(n_seqs):   # each sequence alone: its bits never depend on the batch
-        y = step_f32(qn[:, i], kn[:, i], vv[:, i], g[:, i], beta[:, i],
-                     lay.state(int(slots[i])))
-        o[i] = f32_to_bf16(y)
+    native = native_recurrent.for_backend(ctx.backend)
+    states = [lay.state(int(s)) for s in slots]    # bounds-checked views, before any write
+
+    def seqs(lo: int, hi: int) -> None:  # each sequence alone: its bits never depend on the batch
+        for i in range(lo, hi):
+            o[i] = f32_to_bf16(step_f32(qn[i], kn[i], vv[i], g[i], beta[i], states[i],
+                                        native))
+    ctx.map_blocks(n_seqs, 1, seqs)

@@ -38,6 +38,7 @@ import math
 import numpy as np
 
 from ..errors import InvalidArgument
+from ..gpu_runtime import native_recurrent
 from ..gpu_runtime.types import DevicePtr
 from .bf16 import bf16_to_f32, f32_to_bf16
 from .checks import check_ptrs, check_sizes
@@ -193,13 +194,30 @@ def chunked_f32(x, Bh, Ch, dt, A, D, state, start_pos: int, chunk_size: int):
     return y
 
 
-def step_f32(x, Bh, Ch, dt, A, D, state):
-    """One token, all heads: x [H, P], Bh, Ch [H, N], dt, A, D [H], state [H, P, N] (updated
-    in place) -> y [H, P]: S = exp(dt A) S + x (dt B)^T, y = S C + D x."""
-    dA = np.exp(dt * A)
+def step_f32(x, Bh, Ch, dt, A, D, state, native=None):
+    """One token, all heads: x [H, P], Bh, Ch [H, N] (groups repeated), dt, A, D [H], state
+    [H, P, N] (updated in place) -> y [H, P]: S = S exp(dt A) + x (dt B)^T (each product
+    rounded, then the sum); y = dot(S, C) + D x, the dot in 8 lanes (lane l sums n = l,
+    l + 8, ... in order from +0, then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))).
+    `native` (gpu_runtime/native_recurrent.py) computes the same bits in one pass."""
+    H, P, N = state.shape
+    dA = np.exp(dt * A).astype(np.float32)
+    dtB = (dt[:, None] * Bh).astype(np.float32)
+    if native is not None:
+        args = [np.ascontiguousarray(a, np.float32) for a in (x, dtB, Ch, dA, D)]
+        y = np.empty((H, P), np.float32)
+        native.ssd_step(state.ctypes.data, *(a.ctypes.data for a in args), y.ctypes.data, 0,
+                        H, P, N)
+        return y
     state *= dA[:, None, None]
-    state += x[:, :, None] * (dt[:, None] * Bh)[:, None, :]
-    return (state @ Ch[:, :, None])[:, :, 0] + D[:, None] * x
+    state += x[:, :, None] * dtB[:, None, :]
+    prod = (state * Ch[:, None, :]).reshape(H, P, N // 8, 8)
+    lane = prod[:, :, 0, :].copy()
+    for j in range(1, N // 8):
+        lane += prod[:, :, j, :]
+    acc = ((lane[..., 0] + lane[..., 1]) + (lane[..., 2] + lane[..., 3])) + \
+        ((lane[..., 4] + lane[..., 5]) + (lane[..., 6] + lane[..., 7]))
+    return acc + D[:, None] * x
 
 
 # ---- the twins ------------------------------------------------------------------------------
@@ -218,8 +236,12 @@ class _Layout:
         self.lim = (float(dt_min), float(dt_max))
 
     def rows(self, ptr, lo, n, width, stride):
-        flat = self.ctx.read(DevicePtr(ptr).offset(2 * lo * stride), (n - 1) * stride + width,
-                             np.uint16)
+        """float32 [n, width] of BF16 rows lo..lo+n (a decode step reads one row per
+        sequence: the single-row case skips the strided view)."""
+        start = DevicePtr(ptr).offset(2 * lo * stride)
+        if n == 1:
+            return bf16_to_f32(self.ctx.read(start, width, np.uint16)).reshape(1, width)
+        flat = self.ctx.read(start, (n - 1) * stride + width, np.uint16)
         return bf16_to_f32(np.lib.stride_tricks.as_strided(flat, (n, width), (2 * stride, 2)))
 
     def inputs(self, lo: int, n: int):
@@ -279,6 +301,11 @@ def _step_twin(ctx, out, x, x_stride, b, c, bc_stride, dtp, dt_stride, a_log, dt
     slots = ctx.read(slots_ptr, n_seqs, np.int32)
     xx, B, C, dt = lay.inputs(0, n_seqs)
     o = lay.out_rows(out, 0, n_seqs)
-    for i in range(n_seqs):   # each sequence alone: its bits never depend on the batch
-        o[i] = f32_to_bf16(step_f32(xx[:, i], B[:, i], C[:, i], dt[:, i], lay.A, lay.D,
-                                    lay.state(int(slots[i]))))
+    native = native_recurrent.for_backend(ctx.backend)
+    states = [lay.state(int(s)) for s in slots]    # bounds-checked views, before any write
+
+    def seqs(lo: int, hi: int) -> None:  # each sequence alone: its bits never depend on the batch
+        for i in range(lo, hi):
+            o[i] = f32_to_bf16(step_f32(xx[:, i], B[:, i], C[:, i], dt[:, i], lay.A, lay.D,
+                                        states[i], native))
+    ctx.map_blocks(n_seqs, 1, seqs)

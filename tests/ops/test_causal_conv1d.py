@@ -1,5 +1,7 @@
 """causal_conv1d family: depthwise causal conv with per-sequence state (prefill over a ragged
 batch, one-token update), against a float64 formula, split/batch invariance, the kernels."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -9,7 +11,9 @@ from metrale.ops import causal_conv1d as cc
 from metrale.ops.bf16 import bf16_to_f32
 from tests.conftest import assert_close, real
 from tests.helpers import Buffers
-from tests.ops.recurrent_batch import RAGGED, Call, rand_bf16, split_rows
+from tests.ops.recurrent_batch import RAGGED, Call, assert_rel_max, rand_bf16, split_rows
+
+GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "linear_attn" / "causal_conv1d.npz"
 
 
 def prefill(be, x, call, pool, w, bias, silu=True, x_stride=None, out_stride=None,
@@ -92,6 +96,26 @@ def test_twin_matches_float64(host, rng, lens, W, bias, silu):
         assert np.array_equal(after[s], tail), "state = the last W-1 inputs"
     untouched = sorted(set(range(7)) - set(call.slots))
     assert np.array_equal(after[untouched], pool[untouched])
+
+
+def check_hf_golden(be, case):
+    """HF's causal_conv1d_fn (fresh) / causal_conv1d_update (from a state) with SiLU; HF's
+    state is [channels, W-1], this pool's [W-1, channels]."""
+    z = np.load(GOLDEN)
+    G = {k.split("/", 1)[1]: z[k] for k in z.files if k.startswith(case + "/")}
+    n = len(G["lens"])
+    pool = np.ascontiguousarray(G["s0"].transpose(0, 2, 1))
+    call = Call(G["lens"].tolist(), list(range(n)), [4 if f else 0 for f in G["init"]])
+    bias = G["bias"] if G["bias"].size else None
+    out, after = prefill(be, G["x"], call, pool, G["w"], bias)
+    assert_close(bf16_to_f32(out), G["out"], "twin_bf16")
+    assert_rel_max(out, G["out"])
+    assert np.array_equal(after, G["final"].transpose(0, 2, 1))
+
+
+@pytest.mark.parametrize("case", ["silu", "bias"])
+def test_twin_matches_hf_golden(host, case):
+    check_hf_golden(host, case)
 
 
 @pytest.mark.parametrize("split", [1, 2, 5, 64, 100])
@@ -179,6 +203,12 @@ def test_gpu_prefill_matches_twin(device, host, rng, lens, silu):
     call = Call(list(lens), [5 - i for i in range(n)], [i % 2 * 3 for i in range(n)])
     x = rand_bf16(rng, (call.n_tokens, C))
     _check_kernel(device, host, x, call, pool, w, b, silu)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["silu", "bias"])
+def test_gpu_matches_hf_golden(device, case):
+    check_hf_golden(device, case)
 
 
 @pytest.mark.gpu

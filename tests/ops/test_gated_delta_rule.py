@@ -221,6 +221,23 @@ def test_batch_invariance_and_decode_after_prefill(host, rng):
     assert_close(st4[4], st_l[4], "gpu_vs_twin_fp32")
 
 
+@pytest.mark.parametrize("H,dk,dv", [(3, 16, 32), (2, 128, 64)])
+def test_native_step_gives_the_numpy_bits(rng, H, dk, dv):
+    """HostBackend's native decode step (gpu_runtime/native_recurrent.py) and the numpy
+    formula: the same float32 steps in the same order, the same bits."""
+    from metrale.gpu_runtime import native_recurrent
+    native = native_recurrent.try_load()
+    if native is None:
+        pytest.skip("no C++ compiler: the native step cannot be built")
+    f = lambda *shape: rng.standard_normal(shape).astype(np.float32)   # noqa: E731
+    qn, kn, v, state = f(H, dk) * 0.1, f(H, dk) * 0.1, f(H, dv), f(H, dk, dv)
+    g, beta = -np.abs(f(H)), np.abs(f(H)) / 4
+    s_np, s_nat = state.copy(), state.copy()
+    y_np = gdr.step_f32(qn, kn, v, g, beta, s_np)
+    y_nat = gdr.step_f32(qn, kn, v, g, beta, s_nat, native)
+    assert np.array_equal(y_np, y_nat) and np.array_equal(s_np, s_nat)
+
+
 def test_bad_arguments_raise(host):
     def call(Hk=2, Hv=4, dk=32, dv=32, stride=256, ss=4 * 32 * 32, q=16):
         gdr.gdr_decode(host, 0, 16, q, 16, 16, stride, 16, 16, 8, 16, 16, 16, ss, 16, 1, Hk, Hv,

@@ -216,6 +216,22 @@ def test_batch_invariance_and_step_after_prefill(host, rng):
     assert_rel_max(y[1:2], longer[-1:], st4[4], st_l[4])
 
 
+@pytest.mark.parametrize("H,P,N", [(3, 8, 32), (2, 64, 256)])
+def test_native_step_gives_the_numpy_bits(rng, H, P, N):
+    """HostBackend's native decode step and the numpy formula: the same bits."""
+    from metrale.gpu_runtime import native_recurrent
+    native = native_recurrent.try_load()
+    if native is None:
+        pytest.skip("no C++ compiler: the native step cannot be built")
+    f = lambda *shape: rng.standard_normal(shape).astype(np.float32)   # noqa: E731
+    x, B, C, state = f(H, P), f(H, N), f(H, N), f(H, P, N)
+    dt, A, D = np.abs(f(H)) / 4, -np.abs(f(H)), f(H)
+    s_np, s_nat = state.copy(), state.copy()
+    y_np = m2.step_f32(x, B, C, dt, A, D, s_np)
+    y_nat = m2.step_f32(x, B, C, dt, A, D, s_nat, native)
+    assert np.array_equal(y_np, y_nat) and np.array_equal(s_np, s_nat)
+
+
 def test_bad_arguments_raise(host):
     def call(H=4, G=2, P=32, N=32, xs=256, ss=4 * 32 * 32, lim=NO_LIMIT, chunk=64, x=16):
         m2.mamba2_prefill(host, 0, 16, x, xs, 16, 16, xs, 16, 4, 16, 16, 16, *lim, 16, ss, 16,
