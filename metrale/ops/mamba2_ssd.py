@@ -51,6 +51,20 @@ MAX_CHUNK = 256
 _GRID_MAX = 65535
 
 
+# Decay factors below 2^-64 are taken as 0. Their products with activations were subnormal
+# float32 numbers (below 2^-126) often enough that a 2048-token Mamba2 prefill ran 3-7x
+# slower on x86 (~100 cycles per subnormal operation); a term scaled by less than 2^-64 is
+# far below float32 resolution next to the chunk's unscaled terms of its size (the GPU's
+# fast-math exp flushes only below 2^-126; kernels and twins agree within the tolerances).
+EXP_MIN_ARG = np.float32(-44.3614)   # ln(2^-64)
+
+
+def exp_ftz(x) -> np.ndarray:
+    """exp(x) in float32, 0 below 2^-64 (x < EXP_MIN_ARG)."""
+    x = np.asarray(x, np.float32)
+    return np.where(x < EXP_MIN_ARG, np.float32(0), np.exp(np.maximum(x, EXP_MIN_ARG)))
+
+
 def block_p(d_state: int) -> int:
     """head_dim columns per prefill CTA: its state tile [block_p, d_state] is <= 16 KiB."""
     return min(32, 4096 // int(d_state))
@@ -173,24 +187,35 @@ def chunk_bounds(start_pos: int, length: int, chunk_size: int) -> list[tuple[int
     return out
 
 
-def chunked_f32(x, Bh, Ch, dt, A, D, state, start_pos: int, chunk_size: int):
-    """One sequence, all heads: x [H, n, P], Bh, Ch [H, n, N] (groups repeated), dt [H, n],
-    A, D [H], state [H, P, N] (updated in place) -> y [H, n, P] float32."""
+def chunked_f32(x, Bg, Cg, dt, A, D, state, start_pos: int, chunk_size: int):
+    """One sequence, all heads: x [H, n, P], Bg, Cg [G, n, N] (per group; head h uses group
+    h // (H / G)), dt [H, n], A, D [H], state [H, P, N] (updated in place) -> y [H, n, P]
+    float32. C B^T is formed once per group, the products with the states per head."""
     H, n, P = x.shape
+    G, N = Bg.shape[0], Bg.shape[2]
+    hg = H // G
     y = np.empty((H, n, P), np.float32)
     for lo, hi in chunk_bounds(start_pos, n, chunk_size):
         L = hi - lo
-        X, Bc, Cc = x[:, lo:hi], Bh[:, lo:hi], Ch[:, lo:hi]
+        X, Bc, Cc = x[:, lo:hi], Bg[:, lo:hi], Cg[:, lo:hi]
         d = dt[:, lo:hi]
         cum = np.cumsum(d * A[:, None], axis=1, dtype=np.float32)
         lower = np.tril(np.ones((L, L), bool))
-        decay = np.exp(np.where(lower, cum[:, :, None] - cum[:, None, :], np.float32(-np.inf)))
+        decay = exp_ftz(np.where(lower, cum[:, :, None] - cum[:, None, :], np.float32(-np.inf)))
         xt = X * d[:, :, None]
-        y[:, lo:hi] = (np.exp(cum)[:, :, None] * (Cc @ state.transpose(0, 2, 1))
-                       + ((Cc @ Bc.transpose(0, 2, 1)) * decay) @ xt + D[:, None, None] * X)
-        to_end = np.exp(cum[:, -1:] - cum)
-        state *= np.exp(cum[:, -1])[:, None, None]
-        state += (xt * to_end[:, :, None]).transpose(0, 2, 1) @ Bc
+        # every matmul on C-contiguous operands: numpy hands a transposed view to a slow loop
+        # on some shapes (measured 0.3 ms against 190 ms for this C B^T)
+        bt = np.ascontiguousarray(Bc.transpose(0, 2, 1))                    # [G, N, L]
+        ct = np.ascontiguousarray(Cc.transpose(0, 2, 1))
+        cb = Cc @ bt                                                        # [G, L, L]
+        m = (cb[:, None] * decay.reshape(G, hg, L, L)).reshape(H, L, L)
+        s_c = (state.reshape(G, hg, P, N) @ ct[:, None]).reshape(H, P, L)   # (S C^T)
+        y[:, lo:hi] = exp_ftz(cum)[:, :, None] * s_c.transpose(0, 2, 1) + m @ xt + \
+            D[:, None, None] * X
+        to_end = exp_ftz(cum[:, -1:] - cum)
+        state *= exp_ftz(cum[:, -1])[:, None, None]
+        bx = bt[:, None] @ (xt * to_end[:, :, None]).reshape(G, hg, L, P)   # [G, hg, N, P]
+        state += bx.reshape(H, N, P).transpose(0, 2, 1)
     return y
 
 
@@ -201,7 +226,7 @@ def step_f32(x, Bh, Ch, dt, A, D, state, native=None):
     l + 8, ... in order from +0, then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))).
     `native` (gpu_runtime/native_recurrent.py) computes the same bits in one pass."""
     H, P, N = state.shape
-    dA = np.exp(dt * A).astype(np.float32)
+    dA = exp_ftz(dt * A)
     dtB = (dt[:, None] * Bh).astype(np.float32)
     if native is not None:
         args = [np.ascontiguousarray(a, np.float32) for a in (x, dtB, Ch, dA, D)]
@@ -245,14 +270,14 @@ class _Layout:
         return bf16_to_f32(np.lib.stride_tricks.as_strided(flat, (n, width), (2 * stride, 2)))
 
     def inputs(self, lo: int, n: int):
-        """(x [H, n, P], B, C [H, n, N], dt [H, n]) of rows lo..lo+n."""
+        """(x [H, n, P], B, C [G, n, N] per group, dt [H, n]) of rows lo..lo+n."""
         H, G, P, N = self.H, self.G, self.P, self.N
         x = self.rows(self.x, lo, n, H * P, self.xs).reshape(n, H, P).transpose(1, 0, 2)
-        grp = np.arange(H) // (H // G)
-        B = self.rows(self.b, lo, n, G * N, self.bcs).reshape(n, G, N).transpose(1, 0, 2)[grp]
-        C = self.rows(self.c, lo, n, G * N, self.bcs).reshape(n, G, N).transpose(1, 0, 2)[grp]
+        B = self.rows(self.b, lo, n, G * N, self.bcs).reshape(n, G, N).transpose(1, 0, 2)
+        C = self.rows(self.c, lo, n, G * N, self.bcs).reshape(n, G, N).transpose(1, 0, 2)
         dt = dt_f32(self.rows(self.dtp, lo, n, H, self.dts), self.dt_bias, *self.lim)
-        return np.ascontiguousarray(x), B, C, dt.T.copy()
+        return (np.ascontiguousarray(x), np.ascontiguousarray(B), np.ascontiguousarray(C),
+                dt.T.copy())
 
     def state(self, slot: int) -> np.ndarray:
         if slot < 0:
@@ -300,6 +325,8 @@ def _step_twin(ctx, out, x, x_stride, b, c, bc_stride, dtp, dt_stride, a_log, dt
     n_seqs = int(ctx.grid[1])
     slots = ctx.read(slots_ptr, n_seqs, np.int32)
     xx, B, C, dt = lay.inputs(0, n_seqs)
+    grp = np.arange(lay.H) // (lay.H // lay.G)
+    B, C = B[grp], C[grp]                                   # [H, n, N]: each head's group
     o = lay.out_rows(out, 0, n_seqs)
     native = native_recurrent.for_backend(ctx.backend)
     states = [lay.state(int(s)) for s in slots]    # bounds-checked views, before any write
