@@ -6,8 +6,9 @@
 //                     stage is 64 k positions of 16 W rows, their q bytes (16 x RB) and qh
 //                     bytes (16 x HI_BYTES) copied by cp.async; each lane dequantizes its A'
 //                     fragment's 8 values of a row and k16 step straight into registers
-//                     with the scales of the row's 2 or 4 sub-blocks of the stage (scale(),
-//                     once per stage and row).
+//                     with the scales of the row's 2 or 4 sub-blocks of the stage (a
+//                     shared table of the stage's 16 x 2 or 4 scales, each entry unpacked
+//                     by one lane: fill_scales).
 //   GgufRows<T, TYPE> the tensor-core tile's operand (gemm_tc_tile.cuh, the 64x32 and
 //                     128x128 entries): a stage's q and qh bytes of BN rows copied by
 //                     cp.async into a raw ring, then each thread dequantizes one 16-element
@@ -41,14 +42,18 @@ struct GgufFormat {
     static constexpr int STAGE_BYTES = 2048 + 16 * (RB + HI_BYTES);
     static constexpr int STAGES = 46080 / STAGE_BYTES < 20 ? 46080 / STAGE_BYTES : 20;
 
+    static constexpr int TABLE = 2 * 16 * NSS;   // floats of the stage's scale table
+
     const unsigned char *q, *qh, *meta;
+    float *table;   // shared [16 rows][NSS][s, mn]: the stage's scales
     int row_bytes, hi_row_bytes, meta_row, k;
 
     static __device__ __forceinline__ GgufFormat make(const unsigned char *q,
                                                       const unsigned char *qh,
-                                                      const unsigned char *meta, int k) {
+                                                      const unsigned char *meta, float *table,
+                                                      int k) {
         typedef GgufRowBytes<TYPE> B;
-        return {q, qh, meta, B::q(k), B::qh(k), B::meta(k), k};
+        return {q, qh, meta, table, B::q(k), B::qh(k), B::meta(k), k};
     }
     __device__ __forceinline__ const unsigned char *row_bytes_at(int j) const {
         return q + (long long)j * row_bytes;
@@ -61,34 +66,45 @@ struct GgufFormat {
         return Ty::LOW == 8 ? ch ^ ((r >> 1) & 3) : ch;
     }
     struct Row {
-        const unsigned char *m;   // the row's meta bytes
+        int r;   // the tile row (0..15) of W row j
     };
-    __device__ __forceinline__ Row row(int j) const {
-        return {meta + (long long)j * meta_row};
-    }
+    __device__ __forceinline__ Row row(int j) const { return {j & 15}; }   // col0 % 16 == 0
     __device__ __forceinline__ void prefetch(int j, int kt) const {
         prefetch_l1(meta + (long long)j * meta_row + (kt * 64 / Ty::QK) * Ty::META);
+    }
+    // The stage's scale table: entry (r, i) = the scales of tile row r's i-th block (32-
+    // element types: block 2 kt + i; one past k is not read, its positions never are) or
+    // sub-block (K-quants: NSS (kt % 4) + i of block kt / 4), each unpacked by one lane.
+    // Rows past n are left alone (their readers are clamped to live rows).
+    __device__ __forceinline__ void fill_scales(int lane, int col0, int cols, int kt) const {
+        static_assert(16 * NSS % 32 == 0, "whole entries per lane");
+#pragma unroll
+        for (int u = 0; u < 16 * NSS / 32; ++u) {
+            const int e = lane + 32 * u, r = e / NSS, i = e % NSS;
+            if (r >= cols) continue;
+            const unsigned char *mr = meta + (long long)(col0 + r) * meta_row;
+            float s[1] = {0.f}, mn[1] = {0.f};
+            if constexpr (Ty::QK == 32) {
+                if ((2 * kt + i) * 32 < k)
+                    gguf_scales<TYPE, 1>(mr + (2 * kt + i) * Ty::META, 0, s, mn);
+            } else {
+                gguf_scales<TYPE, 1>(mr + (kt >> 2) * Ty::META, (kt & 3) * NSS + i, s, mn);
+            }
+            table[2 * e] = s[0];
+            table[2 * e + 1] = mn[0];
+        }
     }
     struct Scale {
         float s[NSS], mn[NSS];
     };
-    // The stage's scales of a row: blocks 2 kt, 2 kt + 1 (32-element types; a block past k
-    // is not read), or sub-blocks NSS (kt % 4) .. + NSS - 1 of block kt / 4.
-    __device__ __forceinline__ Scale scale(const Row &r, int kt) const {
+    // Row r's scales of the stage, from the table fill_scales wrote.
+    __device__ __forceinline__ Scale scale(const Row &r, int) const {
         Scale sc;
 #pragma unroll
-        for (int i = 0; i < NSS; ++i) sc.s[i] = sc.mn[i] = 0.f;
-        if constexpr (Ty::QK == 32) {
-#pragma unroll
-            for (int b = 0; b < 2; ++b) {
-                if ((2 * kt + b) * 32 >= k) continue;
-                float s[1], mn[1] = {0.f};
-                gguf_scales<TYPE, 1>(r.m + (2 * kt + b) * Ty::META, 0, s, mn);
-                sc.s[b] = s[0];
-                sc.mn[b] = mn[0];
-            }
-        } else {
-            gguf_scales<TYPE, NSS>(r.m + (kt >> 2) * Ty::META, (kt & 3) * NSS, sc.s, sc.mn);
+        for (int i = 0; i < NSS; ++i) {
+            const float2 v = *reinterpret_cast<const float2 *>(table + 2 * (r.r * NSS + i));
+            sc.s[i] = v.x;
+            sc.mn[i] = v.y;
         }
         return sc;
     }
@@ -115,21 +131,24 @@ struct GgufFormat {
             la = w.x >> (8 * t);
             lb = w.y >> (8 * t);
         } else if constexpr (Ty::LOW == 2) { // 4 bytes a step: bits 4t.., 16 + 4t..
-            const unsigned int w = *reinterpret_cast<const unsigned int *>(srow + 4 * ks) >> (4 * t);
+            const unsigned int w =
+                *reinterpret_cast<const unsigned int *>(srow + 4 * ks) >> (4 * t);
             la = w;
             lb = w >> 16;
-        } else {                             // 16 bytes a step (swizzled): bytes 2t.., 8 + 2t..
+        } else {                             // 16 bytes a step, swizzled: bytes 2t.., 8 + 2t..
             const unsigned char *c = srow + 16 * swz(row, ks) + 4 * (t >> 1);
             const int sh = 16 * (t & 1);
             la = *reinterpret_cast<const unsigned int *>(c) >> sh;
             lb = *reinterpret_cast<const unsigned int *>(c + 8) >> sh;
         }
         if constexpr (Ty::HIGH == 1) {       // 2 bytes a step: bits 2t.., 8 + 2t..
-            const unsigned int h = *reinterpret_cast<const unsigned short *>(hrow + 2 * ks) >> (2 * t);
+            const unsigned int h =
+                *reinterpret_cast<const unsigned short *>(hrow + 2 * ks) >> (2 * t);
             ha = h;
             hb = h >> 8;
         } else if constexpr (Ty::HIGH == 2) {   // 4 bytes a step: bits 4t.., 16 + 4t..
-            const unsigned int h = *reinterpret_cast<const unsigned int *>(hrow + 4 * ks) >> (4 * t);
+            const unsigned int h =
+                *reinterpret_cast<const unsigned int *>(hrow + 4 * ks) >> (4 * t);
             ha = h;
             hb = h >> 16;
         }
@@ -264,7 +283,8 @@ typedef TcTile<128, 128, 32, 2, 4, 3> GgufTile128x128;
         typedef GgufFormat<TYPE> F;                                                            \
         __shared__ __align__(128) bf16 sx[F::STAGES * 16 * 64];                                \
         __shared__ __align__(128) unsigned char sw[F::STAGES * 16 * (F::RB + F::HI_BYTES)];    \
-        const F f = F::make(q, qh, meta, k);                                                   \
+        __shared__ __align__(16) float stab[F::TABLE];                                         \
+        const F f = F::make(q, qh, meta, stab, k);                                             \
         gemm_q_decode<F, F::STAGES>(sx, sw, YB, YF, x, f, m, n, k, ldy);                       \
     }
 

@@ -41,8 +41,10 @@
 #include "gemm_tc_tile.cuh"
 
 // Whether F has the high-bit plane interface (HI_BYTES, HI_UNIT, hi_row_bytes,
-// hi_row_at(j), prefetch(j, kt), frag with the stage's high-bit row): gemm_gguf.cuh's
-// GgufFormat. gemm_q.cu's formats have none.
+// hi_row_at(j), prefetch(j, kt), fill_scales(lane, col0, cols, kt) -- the stage's scale
+// table in shared memory, each entry unpacked by one lane, which scale() then reads -- and
+// frag with the stage's high-bit row): gemm_gguf.cuh's GgufFormat. gemm_q.cu's formats have
+// none.
 template <class F, class = void>
 struct DecodeHi {
     static constexpr bool ext = false;
@@ -174,6 +176,10 @@ __device__ __forceinline__ void gemm_q_decode(bf16 *sx, unsigned char *sw, bf16 
         const int slot = kt % STAGES;
         const bf16 *xa = sx + slot * 16 * 64;
         const unsigned char *wa = sw + slot * SWS;
+        if constexpr (DecodeHi<F>::ext) {   // the stage's scales, one lane per entry
+            f.fill_scales(lane, col0, cols, kt);   // (its readers of stage kt - 1 are past
+            __syncwarp();                          // the __syncwarp above)
+        }
         const typename F::Scale sc[2] = {f.scale(frow[0], kt), f.scale(frow[1], kt)};
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
