@@ -16,8 +16,8 @@ per 256 weights, plus X and Y) at the HBM bandwidth; the fraction is roofline / 
 Not counted (estimate.py's limits): instruction issue and CUDA-core arithmetic -- here the
 dequantization (about four FP32 / integer instructions per weight) -- and memory latency, so
 the figure is an upper bound on what the kernel can reach; the report adds, separately
-labelled, the time instruction issue alone would take from the decode loop's static PTX
-instruction count (an overcount: both X paths and every edge branch). Values of the weights do not change
+labelled, the time instruction issue alone would take from the decode k loop's static PTX
+instruction count on the decode path (m <= 8, aligned X). Values of the weights do not change
 the work: the planes are the profile backend's zero pages. Nothing here ran on a GPU.
 """
 from __future__ import annotations
@@ -164,11 +164,11 @@ def run(use_nvrtc: bool = True) -> dict:
                  **{dev.name: {f"{r['shape']}": loop * (r["k"] // 64) * (r["n"] // 16)
                                / (4 * dev.sms * dev.clock_hz) * 1e6 for r in rows}
                     for dev in est.DEVICES},
-                 "what": "microseconds the decode tile's k loop would take if instruction "
-                         "issue (4 warp instructions per SM clock) were the only limit, from "
-                         "its static PTX instruction count (before ptxas, both X paths and "
-                         "every edge branch counted: an overcount of what one m = 1 stage "
-                         "issues). A bound the counters cannot see; settled only on a GPU"}
+                 "what": "ESTIMATED microseconds the decode tile's k loop would take if "
+                         "instruction issue (4 warp instructions per SM clock) were the only "
+                         "limit, from its static PTX instruction count on the decode path "
+                         "(before ptxas, which fuses and drops some; the edge branches "
+                         "counted). A limit the counters cannot see; settled only on a GPU"}
     return {
         "estimate": True,
         "what": "ESTIMATED time of the Q4_K decode GEMV (gemm_gguf_q4_k_bf16_16x16, m = 1) at "
@@ -209,10 +209,11 @@ def main(argv=None) -> int:
                       f"({d['roofline_fraction_without_fixed']:.2f} without the fixed cost)")
     iss = rep["issue_bound_estimate"]
     if iss:
-        print(f"decode loop: {iss['ptx_instructions_per_stage']} PTX instructions (static) per "
-              f"1024 weights; issue-bound at most:")
+        print(f"decode k loop: {iss['ptx_instructions_per_stage']} PTX instructions (static, "
+              "decode path) per 1024 weights; instruction issue alone would take:")
         for dev in est.DEVICES:
-            print("  " + dev.name + ": " + ", ".join(f"{k} {v:.1f} us" for k, v in iss[dev.name].items()))
+            print(f"  {dev.name}: " + ", ".join(f"{k} {v:.1f} us"
+                                               for k, v in iss[dev.name].items()))
     if args.json:
         Path(args.json).write_text(json.dumps(rep, indent=1) + "\n")
     return 0

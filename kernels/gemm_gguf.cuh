@@ -42,10 +42,11 @@ struct GgufFormat {
     static constexpr int STAGE_BYTES = 2048 + 16 * (RB + HI_BYTES);
     static constexpr int STAGES = 46080 / STAGE_BYTES < 20 ? 46080 / STAGE_BYTES : 20;
 
-    static constexpr int TABLE = 2 * 16 * NSS;   // floats of the stage's scale table
+    static constexpr int TABLE = 2 * 16 * NSS;   // floats of the stage's scale table: s of
+                                                 // entry e = (row, i) at e, mn at 16 NSS + e
 
     const unsigned char *q, *qh, *meta;
-    float *table;   // shared [16 rows][NSS][s, mn]: the stage's scales
+    float *table;   // shared: the stage's scales (TABLE)
     int row_bytes, hi_row_bytes, meta_row, k;
 
     static __device__ __forceinline__ GgufFormat make(const unsigned char *q,
@@ -90,23 +91,35 @@ struct GgufFormat {
             } else {
                 gguf_scales<TYPE, 1>(mr + (kt >> 2) * Ty::META, (kt & 3) * NSS + i, s, mn);
             }
-            table[2 * e] = s[0];
-            table[2 * e + 1] = mn[0];
+            table[e] = s[0];   // 32 lanes, 32 consecutive words: no bank conflict
+            if constexpr (Ty::MIN) table[16 * NSS + e] = mn[0];
         }
     }
     struct Scale {
         float s[NSS], mn[NSS];
     };
-    // Row r's scales of the stage, from the table fill_scales wrote.
+    // Row r's scales of the stage, from the table fill_scales wrote (one 8- or 16-byte load
+    // of the s values, and one of the mn values for a type with a min).
     __device__ __forceinline__ Scale scale(const Row &r, int) const {
         Scale sc;
 #pragma unroll
-        for (int i = 0; i < NSS; ++i) {
-            const float2 v = *reinterpret_cast<const float2 *>(table + 2 * (r.r * NSS + i));
-            sc.s[i] = v.x;
-            sc.mn[i] = v.y;
-        }
+        for (int i = 0; i < NSS; ++i) sc.mn[i] = 0.f;
+        load_row(table + r.r * NSS, sc.s);
+        if constexpr (Ty::MIN) load_row(table + 16 * NSS + r.r * NSS, sc.mn);
         return sc;
+    }
+    static __device__ __forceinline__ void load_row(const float *p, float (&v)[NSS]) {
+        if constexpr (NSS == 2) {
+            const float2 w = *reinterpret_cast<const float2 *>(p);
+            v[0] = w.x;
+            v[1] = w.y;
+        } else {
+            const float4 w = *reinterpret_cast<const float4 *>(p);
+            v[0] = w.x;
+            v[1] = w.y;
+            v[2] = w.z;
+            v[3] = w.w;
+        }
     }
     // The two values of codes packed at bits [0, LOW) and [LOW, 2 LOW) of l (hi bits at
     // [0, HIGH) and [HIGH, 2 HIGH) of h) as a BF16 pair.
