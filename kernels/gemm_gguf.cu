@@ -24,19 +24,20 @@
 // (y, x, q, qh, meta, m, n, k, ldy); ops/gemm_tc.py's pick_tile chooses the tile, for speed
 // only. Launch: block = warps * 32 threads, grid (ceil(m / BM), ceil(n / BN)), no dynamic
 // shared memory; ceil(n / BN) <= 65535.
-//   tile      BM x BN   BK  warps  stages                        static smem
-//   16x16     16 x 16   64  1      18 (Q5_*: 17, Q8_0: 15)       45 / 44.6 / 45 KiB
-//   64x32     64 x 32   64  2 x 2  4                             37 / 38 / 40 KiB
-//   128x128  128 x 128  32  2 x 4  3                             38 / 39.5 / 44 KiB
+//   tile      BM x BN   BK  warps  stages (4-bit / Q5_* / Q8_0)  static smem (KiB)
+//   16x16     16 x 16   64  1      18 / 17 / 15                 45.2 / 44.9 / 45.2
+//   64x32     64 x 32   64  2 x 2  4                            40 / 41 / 44
+//   128x128  128 x 128  32  2 x 4  3                            38 / 39.5 / 44
 // The 16x16 tile is the decode GEMV (gemm_q_decode.cuh with GgufFormat: one warp, W
-// dequantized into the MMA's A' registers, a stage's two blocks' scales computed once per
-// row): n / 16 CTAs, each streaming 16 rows of packed W with its qh bits through a ring of
-// 16-byte (q) and 4-byte (qh) cp.async copies, 17 stages in flight. The 64x32 and 128x128
-// tiles are gemm_tc_tile.cuh's with GgufRows: a raw ring of the stage's q and qh bytes, each
-// thread dequantizing one 16-element run of a row (one block's scale for the 16) into the
-// BF16 stage the MMAs read. Scales come by __ldg at the block's alignment, their L1 line
-// prefetched when the stage's copies are issued. Restrictions: k % 32 == 0; the plane
-// alignments above (the launcher refuses others).
+// dequantized into the MMA's A' registers): n / 16 CTAs, each streaming 16 rows of packed W
+// and their qh bits through a ring of 16-byte (q) and 4-byte (qh) cp.async copies, 14-17
+// stages in flight; per stage each lane unpacks one of the 16 rows x 2 blocks' scales into a
+// shared table the lanes then read. The 64x32 and 128x128 tiles are gemm_tc_tile.cuh's with
+// GgufRows: a raw ring of the stage's q and qh bytes, each thread dequantizing one
+// 16-element run of a row (its block's scale read once for the 16) into the BF16 stage the
+// MMAs read. Scales come by __ldg at the block's alignment, their L1 line prefetched when
+// the stage's copies are issued. Restrictions: k % 32 == 0; the plane alignments above (the
+// launcher refuses others).
 #include "gemm_gguf.cuh"
 
 GEMM_GGUF_ENTRIES(q4_0, GGML_Q4_0)

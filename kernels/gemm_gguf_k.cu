@@ -26,20 +26,22 @@
 // (y, x, q, qh, meta, m, n, k, ldy); ops/gemm_tc.py's pick_tile chooses the tile, for speed
 // only. Launch: block = warps * 32 threads, grid (ceil(m / BM), ceil(n / BN)), no dynamic
 // shared memory; ceil(n / BN) <= 65535.
-//   tile      BM x BN   BK  warps  stages                            static smem
-//   16x16     16 x 16   64  1      Q2_K 20, Q3_K 18, Q4_K / IQ4_XS   45, 42.8, 45,
-//                                  18, Q5_K 17, Q6_K 16              44.6, 44 KiB
-//   64x32     64 x 32   64  2 x 2  4                                 34 .. 40 KiB
-//   128x128  128 x 128  32  2 x 4  3                                 35 .. 41 KiB
+//   tile      BM x BN   BK  warps  stages (Q2_K / Q3_K / Q4_K, IQ4_XS / Q5_K / Q6_K)
+//   16x16     16 x 16   64  1      20 / 18 / 18 / 17 / 16
+//   64x32     64 x 32   64  2 x 2  4
+//   128x128  128 x 128  32  2 x 4  3
+//   static smem (KiB, same order): 16x16 45.5 / 43.2 / 45.2 / 44.9 / 44.5; 64x32 38 / 39 /
+//   40 / 41 / 42; 128x128 35 / 36.5 / 38 / 39.5 / 41
 // The 16x16 tile is the decode GEMV (gemm_q_decode.cuh with GgufFormat: one warp, W
-// dequantized into the MMA's A' registers; per stage and row the 2 or 4 sub-block scales of
-// its 64 positions unpacked once): n / 16 CTAs streaming 16 rows of packed W, q by 16-byte
-// and qh by 8- or 16-byte cp.async, 15-19 stages in flight. The 64x32 and 128x128 tiles are
-// gemm_tc_tile.cuh's with GgufRows: a raw ring of the stage's q and qh bytes, each thread
-// dequantizing one 16-element run of a row (its sub-block's 6-bit scales unpacked once for
-// the 16) into the BF16 stage the MMAs read. Meta by __ldg (Q4_K / Q5_K: one 128-bit load
-// per block), its L1 line prefetched when the stage's copies are issued. Restrictions:
-// k % 256 == 0; the plane alignments above (the launcher refuses others).
+// dequantized into the MMA's A' registers): n / 16 CTAs streaming 16 rows of packed W, q by
+// 16-byte and qh by 8- or 16-byte cp.async, 15-19 stages in flight; per stage the 16 rows'
+// 2 or 4 sub-block scales of its 64 positions are unpacked once each (one lane an entry)
+// into a shared table the lanes read. The 64x32 and 128x128 tiles are gemm_tc_tile.cuh's
+// with GgufRows: a raw ring of the stage's q and qh bytes, each thread dequantizing one
+// 16-element run of a row (its sub-block's 6-bit scales unpacked once for the 16) into the
+// BF16 stage the MMAs read. Meta by __ldg (Q4_K / Q5_K: one 128-bit load per block), its L1
+// line prefetched when the stage's copies are issued. Restrictions: k % 256 == 0; the plane
+// alignments above (the launcher refuses others).
 #include "gemm_gguf.cuh"
 
 GEMM_GGUF_ENTRIES(q2_k, GGML_Q2_K)

@@ -202,7 +202,7 @@ __device__ __forceinline__ void gguf_run16(const uint4 &lo, unsigned int hi, flo
 }
 
 // The q-plane bits of run r (elements 16 r .. 16 r + 15) of a row at `row` (16-byte aligned
-// rows): 2 * LOW bytes, one 32-, 64- or 128-bit load; `T` selects shared (plain) or global
+// rows): 2 * LOW bytes, one 32-, 64- or 128-bit load; GLOBAL selects shared (plain) or global
 // (__ldg) memory.
 template <int LOW, bool GLOBAL>
 __device__ __forceinline__ uint4 gguf_lo_bits(const unsigned char *row, int r) {
