@@ -12,7 +12,8 @@ recurrent layers at Qwen3.5-0.8B's gated DeltaNet (16 key / 16 value heads x 128
 chunk 128, conv over 10240 channels). Every linear shape (qkv, o,
 gate_up, down, lm_head) runs through the tensor-core GEMM the model uses (`gemm_tc`, its
 tile in the shape) and cuBLAS at m = 1, 8, 64, 2048, and the CUDA-core GEMV at 1, 8, 64; the
-dequantizing GEMM (`gemm_q`: 4-bit and FP8 weights) at the same shapes and rows.
+dequantizing GEMM (`gemm_q`: 4-bit and FP8 weights) and the GEMM over GGUF weights at their
+bytes (`gemm_gguf`: Q4_K, Q6_K, Q8_0, Q4_0) at the same shapes and rows.
 `--small` shrinks every shape so the whole run takes seconds on the CPU (HostBackend runs
 the numpy twins; the numbers then only show that every launcher still runs).
 
@@ -327,6 +328,44 @@ def bench_gemm_q(B, S):
         for p in q4 + f8:
             B.be.free(p)
             B.bufs.remove(p)
+
+
+# the types of the llama.cpp files people run most (Q4_K_M's bulk, its Q6_K tensors, Q8_0)
+# and the plain 32-element Q4_0
+GGUF_BENCH_TYPES = ("Q4_K", "Q6_K", "Q8_0", "Q4_0")
+
+
+def bench_gemm_gguf(B, S):
+    """The GEMM over GGUF weights kept at their bytes, at the same shapes and rows, for
+    GGUF_BENCH_TYPES: bytes are the planes the kernel must read (q + qh + meta: the file's
+    tensor bytes) plus X and Y, so decode rows compare with gemm_tc's and gemm_q's against
+    the copy bandwidth."""
+    from metrale.gpu_runtime import NULL
+    from metrale.ops import gemm_gguf, gemm_tc
+    from metrale.ops.gguf_planes import PACKED, plane_bytes
+    by_name = {t.name: ggml_type for ggml_type, t in PACKED.items()}
+    rows = (*S["rows"], S["tokens"])
+    x = B.buf(max(rows) * max(S["hidden"], S["inter"]) * 2)
+    y = B.buf(max(rows) * max(2 * S["inter"], S["vocab"]) * 2)
+    for name, n, k in linear_shapes(S):
+        for tname in GGUF_BENCH_TYPES:
+            ggml_type = by_name[tname]
+            q_row, qh_row, meta_row = plane_bytes(ggml_type, k)
+            # codes 0x5A, high bits 0x0F, scale fields 0x1C (f16 0x1C1C ~ 0.004, 6-bit 28)
+            w = [B.buf(n * q_row, 0x5A), B.buf(n * qh_row, 0x0F) if qh_row else NULL,
+                 B.buf(n * meta_row, 0x1C)]
+            w_bytes = n * (q_row + qh_row + meta_row)
+            for m in rows:
+                shape = dict(m=m, n=n, k=k, type=tname, tile=gemm_tc.pick_tile(m, n).name)
+                B.run("gemm_gguf", f"gemm_gguf_{tname.lower()}_bf16 {name}", shape,
+                      lambda s, m=m, n=n, k=k, w=w, t=ggml_type: gemm_gguf.gemm_gguf(
+                          B.be, s, y, x, w[0], w[1], w[2], m, n, k, t),
+                      nbytes=w_bytes + (m * k + m * n) * 2, flops=2 * m * n * k,
+                      bound="compute" if m >= 256 else "memory")
+            for p in w:
+                if int(p):
+                    B.be.free(p)
+                    B.bufs.remove(p)
 
 
 def bench_rope(B, S):
@@ -696,7 +735,7 @@ FAMILIES = {
     "activation": [bench_activation], "cast": [bench_cast],
     "elementwise": [bench_elementwise], "gemm": [bench_gemv, bench_gemm],
     "gemm_tc": [bench_gemm_tc], "gemm_fused": [bench_gemm_fused],
-    "gemm_q": [bench_gemm_q],
+    "gemm_q": [bench_gemm_q], "gemm_gguf": [bench_gemm_gguf],
     "rope": [bench_rope], "kv_cache": [bench_kv_cache], "attention": [bench_attention],
     "argmax": [bench_argmax], "sampling": [bench_sampling], "conv1d": [bench_conv1d],
     "dense_attention": [bench_dense_attention],
@@ -710,9 +749,10 @@ FAMILIES = {
 }
 # helpers of metrale/ops with no kernel of their own (attention_tile: the twin of a header
 # that attention.cu and dense_attention.cu share, benchmarked through them; attention_native:
-# the decode twins' native path on HostBackend, timed through attention's rows)
+# the decode twins' native path on HostBackend, timed through attention's rows; gguf_planes:
+# the GGUF plane layout and its dequantization, timed through gemm_gguf's rows)
 NOT_KERNELS = {"bf16", "registry", "checks", "attention_tile", "attention_native",
-               "gguf_planes"}   # the GGUF planes' layout and formula (gemm_gguf runs them)
+               "gguf_planes"}
 
 
 def ops_modules() -> list[str]:
