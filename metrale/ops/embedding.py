@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import InvalidArgument
 from ..gpu_runtime.types import DevicePtr
 from .checks import check_ptrs, check_sizes, int_range
+from .gemm_gguf import check_planes
 from .gguf_planes import PACKED, dequant_bf16, plane_bytes
 from .registry import twin
 
@@ -66,18 +67,9 @@ def embedding_gguf(backend, stream: int, out_ptr, token_ids_ptr, q_ptr, qh_ptr, 
     device at token_ids_ptr, and the same values on the host (`ids`), each checked
     0 <= id < vocab here; out: [n_tokens, k] bf16."""
     what = f"embedding_gguf ({PACKED[ggml_type].name if ggml_type in PACKED else ggml_type})"
-    if ggml_type not in PACKED:
-        raise InvalidArgument(f"{what}: ggml type {ggml_type!r} is not kept packed")
-    t = PACKED[ggml_type]
     check_sizes(what, n_tokens=n_tokens, k=k, vocab=vocab)
-    check_ptrs(what, out_ptr=out_ptr, token_ids_ptr=token_ids_ptr, meta_ptr=meta_ptr)
-    check_ptrs(what, 16, q_ptr=q_ptr)
-    if k % t.qk:
-        raise InvalidArgument(f"{what}: k = {k} must be a multiple of {t.name}'s block of "
-                              f"{t.qk}")
-    if (int(qh_ptr) != 0) != (t.high_bits > 0):
-        raise InvalidArgument(f"{what}: {t.name} " + ("needs a qh plane" if t.high_bits else
-                                                      "has no qh plane (pass NULL)"))
+    check_ptrs(what, out_ptr=out_ptr, token_ids_ptr=token_ids_ptr)
+    check_planes(what, k, ggml_type, q_ptr, qh_ptr, meta_ptr)
     ids = np.asarray(ids)
     if ids.shape != (int(n_tokens),):
         raise InvalidArgument(f"{what}: ids has shape {ids.shape}, not ({n_tokens},)")

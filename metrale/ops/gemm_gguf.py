@@ -59,26 +59,33 @@ def kernel_name(ggml_type: int, out_fp32: bool, tile: str) -> str:
     return f"gemm_gguf_{PACKED[ggml_type].name.lower()}_{'fp32' if out_fp32 else 'bf16'}_{tile}"
 
 
-def check_gguf(what: str, m, n, k, ldy, ggml_type, q_ptr, qh_ptr, meta_ptr) -> None:
-    """gemm_gguf's argument checks (InvalidArgument before any launch)."""
+def check_planes(what: str, k, ggml_type, q_ptr, qh_ptr, meta_ptr) -> None:
+    """The checks of a W in planes every GGUF kernel reads (gemm_gguf, embedding_gguf): a
+    packed type, whole blocks along k, a qh plane exactly where the type has high bits, and
+    each plane's base aligned as plane_alignment says (InvalidArgument)."""
     if ggml_type not in PACKED:
         raise InvalidArgument(f"{what}: ggml type {ggml_type!r} is not kept packed (packed: "
                               f"{', '.join(t.name for t in PACKED.values())})")
     t = PACKED[ggml_type]
-    check_sizes(what, m=m, n=n, k=k, ldy=ldy)
     q_align, qh_align, meta_align = plane_alignment(ggml_type)
     check_ptrs(what, meta_align, meta_ptr=meta_ptr)
     check_ptrs(what, q_align, q_ptr=q_ptr)
     if k % t.qk:
         raise InvalidArgument(f"{what}: k = {k} must be a multiple of {t.name}'s block of "
                               f"{t.qk}")
-    if ldy < n:
-        raise InvalidArgument(f"{what}: ldy = {ldy} is less than n = {n}")
     if (int(qh_ptr) != 0) != (t.high_bits > 0):
         raise InvalidArgument(f"{what}: {t.name} " + ("needs a qh plane" if t.high_bits else
                                                       "has no qh plane (pass NULL)"))
     if t.high_bits:
         check_ptrs(what, qh_align, qh_ptr=qh_ptr)
+
+
+def check_gguf(what: str, m, n, k, ldy, ggml_type, q_ptr, qh_ptr, meta_ptr) -> None:
+    """gemm_gguf's argument checks (InvalidArgument before any launch)."""
+    check_sizes(what, m=m, n=n, k=k, ldy=ldy)
+    check_planes(what, k, ggml_type, q_ptr, qh_ptr, meta_ptr)
+    if ldy < n:
+        raise InvalidArgument(f"{what}: ldy = {ldy} is less than n = {n}")
 
 
 @dataclass(frozen=True)
@@ -165,5 +172,5 @@ def _register_twins() -> None:
 
 _register_twins()
 
-__all__ = ["gemm_gguf", "GgufW", "check_gguf", "gguf_rows_twin", "kernel_name", "module_of",
+__all__ = ["gemm_gguf", "GgufW", "check_gguf", "check_planes", "gguf_rows_twin", "kernel_name", "module_of",
            "plane_alignment", "NULL"]
