@@ -6,10 +6,14 @@
 Shapes are Llama-3.1-8B's (hidden 4096, intermediate 14336, 32 heads / 8 kv heads x 128,
 vocab 128256; 2048-token prefill chunks; decode batches 1, 8, 64 at 4096 cached tokens),
 Whisper-small's conv stem and a CLIP ViT-L/14-336 patch embed; the MoE kernels at
-Qwen3-30B-A3B's (128 experts, top-8, hidden 2048, expert width 768). Every linear shape (qkv, o,
+Qwen3-30B-A3B's (128 experts, top-8, hidden 2048, expert width 768); the hybrid models'
+recurrent layers at Qwen3.5-0.8B's gated DeltaNet (16 key / 16 value heads x 128, conv over
+6144 channels) and Nemotron-H-8B's Mamba2 mixer (128 heads x 64, d_state 128, 8 groups,
+chunk 128, conv over 10240 channels). Every linear shape (qkv, o,
 gate_up, down, lm_head) runs through the tensor-core GEMM the model uses (`gemm_tc`, its
 tile in the shape) and cuBLAS at m = 1, 8, 64, 2048, and the CUDA-core GEMV at 1, 8, 64; the
-dequantizing GEMM (`gemm_q`: 4-bit and FP8 weights) at the same shapes and rows.
+dequantizing GEMM (`gemm_q`: 4-bit and FP8 weights) and the GEMM over GGUF weights at their
+bytes (`gemm_gguf`: Q4_K, Q6_K, Q8_0, Q4_0) at the same shapes and rows.
 `--small` shrinks every shape so the whole run takes seconds on the CPU (HostBackend runs
 the numpy twins; the numbers then only show that every launcher still runs).
 
@@ -44,10 +48,13 @@ from metrale.gpu_runtime import backend as pick_backend  # noqa: E402
 FULL = dict(hidden=4096, inter=14336, H=32, KV=8, D=128, vocab=128256, tokens=2048,
             rows=(1, 8, 64), kv_len=4096, block=16, mel=80, d_model=768, frames=3000,
             image=336, patch=14, vit_hidden=1024, cast_n=1 << 26, enc_len=1500, enc_heads=12,
-            moe=(128, 8, 2048, 768))   # experts, top-k, hidden, expert width: Qwen3-30B-A3B
+            moe=(128, 8, 2048, 768),   # experts, top-k, hidden, expert width: Qwen3-30B-A3B
+            gdn=(16, 16, 128, 128),    # key heads, value heads, d_k, d_v: Qwen3.5-0.8B
+            ssd=(128, 8, 64, 128, 128))   # heads, groups, head_dim, d_state, chunk: Nemotron-H-8B
 SMALL = dict(hidden=256, inter=512, H=4, KV=2, D=64, vocab=2048, tokens=64, rows=(1, 4),
              kv_len=256, block=16, mel=16, d_model=64, frames=64, image=56, patch=14,
-             vit_hidden=64, cast_n=1 << 14, enc_len=64, enc_heads=4, moe=(16, 4, 256, 128))
+             vit_hidden=64, cast_n=1 << 14, enc_len=64, enc_heads=4, moe=(16, 4, 256, 128),
+             gdn=(2, 4, 32, 32), ssd=(4, 2, 32, 64, 32))
 
 
 class Bench:
@@ -323,6 +330,44 @@ def bench_gemm_q(B, S):
             B.bufs.remove(p)
 
 
+# the types of the llama.cpp files people run most (Q4_K_M's bulk, its Q6_K tensors, Q8_0)
+# and the plain 32-element Q4_0
+GGUF_BENCH_TYPES = ("Q4_K", "Q6_K", "Q8_0", "Q4_0")
+
+
+def bench_gemm_gguf(B, S):
+    """The GEMM over GGUF weights kept at their bytes, at the same shapes and rows, for
+    GGUF_BENCH_TYPES: bytes are the planes the kernel must read (q + qh + meta: the file's
+    tensor bytes) plus X and Y, so decode rows compare with gemm_tc's and gemm_q's against
+    the copy bandwidth."""
+    from metrale.gpu_runtime import NULL
+    from metrale.ops import gemm_gguf, gemm_tc
+    from metrale.ops.gguf_planes import PACKED, plane_bytes
+    by_name = {t.name: ggml_type for ggml_type, t in PACKED.items()}
+    rows = (*S["rows"], S["tokens"])
+    x = B.buf(max(rows) * max(S["hidden"], S["inter"]) * 2)
+    y = B.buf(max(rows) * max(2 * S["inter"], S["vocab"]) * 2)
+    for name, n, k in linear_shapes(S):
+        for tname in GGUF_BENCH_TYPES:
+            ggml_type = by_name[tname]
+            q_row, qh_row, meta_row = plane_bytes(ggml_type, k)
+            # codes 0x5A, high bits 0x0F, scale fields 0x1C (f16 0x1C1C ~ 0.004, 6-bit 28)
+            w = [B.buf(n * q_row, 0x5A), B.buf(n * qh_row, 0x0F) if qh_row else NULL,
+                 B.buf(n * meta_row, 0x1C)]
+            w_bytes = n * (q_row + qh_row + meta_row)
+            for m in rows:
+                shape = dict(m=m, n=n, k=k, type=tname, tile=gemm_tc.pick_tile(m, n).name)
+                B.run("gemm_gguf", f"gemm_gguf_{tname.lower()}_bf16 {name}", shape,
+                      lambda s, m=m, n=n, k=k, w=w, t=ggml_type: gemm_gguf.gemm_gguf(
+                          B.be, s, y, x, w[0], w[1], w[2], m, n, k, t),
+                      nbytes=w_bytes + (m * k + m * n) * 2, flops=2 * m * n * k,
+                      bound="compute" if m >= 256 else "memory")
+            for p in w:
+                if int(p):
+                    B.be.free(p)
+                    B.bufs.remove(p)
+
+
 def bench_rope(B, S):
     from metrale.ops import rope
     T, H, KV, D = S["tokens"], S["H"], S["KV"], S["D"]
@@ -576,13 +621,121 @@ def bench_moe_combine(B, S):
               nbytes=n * k * (hid + 1) * 4 + n * (hid + 1) * 4 + n * hid * 2)
 
 
+def _ragged(B, lens):
+    """Device (cu_seqlens, slots, start_pos) of fresh sequences of `lens` tokens."""
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    return (B.upload(cu), B.upload(np.arange(len(lens), dtype=np.int32)),
+            B.upload(np.zeros(len(lens), np.int32)))
+
+
+def _prefills(S):
+    """(name, lens) of the prefill rows: one sequence of `tokens`, and four of a quarter."""
+    T = S["tokens"]
+    return [(f"1x{T}", [T]), (f"4x{T // 4}", [T // 4] * 4)]
+
+
+def bench_causal_conv1d(B, S):
+    from metrale.ops import causal_conv1d as cc
+    Hk, Hv, dk, dv = S["gdn"]
+    H, G, P, N, _ = S["ssd"]
+    for model, C in (("qwen3.5 q|k|v", 2 * Hk * dk + Hv * dv), ("nemotron-h x|B|C",
+                                                                H * P + 2 * G * N)):
+        w, bias = B.buf(C * 4 * 2), B.buf(C * 2)
+        ss = cc.state_elements(C, 4)
+        for n in S["rows"]:
+            x, out, pool = B.buf(n * C * 2), B.buf(n * C * 2), B.buf(n * ss * 2)
+            slots = B.upload(np.arange(n, dtype=np.int32))
+            B.run("causal_conv1d", f"update {model}", dict(n_seqs=n, channels=C, width=4),
+                  lambda s, x=x, out=out, pool=pool, slots=slots, n=n: cc.causal_conv1d_update(
+                      B.be, s, out, C, x, C, w, bias, pool, ss, slots, n, C, 4),
+                  nbytes=n * C * 2 * 2 + n * ss * 2 * 2 + C * 5 * 2)
+        for name, lens in _prefills(S):
+            T = sum(lens)
+            x, out, pool = B.buf(T * C * 2), B.buf(T * C * 2), B.buf(len(lens) * ss * 2)
+            cu, slots, start = _ragged(B, lens)
+            B.run("causal_conv1d", f"prefill {model} {name}", dict(tokens=T, channels=C),
+                  lambda s, x=x, out=out, pool=pool, cu=cu, slots=slots, start=start, lens=lens:
+                  cc.causal_conv1d_prefill(B.be, s, out, C, x, C, w, bias, pool, ss, slots, cu,
+                                           start, len(lens), max(lens), C, 4),
+                  nbytes=2 * T * C * 2 + len(lens) * ss * 2 * 2 + C * 5 * 2)
+
+
+def bench_gated_delta_rule(B, S):
+    """Decode: bound by the FP32 state (read + write); prefill: FLOPs of the chunked form
+    (K K^T, Q K^T, K S, Q S, the substitution, (QK^T) X and K^T X per 64-token chunk)."""
+    from metrale.ops import gated_delta_rule as gdr
+    Hk, Hv, dk, dv = S["gdn"]
+    stride = 2 * Hk * dk + Hv * dv
+    ss = gdr.state_elements(Hv, dk, dv)
+    a_log, dt_bias = B.buf(Hv * 4), B.buf(Hv * 4)
+
+    for n in S["rows"]:
+        qkv, ab, out = B.buf(n * stride * 2), B.buf(n * 2 * Hv * 2), B.buf(n * Hv * dv * 2)
+        pool, slots = B.buf(n * ss * 4), B.upload(np.arange(n, dtype=np.int32))
+        B.run("gated_delta_rule", "gdr_decode", dict(n_seqs=n, n_k_heads=Hk, n_v_heads=Hv,
+                                                     d_k=dk, d_v=dv),
+              lambda s, n=n, qkv=qkv, ab=ab, out=out, pool=pool, slots=slots: gdr.gdr_decode(
+                  B.be, s, out, qkv, qkv.offset(2 * Hk * dk), qkv.offset(4 * Hk * dk), stride,
+                  ab, ab.offset(2 * Hv), 2 * Hv, a_log, dt_bias, pool, ss, slots, n, Hk, Hv,
+                  dk, dv),
+              nbytes=n * (ss * 4 * 2 + stride * 2 + Hv * dv * 2 + 4 * Hv))
+    per_chunk = 2 * Hv * (2 * 64 * 64 * dk + 3 * 64 * dk * dv + 64 * 64 * dv)
+    for name, lens in _prefills(S):
+        T = sum(lens)
+        qkv, ab, out = B.buf(T * stride * 2), B.buf(T * 2 * Hv * 2), B.buf(T * Hv * dv * 2)
+        pool = B.buf(len(lens) * ss * 4)
+        cu, slots, start = _ragged(B, lens)
+        B.run("gated_delta_rule", f"gdr_prefill {name}", dict(tokens=T, n_k_heads=Hk,
+                                                              n_v_heads=Hv, d_k=dk, d_v=dv),
+              lambda s, qkv=qkv, ab=ab, out=out, pool=pool, cu=cu, slots=slots, start=start,
+              lens=lens: gdr.gdr_prefill(
+                  B.be, s, out, qkv, qkv.offset(2 * Hk * dk), qkv.offset(4 * Hk * dk), stride,
+                  ab, ab.offset(2 * Hv), 2 * Hv, a_log, dt_bias, pool, ss, slots, cu, start,
+                  len(lens), Hk, Hv, dk, dv),
+              flops=per_chunk * sum(-(-n // 64) for n in lens), bound="compute")
+
+
+def bench_mamba2_ssd(B, S):
+    """Decode: bound by the FP32 state; prefill: FLOPs of the chunked scan (C B^T, G xt,
+    C S and xt B per chunk)."""
+    from metrale.ops import mamba2_ssd as m2
+    H, G, P, N, chunk = S["ssd"]
+    stride = H * P + 2 * G * N
+    ss = m2.state_elements(H, P, N)
+    a_log, dt_bias, D = B.buf(H * 4), B.buf(H * 4), B.buf(H * 4)
+    for n in S["rows"]:
+        xbc, dt, out = B.buf(n * stride * 2), B.buf(n * H * 2), B.buf(n * H * P * 2)
+        pool, slots = B.buf(n * ss * 4), B.upload(np.arange(n, dtype=np.int32))
+        B.run("mamba2_ssd", "mamba2_step", dict(n_seqs=n, n_heads=H, n_groups=G, head_dim=P,
+                                                d_state=N),
+              lambda s, n=n, xbc=xbc, dt=dt, out=out, pool=pool, slots=slots: m2.mamba2_step(
+                  B.be, s, out, xbc, stride, xbc.offset(2 * H * P),
+                  xbc.offset(2 * (H * P + G * N)), stride, dt, H, a_log, dt_bias, D, 0.0,
+                  float("inf"), pool, ss, slots, n, H, G, P, N),
+              nbytes=n * (ss * 4 * 2 + stride * 2 + H * P * 2 + 2 * H))
+    for name, lens in _prefills(S):
+        T = sum(lens)
+        xbc, dt, out = B.buf(T * stride * 2), B.buf(T * H * 2), B.buf(T * H * P * 2)
+        pool = B.buf(len(lens) * ss * 4)
+        cu, slots, start = _ragged(B, lens)
+        flops = 2 * H * sum(n * (min(n, chunk) * (N + P) + 2 * N * P) for n in lens)
+        B.run("mamba2_ssd", f"mamba2_prefill {name}", dict(tokens=T, n_heads=H, n_groups=G,
+                                                           head_dim=P, d_state=N, chunk=chunk),
+              lambda s, xbc=xbc, dt=dt, out=out, pool=pool, cu=cu, slots=slots, start=start,
+              lens=lens: m2.mamba2_prefill(
+                  B.be, s, out, xbc, stride, xbc.offset(2 * H * P),
+                  xbc.offset(2 * (H * P + G * N)), stride, dt, H, a_log, dt_bias, D, 0.0,
+                  float("inf"), pool, ss, slots, cu, start, len(lens), H, G, P, N, chunk),
+              flops=flops, bound="compute")
+
+
 # ops module -> its benchmark (the gemm module's kernels are "gemv"; cuBLAS is "gemm")
 FAMILIES = {
     "embedding": [bench_embedding], "rmsnorm": [bench_rmsnorm],
     "activation": [bench_activation], "cast": [bench_cast],
     "elementwise": [bench_elementwise], "gemm": [bench_gemv, bench_gemm],
     "gemm_tc": [bench_gemm_tc], "gemm_fused": [bench_gemm_fused],
-    "gemm_q": [bench_gemm_q],
+    "gemm_q": [bench_gemm_q], "gemm_gguf": [bench_gemm_gguf],
     "rope": [bench_rope], "kv_cache": [bench_kv_cache], "attention": [bench_attention],
     "argmax": [bench_argmax], "sampling": [bench_sampling], "conv1d": [bench_conv1d],
     "dense_attention": [bench_dense_attention],
@@ -591,11 +744,15 @@ FAMILIES = {
     "moe_router": [bench_moe_router], "moe_gemm": [bench_moe_gemm],
     "moe_combine": [bench_moe_combine],
     "tensor_parallel": [bench_tensor_parallel],
+    "causal_conv1d": [bench_causal_conv1d], "gated_delta_rule": [bench_gated_delta_rule],
+    "mamba2_ssd": [bench_mamba2_ssd],
 }
 # helpers of metrale/ops with no kernel of their own (attention_tile: the twin of a header
 # that attention.cu and dense_attention.cu share, benchmarked through them; attention_native:
-# the decode twins' native path on HostBackend, timed through attention's rows)
-NOT_KERNELS = {"bf16", "registry", "checks", "attention_tile", "attention_native"}
+# the decode twins' native path on HostBackend, timed through attention's rows; gguf_planes:
+# the GGUF plane layout and its dequantization, timed through gemm_gguf's rows)
+NOT_KERNELS = {"bf16", "registry", "checks", "attention_tile", "attention_native",
+               "gguf_planes"}
 
 
 def ops_modules() -> list[str]:

@@ -303,7 +303,7 @@ typedef TcTile<128, 128, 32, 2, 4, 3> F8Tile128x128;
         Src src;                                                                              \
         src.f = Int4Format{q, scales, zeros, gidx, gidx_row, groups, group_size,             \
                            ((k + 31) / 32) * 16, k};                                          \
-        gemm_tc_tile<TILE>(sa, sw, sd, YB, YF, x, src, m, n, k);                              \
+        gemm_tc_tile<TILE>(sa, sw, sd, YB, YF, x, src, m, n, k, n);                           \
     }
 
 #define GEMM_F8_ENTRY(OUT, YT, YB, YF, NAME, TILE, MIN_BLOCKS)                                \
@@ -315,7 +315,7 @@ typedef TcTile<128, 128, 32, 2, 4, 3> F8Tile128x128;
         GEMM_Q_SMEM(TILE, Src);                                                               \
         Src src;                                                                              \
         src.f = Fp8Format{q, scales, scale_row, k_blocks, block_k, ((k + 31) / 32) * 32};    \
-        gemm_tc_tile<TILE>(sa, sw, sd, YB, YF, x, src, m, n, k);                              \
+        gemm_tc_tile<TILE>(sa, sw, sd, YB, YF, x, src, m, n, k, n);                           \
     }
 
 #define GEMM_Q_ENTRIES(NAME, MIN_BLOCKS)                                                      \
@@ -365,7 +365,7 @@ GEMM_Q_ENTRIES(128x128, 2)
         YT *y, const bf16 *x, FMT##_W_PARAMS, int m, int n, int k, FMT##_W_SCALARS) {         \
         GEMM_Q_DECODE_SMEM(FMT##_F, FMT##_STAGES);                                            \
         const FMT##_F f = FMT##_FORMAT;                                                       \
-        gemm_q_decode<FMT##_F, FMT##_STAGES>(sx, sw, YB, YF, x, f, m, n, k);                  \
+        gemm_q_decode<FMT##_F, FMT##_STAGES>(sx, sw, YB, YF, x, f, m, n, k, n);               \
     }
 
 #define GEMM_Q_DECODE_ENTRIES(FMT)                                                            \
@@ -378,7 +378,7 @@ GEMM_Q_ENTRIES(128x128, 2)
         const FMT##_F f = FMT##_FORMAT;                                                       \
         const XFuse xf{norm_weight, eps, 0, saux, sinv, bias};                                \
         gemm_q_decode<FMT##_F, FMT##_FUSED_STAGES, XF_RMSNORM>(sx, sw, y, nullptr, x, f, m,   \
-                                                               n, k, xf);                     \
+                                                               n, k, n, xf);                  \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(32, 4) gemm_##FMT##_bf16_16x16_actmul_res(  \
         bf16 *y, const bf16 *x, FMT##_W_PARAMS, int m, int n, int k, FMT##_W_SCALARS,        \
@@ -387,14 +387,14 @@ GEMM_Q_ENTRIES(128x128, 2)
         const FMT##_F f = FMT##_FORMAT;                                                       \
         const XFuse xf{nullptr, 0.f, act, saux, sinv, nullptr};                               \
         gemm_q_decode<FMT##_F, FMT##_FUSED_STAGES, XF_ACTMUL, true>(sx, sw, y, nullptr, x, f, \
-                                                                    m, n, k, xf);             \
+                                                                    m, n, k, n, xf);          \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(32, 4) gemm_##FMT##_bf16_16x16_res(         \
         bf16 *y, const bf16 *x, FMT##_W_PARAMS, int m, int n, int k, FMT##_W_SCALARS) {       \
         GEMM_Q_DECODE_SMEM(FMT##_F, FMT##_STAGES);                                            \
         const FMT##_F f = FMT##_FORMAT;                                                       \
         gemm_q_decode<FMT##_F, FMT##_STAGES, XF_NONE, true>(sx, sw, y, nullptr, x, f, m, n,   \
-                                                            k);                               \
+                                                            k, n);                            \
     }
 
 GEMM_Q_DECODE_ENTRIES(q4)

@@ -30,24 +30,47 @@
 // Launch: 32 threads (one warp), grid (ceil(m / 16), ceil(n / 16)), no dynamic shared
 // memory. A warp waits for its own cp.async groups and orders its lanes with __syncwarp: no
 // __syncthreads. Shared memory per stage: X ring 16 x 64 BF16 (2 KiB, gemm_tc's swizzled
-// layout) + W 16 rows x RB bytes (RB = 64 for FP8, 32 for 4-bit); an FP8 row's 16-byte chunk
-// c is stored at chunk c ^ ((r / 2) % 4), so the 8 rows of one 32-bit load fall in 8
-// distinct bank groups.
+// layout) + W 16 rows x RB bytes (RB = 64 for FP8 and 8-bit codes, 32 for 4-bit, 16 for
+// 2-bit); an 8-bit row's 16-byte chunk c is stored at chunk c ^ ((r / 2) % 4), so the 8 rows
+// of one 32-bit load fall in 8 distinct bank groups. Formats with a high-bit plane (GGUF's
+// qh: gemm_gguf.cuh) add 16 rows x HI_BYTES bytes after the W rows of a stage, copied by
+// cp.async of HI_UNIT bytes with the stage (a quarter of Q6_K's bytes: read per stage with
+// __ldg it would put a global load's latency on every stage).
+// Y rows are `ldy` elements apart (>= n; the columns past n are never written).
 #pragma once
 #include "gemm_tc_tile.cuh"
 
-// F (gemm_q.cu's Int4Format / Fp8Format) provides BITS, row_bytes, row_bytes_at(j),
-// swz(r, ch), a per-row Row (row(j)) with scale(kt) for the stage-uniform case, and
-// frag(...) that dequantizes one row's two A' registers of a k16 step.
-// sx: [STAGES][16 * 64] bf16, sw: [STAGES][16 * RB] bytes, and with XF != XF_NONE xf.aux
-// [STAGES][16 * 64] bf16 and xf.inv [16] floats, all shared.
+// Whether F has the high-bit plane interface (HI_BYTES, HI_UNIT, hi_row_bytes,
+// hi_row_at(j), prefetch(j, kt), fill_scales(lane, col0, cols, kt) -- the stage's scale
+// table in shared memory, each entry unpacked by one lane, which scale() then reads -- and
+// frag with the stage's high-bit row): gemm_gguf.cuh's GgufFormat. gemm_q.cu's formats have
+// none.
+template <class F, class = void>
+struct DecodeHi {
+    static constexpr bool ext = false;
+    static constexpr int BYTES = 0;
+};
+template <class F>
+struct DecodeHi<F, decltype(void(F::HI_BYTES))> {
+    static constexpr bool ext = true;
+    static constexpr int BYTES = F::HI_BYTES;
+};
+
+// F (gemm_q.cu's Int4Format / Fp8Format, gemm_gguf.cuh's GgufFormat) provides BITS,
+// row_bytes, row_bytes_at(j), swz(r, ch), a per-row Row (row(j)) with scale(kt) for the
+// stage's scales, and frag(...) that dequantizes one row's two A' registers of a k16 step.
+// sx: [STAGES][16 * 64] bf16, sw: [STAGES][16 * (RB + HI_BYTES)] bytes, and with XF !=
+// XF_NONE xf.aux [STAGES][16 * 64] bf16 and xf.inv [16] floats, all shared.
 template <class F, int STAGES, int XF = XF_NONE, bool RES = false>
 __device__ __forceinline__ void gemm_q_decode(bf16 *sx, unsigned char *sw, bf16 *yb,
                                               float *yf, const bf16 *x, const F &f, int m,
-                                              int n, int k, const XFuse &xf = XFuse{}) {
+                                              int n, int k, int ldy,
+                                              const XFuse &xf = XFuse{}) {
     typedef TcTile<16, 16, 64, 1, 1, STAGES> T;        // the X ring's layout (smem_off)
     constexpr int RB = 64 * F::BITS / 8, RCH = RB / 16;   // W bytes / chunks of a stage row
-    static_assert(16 * RCH % 32 == 0, "whole W chunks per lane");
+    constexpr int HB = DecodeHi<F>::BYTES;                // high-bit bytes of a stage row
+    constexpr int SWS = 16 * (RB + HB);                   // W bytes of a stage
+    static_assert(16 * RCH % 32 == 0 || 16 * RCH < 32, "whole W chunks per lane");
     const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
     const int row0 = blockIdx.x * 16, rows = min(16, m - row0);
     const int col0 = blockIdx.y * 16, cols = min(16, n - col0);
@@ -65,15 +88,32 @@ __device__ __forceinline__ void gemm_q_decode(bf16 *sx, unsigned char *sw, bf16 
                 fill_chunk(xf.aux + slot * 16 * 64 + smem_off<T>(c >> 3, c & 7),
                            XF == XF_RMSNORM ? xf.norm_w : xr + k, kt * 64 + 8 * (c & 7), k, vec);
         }
-        unsigned char *wa = sw + slot * 16 * RB;
+        unsigned char *wa = sw + slot * SWS;
 #pragma unroll
-        for (int i = 0; i < 16 * RCH / 32; ++i) {
+        for (int i = 0; i < (16 * RCH + 31) / 32; ++i) {
             const int c = lane + 32 * i, r = c / RCH, ch = c % RCH;
-            if (r >= cols) continue;                     // W rows past n: never read
+            if (r >= cols) continue;                     // W rows past n: never read (2-bit
+                                                         // codes: lanes 16-31 have none)
             const int b0 = kt * RB + 16 * ch;
             const bool in = b0 < f.row_bytes;            // past the padded row: zero-filled
             const unsigned char *src = f.row_bytes_at(col0 + r);
             cp_async_16(wa + r * RB + 16 * F::swz(r, ch), in ? src + b0 : src, in ? 16 : 0);
+        }
+        if constexpr (DecodeHi<F>::ext) {
+            if constexpr (HB > 0) {   // the high bits of the stage, HI_UNIT bytes a copy
+                constexpr int U = F::HI_UNIT, UR = HB / U;   // copies per row
+#pragma unroll
+                for (int i = 0; i < (16 * UR + 31) / 32; ++i) {
+                    const int c = lane + 32 * i, r = c / UR, u = c % UR;
+                    if (r >= cols) continue;
+                    const int b0 = kt * HB + U * u;
+                    const bool in = b0 < f.hi_row_bytes;   // past the row: zero-filled
+                    const unsigned char *src = f.hi_row_at(col0 + r) + U * u;
+                    cp_async_n<U>(wa + 16 * RB + r * HB + U * u, in ? src + kt * HB : src,
+                                  in ? U : 0);
+                }
+            }
+            if (lane < cols) f.prefetch(col0 + lane, kt);   // the scales' L1 line
         }
     };
 
@@ -135,7 +175,11 @@ __device__ __forceinline__ void gemm_q_decode(bf16 *sx, unsigned char *sw, bf16 
         cp_async_commit();
         const int slot = kt % STAGES;
         const bf16 *xa = sx + slot * 16 * 64;
-        const unsigned char *wa = sw + slot * 16 * RB;
+        const unsigned char *wa = sw + slot * SWS;
+        if constexpr (DecodeHi<F>::ext) {   // the stage's scales, one lane per entry
+            f.fill_scales(lane, col0, cols, kt);   // (its readers of stage kt - 1 are past
+            __syncwarp();                          // the __syncwarp above)
+        }
         const typename F::Scale sc[2] = {f.scale(frow[0], kt), f.scale(frow[1], kt)};
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
@@ -145,12 +189,16 @@ __device__ __forceinline__ void gemm_q_decode(bf16 *sx, unsigned char *sw, bf16 
 #pragma unroll
             for (int h = 0; h < 2; ++h) {   // a[h]: W row g + 8h at 2t, a[h + 2] at 2t + 8
                 const unsigned char *srow = wa + wr[h] * RB;
-                if (kk + 16 <= k)   // warp-uniform: the step lies inside k, no edge checks
+                if constexpr (DecodeHi<F>::ext) {   // k % 32 == 0: every step lies inside k
+                    f.frag(srow, wa + 16 * RB + wr[h] * HB, wr[h], ks, t, sc[h], a[h],
+                           a[h + 2]);
+                } else if (kk + 16 <= k) {   // warp-uniform: inside k, no edge checks
                     f.template frag<true>(srow, wr[h], ks, t, frow[h], sc[h], kk, k, a[h],
                                           a[h + 2]);
-                else
+                } else {
                     f.template frag<false>(srow, wr[h], ks, t, frow[h], sc[h], kk, k, a[h],
                                            a[h + 2]);
+                }
             }
             if (two) {
                 unsigned int b4[4];
@@ -176,7 +224,7 @@ __device__ __forceinline__ void gemm_q_decode(bf16 *sx, unsigned char *sw, bf16 
             for (int e = 0; e < 2; ++e) {
                 const int r = 8 * h + 2 * t + e, c = g + 8 * hw;
                 if (r >= rows || c >= cols) continue;
-                const long long o = (long long)(row0 + r) * n + col0 + c;
+                const long long o = (long long)(row0 + r) * ldy + col0 + c;
                 float v = acc[h][2 * hw + e];
                 if constexpr (XF != XF_NONE)   // y = bf16(bf16(acc) + bias[c])
                     if (xf.bias) v = bf2f(f2bf(v)) + bf2f(xf.bias[col0 + c]);

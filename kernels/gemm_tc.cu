@@ -86,13 +86,13 @@ typedef TcTile<128, 128, 32, 2, 4, 3> Tile128x128;
         gemm_tc_bf16_##NAME(bf16 *y, const bf16 *x, const bf16 *w, int m, int n, int k) {     \
         GEMM_TC_SMEM(TILE);                                                                   \
         BF16Rows<TILE> src{w};                                                                \
-        gemm_tc_tile<TILE>(sa, sb, nullptr, y, nullptr, x, src, m, n, k);                     \
+        gemm_tc_tile<TILE>(sa, sb, nullptr, y, nullptr, x, src, m, n, k, n);                  \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(TILE::THREADS, MIN_BLOCKS)                    \
         gemm_tc_fp32_##NAME(float *y, const bf16 *x, const bf16 *w, int m, int n, int k) {    \
         GEMM_TC_SMEM(TILE);                                                                   \
         BF16Rows<TILE> src{w};                                                                \
-        gemm_tc_tile<TILE>(sa, sb, nullptr, nullptr, y, x, src, m, n, k);                     \
+        gemm_tc_tile<TILE>(sa, sb, nullptr, nullptr, y, x, src, m, n, k, n);                  \
     }
 
 GEMM_TC_ENTRY(16x16, Tile16x16, 1)
@@ -112,7 +112,8 @@ gemm_tc_bf16_16x16_rmsnorm(bf16 *y, const bf16 *x, const bf16 *w, const bf16 *no
     GEMM_TC_FUSED_SMEM;
     BF16Rows<Tile16x16Fused> src{w};
     gemm_tc_tile<Tile16x16Fused, BF16Rows<Tile16x16Fused>, XF_RMSNORM, false>(
-        sa, sb, nullptr, y, nullptr, x, src, m, n, k, XFuse{norm_weight, eps, 0, saux, sinv, bias});
+        sa, sb, nullptr, y, nullptr, x, src, m, n, k, n,
+        XFuse{norm_weight, eps, 0, saux, sinv, bias});
 }
 
 extern "C" __global__ void __launch_bounds__(Tile16x16Fused::THREADS, 1)
@@ -121,7 +122,8 @@ gemm_tc_bf16_16x16_actmul_res(bf16 *y, const bf16 *x, const bf16 *w, int m, int 
     GEMM_TC_FUSED_SMEM;
     BF16Rows<Tile16x16Fused> src{w};
     gemm_tc_tile<Tile16x16Fused, BF16Rows<Tile16x16Fused>, XF_ACTMUL, true>(
-        sa, sb, nullptr, y, nullptr, x, src, m, n, k, XFuse{nullptr, 0.f, act, saux, sinv, nullptr});
+        sa, sb, nullptr, y, nullptr, x, src, m, n, k, n,
+        XFuse{nullptr, 0.f, act, saux, sinv, nullptr});
 }
 
 extern "C" __global__ void __launch_bounds__(Tile16x16::THREADS, 1)
@@ -129,5 +131,5 @@ gemm_tc_bf16_16x16_res(bf16 *y, const bf16 *x, const bf16 *w, int m, int n, int 
     GEMM_TC_SMEM(Tile16x16);
     BF16Rows<Tile16x16> src{w};
     gemm_tc_tile<Tile16x16, BF16Rows<Tile16x16>, XF_NONE, true>(sa, sb, nullptr, y, nullptr, x,
-                                                                src, m, n, k);
+                                                                src, m, n, k, n);
 }

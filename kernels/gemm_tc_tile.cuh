@@ -134,12 +134,13 @@ struct DenseRows {
 // [BN * BK] shared (the dequantized stage; unused without W::kDequant), all 128-byte
 // aligned and declared by the entry point (a static local of a function template is not
 // where the emulator's shared memory lives). rmap: the CTA's rows (DenseRows or a policy
-// with the same members); columns blockIdx.y * BN + [0, BN) of n.
+// with the same members); columns blockIdx.y * BN + [0, BN) of n. Y rows are `ldy` elements
+// apart (>= n; the columns past n are never written).
 template <class T, class W, class R, int XF = XF_NONE, bool RES = false>
 __device__ __forceinline__ void gemm_tc_tile_rows(bf16 *sa, typename W::Ring *sw, bf16 *sd,
                                                   bf16 *yb, float *yf, const bf16 *x,
                                                   W &wsrc, const R &rmap, int n, int k,
-                                                  const XFuse &xf = XFuse{}) {
+                                                  int ldy, const XFuse &xf = XFuse{}) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int col0 = blockIdx.y * T::BN;
     const int rows = rmap.rows, cols = min(T::BN, n - col0);
@@ -287,7 +288,7 @@ __device__ __forceinline__ void gemm_tc_tile_rows(bf16 *sa, typename W::Ring *sw
     if (!live) return;
     // Epilogue: acc[mt][nt] = rows (g, g + 8) x columns (2t, 2t + 1) of the 16x8 tile.
     const int g = lane >> 2, t = lane & 3;
-    const bool pairs = (n & 1) == 0 && (yf ? ((unsigned long long)yf & 7) == 0
+    const bool pairs = (ldy & 1) == 0 && (yf ? ((unsigned long long)yf & 7) == 0
                                             : ((unsigned long long)yb & 3) == 0);
 #pragma unroll
     for (int mt = 0; mt < T::MT; ++mt)
@@ -295,7 +296,7 @@ __device__ __forceinline__ void gemm_tc_tile_rows(bf16 *sa, typename W::Ring *sw
         for (int h = 0; h < 2; ++h) {
             const int r = wr0 + mt * 16 + g + 8 * h;
             if (r >= rows) continue;
-            const long long yrow = rmap.y_row(r) * n;
+            const long long yrow = rmap.y_row(r) * ldy;
 #pragma unroll
             for (int nt = 0; nt < T::NT; ++nt) {
                 const int c = col0 + wc0 + nt * 8 + 2 * t;
@@ -328,13 +329,15 @@ __device__ __forceinline__ void gemm_tc_tile_rows(bf16 *sa, typename W::Ring *sw
         }
 }
 
-// Rows blockIdx.x * BM + [0, BM) of X [m, k] and Y [m, n] (gemm_tc.cu, gemm_q.cu).
+// Rows blockIdx.x * BM + [0, BM) of X [m, k] and Y [m, ldy] (gemm_tc.cu, gemm_q.cu,
+// gemm_gguf*.cu).
 template <class T, class W, int XF = XF_NONE, bool RES = false>
 __device__ __forceinline__ void gemm_tc_tile(bf16 *sa, typename W::Ring *sw, bf16 *sd,
                                              bf16 *yb, float *yf, const bf16 *x, W &wsrc,
-                                             int m, int n, int k, const XFuse &xf = XFuse{}) {
+                                             int m, int n, int k, int ldy,
+                                             const XFuse &xf = XFuse{}) {
     const int row0 = blockIdx.x * T::BM;
     gemm_tc_tile_rows<T, W, DenseRows, XF, RES>(sa, sw, sd, yb, yf, x, wsrc,
                                                 DenseRows{row0, min(T::BM, m - row0)}, n, k,
-                                                xf);
+                                                ldy, xf);
 }

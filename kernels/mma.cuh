@@ -87,6 +87,35 @@ __device__ __forceinline__ void cp_async_16(void *smem, const void *gmem, int sr
 #endif
 }
 
+// N (4, 8 or 16) bytes global -> shared: 16 as cp_async_16 (.cg), 4 and 8 through L1
+// (.ca: .cg takes 16 bytes only); src_bytes (0..N) as above. Both addresses N-byte aligned.
+template <int N>
+__device__ __forceinline__ void cp_async_n(void *smem, const void *gmem, int src_bytes) {
+    static_assert(N == 4 || N == 8 || N == 16, "cp.async copies 4, 8 or 16 bytes");
+    if constexpr (N == 16) {
+        cp_async_16(smem, gmem, src_bytes);
+    } else {
+#ifdef __CUDA_ARCH__
+        const unsigned int s = static_cast<unsigned int>(__cvta_generic_to_shared(smem));
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(s), "l"(gmem),
+                     "n"(N), "r"(src_bytes));
+#else
+        emu::cp_async(smem, gmem, static_cast<unsigned int>(N),
+                      static_cast<unsigned int>(src_bytes));
+#endif
+    }
+}
+
+// A hint: bring the L1 line holding `gmem` in now (a later __ldg of it then hits L1). No
+// effect on any value; a no-op on the EmuBackend.
+__device__ __forceinline__ void prefetch_l1(const void *gmem) {
+#ifdef __CUDA_ARCH__
+    asm volatile("prefetch.global.L1 [%0];\n" ::"l"(gmem));
+#else
+    (void)gmem;
+#endif
+}
+
 __device__ __forceinline__ void cp_async_commit() {
 #ifdef __CUDA_ARCH__
     asm volatile("cp.async.commit_group;\n" ::);

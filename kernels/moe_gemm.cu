@@ -76,7 +76,7 @@ __device__ __forceinline__ void moe_gemm_tile(bf16 *sa, bf16 *sb, bf16 *yb, floa
     const int r0 = expert_offsets[e] + (t - tile_offsets[e]) * T::BM;
     const ExpertRows rows{sorted_pairs + r0, min(T::BM, expert_offsets[e + 1] - r0), row_div};
     BF16Rows<T> src{w + (long long)e * n * k};
-    gemm_tc_tile_rows<T>(sa, sb, nullptr, yb, yf, x, src, rows, n, k);
+    gemm_tc_tile_rows<T>(sa, sb, nullptr, yb, yf, x, src, rows, n, k, n);
 }
 
 #define MOE_GEMM_SMEM(TILE)                                                                   \

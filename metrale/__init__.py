@@ -8,12 +8,13 @@ module `__getattr__` below, so the import stays fast and torch/CuPy-free.
 import importlib
 
 from .errors import (CacheFull, ConcurrentUse, DeviceError, FormatError, InvalidArgument,
-                     KernelError, MetraleError, NonFiniteLogits, TensorParallelError,
-                     Unsupported, UnsupportedMedia)
+                     KernelError, MetraleError, NonFiniteLogits, OutOfMemory,
+                     TensorParallelError, Unsupported, UnsupportedMedia)
 
 __version__ = "0.1.0"
 __all__ = ["MetraleError", "FormatError", "Unsupported", "UnsupportedMedia", "CacheFull",
-           "InvalidArgument", "DeviceError", "KernelError", "ConcurrentUse", "NonFiniteLogits",
+           "InvalidArgument", "DeviceError", "OutOfMemory", "KernelError", "ConcurrentUse",
+           "NonFiniteLogits",
            "TensorParallelError", "CacheConfig",
            "to_numpy", "load", "load_generative", "device_array"]
 

@@ -11,11 +11,19 @@ from .gpu_runtime import backend_for
 
 def load(path_or_source, device="auto", *, kv_blocks=None, block_size=16, max_batch=64,
          fp32_logits=False, tensor_parallel_size=1, **options):
-    """Load a checkpoint directory, `.safetensors` file or `ModelSource`.
+    """Load a checkpoint directory, `.safetensors` or `.gguf` file or `ModelSource`.
 
     Returns a `TransformerModel` (llama, mistral, qwen2, qwen3), a `WhisperModel`
     (whisper) or a multimodal `LlavaModel` (llava). `device`: "auto" | "cpu" | "cuda[:N]"
     or a backend instance.
+
+    A llama.cpp `.gguf` file's weights of a block type (Q4_0 ... Q8_0, Q2_K ... Q6_K,
+    IQ4_NL, IQ4_XS) stay at their stored bytes on the device and are dequantized inside
+    the GEMMs and the embedding lookup, to the bits of dequantizing them at load:
+    `model.weight_bytes()` is about the file's tensor bytes. `gguf_dequantize=True`
+    (decoder models) dequantizes them to BF16 at load instead: the same logits, 1.9-6x the
+    bytes (a safetensors checkpoint ignores it). A tensor-parallel load dequantizes at
+    load either way, for now.
 
     `tensor_parallel_size=N > 1`: this process is one of N ranks started by a launcher
     (mpiexec, torchrun, srun), each calling `load` alike; returns this rank's
@@ -24,13 +32,14 @@ def load(path_or_source, device="auto", *, kv_blocks=None, block_size=16, max_ba
     waits for the others before TensorParallelError) and `tp_rendezvous` ("host:port" where
     NCCL's id is handed out when no MPI launcher started the ranks).
     """
-    from .formats import open_source
-    source = open_source(path_or_source)
     if not (type(tensor_parallel_size) is int and tensor_parallel_size == 1):
-        from .model_engine.tp.model import load_rank   # checks the size itself
-        return load_rank(device, source, tensor_parallel_size=tensor_parallel_size,
+        # checks the size itself; opens the checkpoint once the ranks are in touch
+        from .model_engine.tp.model import load_rank
+        return load_rank(device, path_or_source, tensor_parallel_size=tensor_parallel_size,
                          kv_blocks=kv_blocks, block_size=block_size, max_batch=max_batch,
                          fp32_logits=fp32_logits, **options)
+    from .formats import open_source
+    source = open_source(path_or_source)
     meta = source.metadata()
     be = backend_for(device)
     if meta.architecture == "whisper":

@@ -33,29 +33,34 @@ def kv_bytes_per_token(meta) -> int:
     return meta.num_layers * 2 * meta.num_kv_heads * meta.head_dim * 2
 
 
-def weight_read_bytes(meta, n_rows: int) -> int:
-    """Weight bytes one decode step over `n_rows` rows reads (see the module docstring)."""
+def weight_read_bytes(meta, n_rows: int, held: tuple[int, int] | None = None) -> int:
+    """Weight bytes one decode step over `n_rows` rows reads (see the module docstring).
+    `held`: (all weights, the embedding table) in the bytes the device holds when they are
+    not weight_bytes(meta)'s BF16 (a GGUF kept packed: model_engine/gguf_weights.held_bytes)."""
     from ..formats.moe_config import inactive_parameters
     from ..model_engine.memory_plan import weight_bytes
-    total = weight_bytes(meta) - 2 * inactive_parameters(meta, n_rows)
+    weights, table = held or (weight_bytes(meta), meta.vocab_size * meta.hidden_size * 2)
+    total = weights - 2 * inactive_parameters(meta, n_rows)
     if not meta.tie_word_embeddings:
-        table = meta.vocab_size * meta.hidden_size * 2
-        total -= table - min(n_rows, meta.vocab_size) * meta.hidden_size * 2
+        total -= table - min(n_rows, meta.vocab_size) * (table // meta.vocab_size)
     return total
 
 
-def decode_step_bytes(meta, kv_lens: Iterable[int]) -> int:
+def decode_step_bytes(meta, kv_lens: Iterable[int], held: tuple[int, int] | None = None) -> int:
     """Bytes a decode step must read: weights + K/V of `kv_lens[i]` positions per row (the
-    lengths after the step, i.e. including the position being written)."""
+    lengths after the step, i.e. including the position being written); `held` as
+    weight_read_bytes takes it."""
     lens = [int(x) for x in kv_lens]
-    return weight_read_bytes(meta, len(lens)) + sum(lens) * kv_bytes_per_token(meta)
+    return weight_read_bytes(meta, len(lens), held) + sum(lens) * kv_bytes_per_token(meta)
 
 
 def model_step_bytes(model, kv_lens: Iterable[int]) -> int:
-    """`decode_step_bytes` of a loaded model on its device: a tensor-parallel rank reads its
-    own weight slices and KV heads only."""
+    """`decode_step_bytes` of a loaded model on its device (its weights as held: a GGUF's
+    kept packed): a tensor-parallel rank reads its own weight slices and KV heads only."""
     if model._tp is None:
-        return decode_step_bytes(model.metadata(), kv_lens)
+        w = model._weights
+        held = (int(w.nbytes), int(w.embed_bytes)) if hasattr(w, "embed_bytes") else None
+        return decode_step_bytes(model.metadata(), kv_lens, held)
     return int(model._weights.nbytes) + \
         sum(int(x) for x in kv_lens) * kv_bytes_per_token(model._layer_meta)
 

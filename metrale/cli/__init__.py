@@ -96,6 +96,10 @@ def _run(argv: list) -> int:
     except MetraleError as e:
         print(f"metrale: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:   # a tensor-parallel job ends as a whole (N > 1: no return)
+        from ..gpu_runtime.comm.interrupts import end_interrupted_job
+        end_interrupted_job(getattr(args, "tensor_parallel", 1))
+        raise                       # main's one line
     except BrokenPipeError:
         return _closed_pipe()
 

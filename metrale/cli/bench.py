@@ -62,7 +62,8 @@ def register(sub) -> None:
                         "time and bytes (default 1)")
     b.add_argument("--json", type=json_out, metavar="FILE",
                    help="write the report as JSON to FILE (- for stdout; the table then goes "
-                        "to stderr); an interrupted run writes the rows finished")
+                        "to stderr); an interrupted run writes the rows finished (on one "
+                        "device: Ctrl-C aborts a tensor-parallel job)")
     b.add_argument("--compare-hf", action="store_true",
                    help="also run Hugging Face transformers on the same weights (needs torch "
                         "and transformers), interleaved with metrale's repetitions on the same "
@@ -146,8 +147,15 @@ def run(args) -> int:
         require_torch()       # before the model loads
         peer = HFComparison(args.hf_dtypes or DTYPES)
     model = args.model
+    from ..errors import MetraleError
     from .checkpoint import open_checkpoint
-    meta = open_checkpoint(model).metadata()
+    try:
+        meta = open_checkpoint(model).metadata()
+    except MetraleError as e:   # the other ranks of a tensor-parallel job raise it too
+        if args.tensor_parallel > 1:
+            from ..model_engine.tp.model import fail_rank
+            fail_rank(e, args.tensor_parallel)
+        raise
     # other architectures get the harness's own refusal
     from ..formats import DECODER_ARCHS
     positions = meta.max_position_embeddings if meta.architecture in DECODER_ARCHS else None

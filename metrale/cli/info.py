@@ -75,6 +75,9 @@ def run(args) -> int:
     from ..formats import DECODER_ARCHS, expected_tensors
     from ..formats.layout import head_name
     from ..formats.moe_config import inactive_parameters
+    from collections import Counter
+
+    from ..model_engine.gguf_weights import held_bytes, held_types, keeps_packed
     from ..model_engine.memory_plan import weight_bytes
     from .info_math import math_fields, stored_dtypes
     source = open_checkpoint(args.model)
@@ -87,7 +90,9 @@ def run(args) -> int:
         n_params = sum(math.prod(shape) for shape in used.values())
     head_stored = meta.tie_word_embeddings and head_name(meta) in used
     fields = math_fields(meta, source, head_stored)
-    w = weight_bytes(meta)
+    # a GGUF's block-type tensors as the device holds them: at their stored bytes
+    held = held_bytes(meta, source) if keeps_packed(source) else None
+    w = weight_bytes(meta) if held is None else held[0]
     kv_tok = meta.num_layers * 2 * meta.num_kv_heads * meta.head_dim * 2
     kv = kv_tok * context * args.batch
     kv_and_ws = kv
@@ -105,6 +110,9 @@ def run(args) -> int:
         "parameters": n_params, "dtype": (f"GGUF {source.stored_types()}" if hasattr(
             source, "stored_types") else meta.dtype), "device_dtype": "bfloat16",
         "stored_dtypes": stored_dtypes(source),
+        # a GGUF: how many tensors the device holds in each type (block types as stored)
+        "held_dtypes": None if held is None else dict(sorted(Counter(
+            held_types(meta, source).values()).items())),
         "layers": meta.num_layers, "hidden_size": meta.hidden_size,
         "intermediate_size": meta.intermediate_size, "heads": meta.num_heads,
         "kv_heads": meta.num_kv_heads, "head_dim": meta.head_dim,
@@ -119,14 +127,14 @@ def run(args) -> int:
         # what one batch-1 decode step reads: every weight (the embedding's one row unless
         # tied to the head; a MoE layer's chosen experts only) and the KV cache of `context`
         # positions (bench/roofline.py)
-        "decode_step_bytes": decode_step_bytes(meta, [context]) if meta.architecture in
+        "decode_step_bytes": decode_step_bytes(meta, [context], held) if meta.architecture in
         DECODER_ARCHS else None,
         "quantization": None if getattr(meta, "quantization", None) is None else
         meta.quantization.method,
         # a token reads all weights but the routed experts it did not choose (MoE); a decode
         # step of `batch` rows reads the weights its rows need (bench/roofline.py)
         "active_parameters": n_params - inactive_parameters(meta, 1),
-        "decode_step_weight_bytes": weight_read_bytes(meta, args.batch) if meta.architecture
+        "decode_step_weight_bytes": weight_read_bytes(meta, args.batch, held) if meta.architecture
         in DECODER_ARCHS else None,
         "context": context, "batch": args.batch,
         "memory_needed_bytes": w + kv_and_ws,
@@ -153,7 +161,9 @@ def run(args) -> int:
     print(f"context        {ctx}")
     for k, v in fields.items():
         print(f"{k.replace('_', ' '):14s} {v}")
-    print(f"weights        {human_bytes(w)}")
+    print(f"weights        {human_bytes(w)}" + ("" if held is None else
+          f" as held (block types at their stored bytes; {human_bytes(weight_bytes(meta))} "
+          "dequantized at load with gguf_dequantize=True)"))
     if info["decode_step_bytes"] is not None:
         print(f"decode step    {human_bytes(info['decode_step_bytes'])} read per batch-1 step "
               f"at {context:,} tokens (weights + KV cache)")

@@ -78,10 +78,31 @@ def dtype_text(meta, source) -> str:
     lossy = sorted(dt for dt in stored if dt != "BF16")
     how = "exact" if not lossy else (f"{'/'.join(lossy)} rounded to nearest even BF16")
     if hasattr(source, "stored_types"):   # a GGUF file: no config.json
-        return (f"GGUF {source.stored_types()}; dequantized to bfloat16 at load ("
-                + (f"ggml's float32 values of {'/'.join(lossy)} rounded to nearest even)"
-                   if lossy else "exact)"))
+        return f"GGUF {source.stored_types()}; {gguf_held_text(meta, source)}"
     return f"{meta.dtype} in config.json; tensors: {kinds} -> bfloat16 on the device ({how})"
+
+
+def gguf_held_text(meta, source) -> str:
+    """How `metrale.load` holds a GGUF's tensors by default: block types at their stored
+    bytes (model_engine/gguf_weights.py), the rest bfloat16."""
+    from ..model_engine.gguf_weights import held_types
+    held = held_types(meta, source)
+    packed = sorted({t for t in held.values() if t != "BF16"})
+    n_packed = sum(t != "BF16" for t in held.values())
+    floats = sorted({source.tensor_dtype(n) for n, t in held.items() if t == "BF16"
+                     and source.packed_type(n) is None} - {"BF16"})
+    parts = []
+    if packed:
+        parts.append(f"{n_packed} tensors ({'/'.join(packed)}) kept at their stored bytes on "
+                     "the device, dequantized inside the GEMMs and the embedding lookup "
+                     "(ggml's float32 values rounded to nearest even bfloat16)")
+    deq = [n for n, t in held.items() if t == "BF16" and source.packed_type(n) is not None]
+    if deq:
+        parts.append(f"{len(deq)} block-type tensors dequantized to bfloat16 at load (in a "
+                     f"fused group with a float part, e.g. {deq[0]})")
+    parts.append(("the rest bfloat16" if packed or deq else "every tensor bfloat16")
+                 + (f" ({'/'.join(floats)} rounded to nearest even)" if floats else ""))
+    return "; ".join(parts)
 
 
 def math_fields(meta, source, head_stored: bool) -> dict[str, str]:

@@ -232,7 +232,9 @@ GGUF = {
     "general.type": _h("'model' only; adapters (LoRA) and projectors refused"),
     "general.quantization_version": _h("2 only (every GGUF block layout read here)"),
     "general.file_type": _i("a label of the dominant tensor type; each tensor's own type "
-                            "is what is read"),
+                            "is what is read: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, "
+                            "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS (gguf/quants.py "
+                            "SUPPORTED; any other type refused by name)"),
     **{f"general.{k}": _i(_DESCRIBES) for k in (
         "name", "basename", "finetune", "size_label", "license", "license.name",
         "license.link", "organization", "author", "version", "description", "url", "doi",

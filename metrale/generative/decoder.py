@@ -16,6 +16,7 @@ from ..gpu_runtime.arrays import to_backend, to_numpy
 from ..kv.config import CacheConfig
 from ..model_engine import TransformerModel
 from ..model_engine.layers import lm_head
+from ..model_engine.linear import GgufLinear
 from ..ops.bf16 import bf16_to_f32, f32_to_bf16
 from .contract import GenerativeModel
 from .kv_cache import KVCache
@@ -64,8 +65,10 @@ class DecoderGenerativeModel(GenerativeModel):
     def _embedding_rows(self, ids: np.ndarray) -> np.ndarray:
         """BF16 bits of the embedding rows of `ids` (copied from the device table)."""
         hid = self.metadata().hidden_size
-        out = np.empty((len(ids), hid), np.uint16)
         base = self.model._weights.embed_tokens
+        if isinstance(base, GgufLinear):   # a GGUF table kept packed: rows dequantized
+            return base.host_rows(self.backend, ids)
+        out = np.empty((len(ids), hid), np.uint16)
         for i, t in enumerate(ids):
             self.backend.copy_d2h(base.offset(int(t) * hid * 2), out[i])
         return out

@@ -100,21 +100,26 @@ class _AgreedCall:
 
 
 def settle(comm, record: bytes, own: BaseException | None,
-           mismatch: str = "made different calls or their KV pools differ") -> list[bytes]:
+           mismatch: str = "made different calls or their KV pools differ",
+           name_rank: bool = False) -> list[bytes]:
     """Exchange `record`; raise what every rank raises, or return every rank's record when
     all are fine and alike. `own`: this rank's exception (the caller re-raises it when it is
-    the first failing rank's). An error raised here is marked `tp_agreed`: every rank raises
-    it at the same point, so nothing more is exchanged for it."""
+    the first failing rank's). `name_rank` (loading, where the ranks' errors name their own
+    files): the other ranks' message starts "tensor parallel: rank R of N failed: ", and a
+    rank that failed with the same error re-raises its own. An error raised here is marked
+    `tp_agreed`: every rank raises it at the same point, so nothing more is exchanged for it."""
     if isinstance(own, ConcurrentUse):
         return []   # another thread's call is in flight here; its own agreement speaks for it
     records = comm.exchange(record)
     failed = [(r, rec) for r, rec in enumerate(records) if rec[:1] == bytes([_ERROR])]
     if failed:
         rank, rec = failed[0]
-        if own is not None and rank == comm.rank:
+        if own is not None and (rank == comm.rank or
+                                (name_rank and rec[17:] == error_record(own)[17:])):
             return records   # the caller re-raises its own exception
         cls_name, _, message = rec[17:].decode(errors="replace").partition("\n")
-        raise _agreed(_rebuild(cls_name, message, rank)) from own
+        raise _agreed(_rebuild(cls_name, message, rank,
+                               len(records) if name_rank else None)) from own
     if len({rec[1:17] for rec in records}) > 1:
         calls = "; ".join(f"rank {r}: {rec[17:].decode(errors='replace')}"
                           for r, rec in enumerate(records))
@@ -197,10 +202,14 @@ def _record(status: int, digest: bytes, text: bytes) -> bytes:
     return bytes([status]) + digest + text[:_TEXT_BYTES]
 
 
-def _rebuild(cls_name: str, message: str, rank: int) -> BaseException:
+def _rebuild(cls_name: str, message: str, rank: int, size: int | None = None) -> BaseException:
     """The error rank `rank` raised, as this rank raises it: the same metrale class and
-    message; other exceptions become TensorParallelError naming them."""
+    message; other exceptions become TensorParallelError naming them. `size` given: the
+    message starts "tensor parallel: rank R of N failed: "."""
     cls = getattr(errors, cls_name, None)
-    if isinstance(cls, type) and issubclass(cls, errors.MetraleError):
-        return cls(message)
-    return TensorParallelError(f"tensor parallel: rank {rank} raised {cls_name}: {message}")
+    if not (isinstance(cls, type) and issubclass(cls, errors.MetraleError)):
+        cls, message = TensorParallelError, f"{cls_name}: {message}"
+        if size is None:
+            return cls(f"tensor parallel: rank {rank} raised {message}")
+    return cls(message if size is None else
+               f"tensor parallel: rank {rank} of {size} failed: {message}")

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from ..formats.field_table import HF_ACTIVATIONS
 from ..gpu_runtime.types import NULL, DevicePtr
-from ..ops import activation, attention, elementwise, embedding, rmsnorm, rope
+from ..ops import activation, attention, elementwise, rmsnorm, rope
 from ..ops import attention_tc, gemm_fused
-from .linear import Fp8Linear, Q4Linear, fused_operand, run_linear
+from .linear import Fp8Linear, Q4Linear, fused_operand, run_embedding, run_linear
 from .moe import moe_mlp
 
 
@@ -55,9 +55,9 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
 
     fuse = decode and decode_fusable(model, n)
     if not embeds_uploaded:
-        if tp is None:
-            embedding.embedding(b, stream, ws.residual, W.embed_tokens, ws.token_ids, n, hid,
-                                m.vocab_size)
+        if tp is None:   # a GGUF table kept packed is dequantized on lookup
+            run_embedding(b, stream, ws.residual, W.embed_tokens, ws.token_ids,
+                          ws.h_tokens[:n], n, hid, m.vocab_size)
         else:
             tp.embedding(stream, ws.residual, ws.token_ids, W.embed_tokens, n)
     for i, L in enumerate(W.layers):
@@ -132,9 +132,10 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
 
 def decode_fusable(model, n: int) -> bool:
     """Whether a decode step of `n` rows may run the fused GEMMs (ops/gemm_fused.py): at
-    most 16 rows (their tile), every layer a dense MLP with BF16 or quantized linears and
-    no o_proj / gate_up / down_proj bias, on one device. The bits are the unfused ones
-    either way."""
+    most 16 rows (their tile), every layer a dense MLP with BF16 or quantized (Q4 / FP8)
+    linears and no o_proj / gate_up / down_proj bias, on one device. The bits are the
+    unfused ones either way. GGUF linears (GgufLinear) are not among the fused GEMMs'
+    operands: a model holding one runs unfused."""
     if n > 16 or model._tp is not None:
         return False
     return all(L.moe is None and L.o_bias.is_null() and L.gate_up_bias.is_null() and

@@ -1,12 +1,13 @@
 """Quantized linear layers on the device and their dispatch: what DecoderWeights holds for a
 (fused) linear, and the one call layers.py makes for every linear.
 
-A linear is either a DevicePtr (BF16 W [n, k], ops.gemm_tc) or a quantized linear holding
+A linear is either a DevicePtr (BF16 W [n, k], ops.gemm_tc), a quantized linear holding
 the packed data + scales (+ zeros, act-order tables) of formats/quant_*.py's device layout
-(ops.gemm_q). Fused q|k|v and gate|up stay fused when every part is quantized; a group
-whose parts the config splits (some quantized, some not) is uploaded as BF16, each
-quantized part dequantized by ops.gemm_q's own formula: the same bits the dequantizing
-kernel would feed its MMAs, so the model computes the same values either way.
+(ops.gemm_q), or a GGUF linear kept at its stored bytes (GgufLinear: ops.gemm_gguf's planes;
+uploaded by gguf_weights.py). Fused q|k|v and gate|up stay fused when every part is
+quantized; a group whose parts the config splits (some quantized, some not) is uploaded as
+BF16, each quantized part dequantized by ops.gemm_q's own formula: the same bits the
+dequantizing kernel would feed its MMAs, so the model computes the same values either way.
 """
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from ..formats.quant.layout import dequant_bits, linear_shapes
 from ..formats.quant.fp8 import HostFp8, concat_fp8
 from ..formats.quant.int4 import HostQ4, concat_q4
 from ..gpu_runtime.types import NULL, DevicePtr
-from ..ops import gemm_q, gemm_tc
+from ..ops import embedding, gemm_q, gemm_tc
+from ..ops.gemm_gguf import GgufW
+from ..ops.gguf_planes import dequant_bf16, plane_bytes
 
 
 @dataclass
@@ -68,6 +71,52 @@ class Fp8Linear:
         self.operand.run(backend, stream, y_ptr, x_ptr, m, out_fp32)
 
 
+@dataclass
+class GgufLinear:
+    """GGUF W [n, k] kept at its stored bytes (ops.gemm_gguf): the planes of each run of one
+    ggml type along n, in order (one run, or a fused q|k|v / gate|up whose parts differ in
+    type: Q4_K_M files hold attn_v Q6_K beside Q4_K), each run written into its own
+    columns of Y (ldy = n): the columns the same W dequantized at load would give."""
+    parts: tuple[GgufW, ...]
+    n: int
+    k: int
+    nbytes: int
+
+    def run(self, backend, stream, y_ptr, x_ptr, m: int, out_fp32: bool = False) -> None:
+        col = 0
+        for p in self.parts:
+            p.run(backend, stream, DevicePtr(y_ptr).offset(col * (4 if out_fp32 else 2)),
+                  x_ptr, m, out_fp32, ldy=self.n)
+            col += p.n
+
+    def host_rows(self, backend, ids) -> np.ndarray:
+        """uint16 BF16 bits [len(ids), k] of rows `ids` of a one-run W (an embedding
+        table): its planes' rows copied from the device and dequantized (dequant_bf16,
+        the bits embedding_gguf and the load-time dequantizer give)."""
+        (p,) = self.parts
+        planes = []
+        for ptr, row in zip((p.q, p.qh, p.meta), plane_bytes(p.ggml_type, p.k)):
+            out = np.empty((len(ids), row), np.uint8)
+            for i, t in enumerate(ids):
+                if row:
+                    backend.copy_d2h(DevicePtr(ptr).offset(int(t) * row), out[i])
+            planes.append(out if row else None)
+        return dequant_bf16(*planes, p.ggml_type, p.k)
+
+
+def run_embedding(backend, stream: int, out_ptr, table, ids_ptr, ids, n: int, hidden: int,
+                  vocab: int) -> None:
+    """out[n, hidden] bf16 = rows `ids` (int32 [n] at ids_ptr; `ids` the same on the host)
+    of the embedding table: BF16 (a DevicePtr) or a GgufLinear kept packed (its rows
+    dequantized on lookup: the bits of the table dequantized at load)."""
+    if isinstance(table, GgufLinear):
+        (p,) = table.parts
+        embedding.embedding_gguf(backend, stream, out_ptr, ids_ptr, p.q, p.qh, p.meta, n,
+                                 hidden, vocab, p.ggml_type, ids)
+    else:
+        embedding.embedding(backend, stream, out_ptr, table, ids_ptr, n, hidden, vocab)
+
+
 def fused_operand(w):
     """W for ops/gemm_fused.py: a BF16 DevicePtr as it is, a quantized linear's QuantW."""
     return w.operand if isinstance(w, (Q4Linear, Fp8Linear)) else w
@@ -76,8 +125,9 @@ def fused_operand(w):
 def run_linear(backend, stream: int, y_ptr, x_ptr, w, m: int, n: int, k: int,
                out_fp32: bool = False) -> None:
     """y[m, n] = x[m, k] @ W[n, k]^T with the batch-invariant tensor-core GEMM of W's kind:
-    BF16 (a DevicePtr) or quantized (dequantized in the kernel's tile, the same k order)."""
-    if isinstance(w, (Q4Linear, Fp8Linear)):
+    BF16 (a DevicePtr) or quantized / GGUF (dequantized in the kernel's tile, the same k
+    order)."""
+    if isinstance(w, (Q4Linear, Fp8Linear, GgufLinear)):
         if (w.n, w.k) != (n, k):
             raise ValueError(f"linear of shape [{w.n}, {w.k}] used as [{n}, {k}]")
         w.run(backend, stream, y_ptr, x_ptr, m, out_fp32)

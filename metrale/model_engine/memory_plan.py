@@ -22,8 +22,13 @@ class MemoryPlan:
     active_weight_bytes: int = 0   # what one token reads (MoE: its top_k experts per layer)
 
 
-def weight_bytes(meta) -> int:
-    """Device bytes of the weights: BF16 everywhere, or the quantized linears' real bytes."""
+def weight_bytes(meta, packed_source=None) -> int:
+    """Device bytes of the weights: BF16 everywhere, or the quantized linears' real bytes;
+    with `packed_source` (a GGUF source loaded packed) its block-type tensors' planes
+    (gguf_weights.held_bytes)."""
+    if packed_source is not None:
+        from .gguf_weights import held_bytes
+        return held_bytes(meta, packed_source)[0]
     if getattr(meta, "quantization", None) is not None:
         from .linear import quantized_weight_bytes
         return quantized_weight_bytes(meta)
@@ -36,21 +41,23 @@ def weight_bytes(meta) -> int:
     return total
 
 
-def active_weight_bytes(meta) -> int:
+def active_weight_bytes(meta, packed_source=None) -> int:
     """Weight bytes one token's forward pass reads: all of them for a dense model; for a
     mixture of experts all but the routed experts it did not choose."""
     from ..formats.moe_config import inactive_parameters
-    return weight_bytes(meta) - 2 * inactive_parameters(meta, 1)
+    return weight_bytes(meta, packed_source) - 2 * inactive_parameters(meta, 1)
 
 
 def plan_memory(backend, meta, *, kv_blocks, block_size, max_rows, max_tokens, max_seq_len,
                 fp32_logits, where: str, rank_weight_bytes: int | None = None,
-                extra_bytes: int = 0) -> MemoryPlan:
+                extra_bytes: int = 0, packed_source=None) -> MemoryPlan:
     """Size the pool (from free memory on a GPU when `kv_blocks` is None) and check that
     weights + workspaces + pool fit; DeviceError naming bytes needed and free otherwise.
     A tensor-parallel rank passes the bytes of its weight slices (`rank_weight_bytes`) and of
-    its combine buffers (`extra_bytes`); `meta` then has its own head counts."""
-    w = weight_bytes(meta) if rank_weight_bytes is None else int(rank_weight_bytes)
+    its combine buffers (`extra_bytes`); `meta` then has its own head counts. A GGUF loaded
+    packed passes its source (`packed_source`): the weights are its planes' bytes."""
+    w = weight_bytes(meta, packed_source) if rank_weight_bytes is None \
+        else int(rank_weight_bytes)
     # the checkpoint's context (max_position_embeddings; yarn: its scaled length)
     context = meta.context_length or meta.max_position_embeddings
     limit = context if max_seq_len is None else min(max_seq_len, context)
@@ -82,7 +89,8 @@ def plan_memory(backend, meta, *, kv_blocks, block_size, max_rows, max_tokens, m
         _refuse(where, backend.name, free, free, w, ws, total - w - ws, kv_blocks, block_size)
     return MemoryPlan(num_blocks=int(kv_blocks), max_seq_len=int(seq_len),
                       max_blocks_per_seq=-(-seq_len // block_size), weight_bytes=w,
-                      total_bytes=int(total), active_weight_bytes=active_weight_bytes(meta))
+                      total_bytes=int(total),
+                      active_weight_bytes=active_weight_bytes(meta, packed_source))
 
 
 def size_text(nbytes: int) -> str:

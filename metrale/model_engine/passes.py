@@ -14,9 +14,9 @@ import numpy as np
 
 from ..errors import InvalidArgument
 from ..gpu_runtime.types import DevicePtr
-from ..ops import embedding
 from .ladder import padded_batch_n
 from .layers import lm_head, run_decoder
+from .linear import run_embedding
 from .sequence import SequenceState
 
 _INT_TYPES = (int, np.integer)
@@ -116,9 +116,9 @@ class DecoderPasses:
             if embeds is not None:
                 b.copy_h2d_async(np.ascontiguousarray(embeds, np.uint16), ws.residual, stream)
             elif splice is not None:
-                embedding.embedding(b, stream, ws.residual, self._weights.embed_tokens,
-                                    ws.token_ids, n, self._meta.hidden_size,
-                                    self._meta.vocab_size)
+                run_embedding(b, stream, ws.residual, self._weights.embed_tokens,
+                              ws.token_ids, ws.h_tokens[:n], n, self._meta.hidden_size,
+                              self._meta.vocab_size)
                 splice(stream)
             out = ws.normed if hidden_out is None else hidden_out
             run_decoder(self, stream, n, decode=False, n_seqs=1, max_q_len=n, out_ptr=out,

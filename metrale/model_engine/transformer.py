@@ -28,6 +28,7 @@ from ..ops import rope
 from .args import list_arg
 from .draft import TransformerDraft
 from .forward import ModelForward
+from .gguf_weights import keeps_packed
 from .guard import CallGuard, exclusive
 from .lifecycle import ModelLifecycle
 from .logits import ModelLogits
@@ -57,8 +58,11 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
     def __init__(self, backend, source, *, kv_blocks: int | None = None, block_size: int = 16,
                  max_batch: int = 64, fp32_logits: bool = False,
                  max_prefill_tokens: int = 2048, max_seq_len: int | None = None,
-                 graphs: bool | None = None, progress: bool = True, _shard=None) -> None:
-        # _shard: a tensor-parallel rank's slices and group (tp/model.py), else None
+                 graphs: bool | None = None, progress: bool = True,
+                 gguf_dequantize: bool = False, _shard=None) -> None:
+        # _shard: a tensor-parallel rank's slices and group (tp/model.py), else None.
+        # gguf_dequantize: a GGUF's block-type weights dequantized to BF16 at load instead
+        # of kept at their bytes (gguf_weights.py; a rank's slices always are, for now)
         meta = source.metadata()
         if meta.architecture not in DECODER_ARCHITECTURES:
             raise Unsupported(f"{source.description}: model_type {meta.architecture!r} is not "
@@ -83,11 +87,13 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
         # the checkpoint's tensors against the config before the plan is sized by it: a
         # wrong size is refused naming the tensor, not as memory the model cannot need
         check_checkpoint(source, meta)
+        packed = _shard is None and not gguf_dequantize and keeps_packed(source)
         from .memory_plan import plan_memory
         plan = plan_memory(backend, self._layer_meta, kv_blocks=kv_blocks,
                            block_size=block_size, max_rows=max_rows,
                            max_tokens=max_prefill_tokens, max_seq_len=max_seq_len,
                            fp32_logits=self.use_fp32_logits, where=source.description,
+                           packed_source=source if packed else None,
                            **({} if _shard is None else dict(
                                rank_weight_bytes=_shard.weight_bytes(meta, source),
                                extra_bytes=_shard.buffer_bytes(
@@ -98,7 +104,8 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
         self._max_seq_len = plan.max_seq_len
         self._max_positions = plan.max_seq_len
         try:
-            self._weights = (DecoderWeights(backend, source, meta, progress=progress)
+            self._weights = (DecoderWeights(backend, source, meta, progress=progress,
+                                            packed=packed)
                              if _shard is None else
                              _shard.upload_weights(backend, source, meta, progress))
             self._ws = Workspace(backend, self._layer_meta, max_tokens=max_prefill_tokens,
@@ -120,6 +127,11 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
 
     def metadata(self):
         return self._meta
+
+    def weight_bytes(self) -> int:
+        """Device bytes the weights hold (a GGUF kept packed: its planes' bytes; additive:
+        not in the original engine)."""
+        return int(self._weights.nbytes)
 
     # ------------------------------------------------------------------ ModelForward
     def kv_block_size(self) -> int:

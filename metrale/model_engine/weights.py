@@ -13,6 +13,7 @@ from ..formats import check_tensors, expected_tensors
 from ..formats.quant.checkpoint import check_quantized
 from ..formats.upload import WeightUploader
 from ..gpu_runtime.types import NULL, DevicePtr
+from .gguf_weights import EMBED, held_bytes, packed_runs, upload_packed
 from .linear import upload_linear
 from .memory_plan import weight_bytes
 from .moe_weights import MoeLayerWeights, upload_moe_layer
@@ -21,7 +22,8 @@ from .moe_weights import MoeLayerWeights, upload_moe_layer
 @dataclass
 class LayerWeights:
     # the linears (qkv, o_proj, gate_up, down_proj) are BF16 DevicePtrs or, in a quantized
-    # checkpoint, linear.py's Q4Linear / Fp8Linear (run through linear.run_linear)
+    # checkpoint, linear.py's Q4Linear / Fp8Linear, in a GGUF kept packed its GgufLinear
+    # (run through linear.run_linear)
     input_layernorm: DevicePtr        # [hidden]
     qkv: DevicePtr                    # [(H + 2KV) * D, hidden]
     qkv_bias: DevicePtr               # [(H + 2KV) * D] or NULL
@@ -50,23 +52,34 @@ def check_checkpoint(source, meta) -> dict[str, tuple[int, ...]]:
 
 class DecoderWeights:
     """Uploads a decoder checkpoint (MoE blocks: moe_weights.py); `free()` returns every
-    byte."""
+    byte. `packed`: a GGUF source's block-type tensors stay at their stored bytes
+    (gguf_weights.py); `nbytes` is what the weights hold on the device, `embed_bytes` the
+    embedding table's part of it."""
 
-    def __init__(self, backend, source, meta, progress: bool = True) -> None:
+    def __init__(self, backend, source, meta, progress: bool = True,
+                 packed: bool = False) -> None:
         self.backend = backend
         self._owned: list[DevicePtr] = []
         expected = check_checkpoint(source, meta)
         self.nbytes = (sum(2 * _numel(s) for s in expected.values())
                        if meta.quantization is None else weight_bytes(meta))
+        self.embed_bytes = 2 * meta.vocab_size * meta.hidden_size
+        if packed:
+            self.nbytes, self.embed_bytes = held_bytes(meta, source)
 
         def lin(*modules):
+            names = [m + ".weight" for m in modules]
+            if packed and packed_runs(source, names) is not None:
+                return upload_packed(self, up, source, names)
             return upload_linear(self, up, source, meta, list(modules))
         H, KV, D, hid = meta.num_heads, meta.num_kv_heads, meta.head_dim, meta.hidden_size
         qkv_rows = (H + 2 * KV) * D
         try:
             with WeightUploader(backend, source, self.nbytes, desc=source.description,
                                 progress=progress) as up:
-                self.embed_tokens = self._own(up.upload("model.embed_tokens.weight"))
+                self.embed_tokens = (upload_packed(self, up, source, [EMBED])
+                                     if packed and packed_runs(source, [EMBED]) else
+                                     self._own(up.upload(EMBED)))
                 self.layers: list[LayerWeights] = []
                 for i in range(meta.num_layers):
                     p = f"model.layers.{i}."

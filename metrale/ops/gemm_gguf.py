@@ -1,4 +1,5 @@
-"""The GEMM over GGUF weights kept at their bytes (module "gemm_gguf"): Y[m, n] = X[m, k] @
+"""The GEMM over GGUF weights kept at their bytes (modules "gemm_gguf" and "gemm_gguf_k"):
+Y[m, n] = X[m, k] @
 dequant(W)[n, k]^T, W in the planes of ops/gguf_planes.py (q, qh, meta of one ggml type),
 BF16 X, FP32 accumulation, BF16 or FP32 out, Y rows `ldy` elements apart.
 
@@ -7,12 +8,14 @@ BF16 X, FP32 accumulation, BF16 or FP32 out, Y rows `ldy` elements apart.
 packed or are dequantized at load. The GEMM over it is gemm_tc's (`dot_f32`'s fixed k
 order), so a row's result depends on (x row, W row, k) alone: batch invariance as for BF16.
 
-Kernel entry points (kernels/gemm_gguf.cu): `gemm_gguf_{type}_{out}_{tile}` with type the
-lower-case ggml name (q4_0, q4_k, iq4_xs, ...), out bf16 | fp32 and tile one of
-ops/gemm_tc.py's TILES, each taking
+Kernel entry points (kernels/gemm_gguf.cu for the 32-element block types, gemm_gguf_k.cu for
+the 256-element ones: `module_of`): `gemm_gguf_{type}_{out}_{tile}` with type the lower-case
+ggml name (q4_0, q4_k, iq4_xs, ...), out bf16 | fp32 and tile one of ops/gemm_tc.py's TILES,
+each taking
     (y, x, q, qh, meta, m, n, k, ldy)
 y [m, ldy] (the first n columns written), x bf16 [m, k], q / qh / meta uint8 planes
-([n, q_row] 16-byte aligned, [n, qh_row] or NULL, [n, meta_row]), k % QK == 0.
+([n, q_row], [n, qh_row] or NULL, [n, meta_row]) aligned as `plane_alignment` says, k % QK
+== 0.
 """
 from __future__ import annotations
 
@@ -28,30 +31,61 @@ from .gemm_tc import TILES, dot_f32, resolve_tile
 from .gguf_planes import PACKED, dequant_bf16, plane_bytes
 from .registry import twin
 
-MODULE = "gemm_gguf"
+MODULE = "gemm_gguf"          # the 32-element block types (kernels/gemm_gguf.cu)
+MODULE_K = "gemm_gguf_k"      # the 256-element ones: K-quants, IQ4_XS (kernels/gemm_gguf_k.cu)
+
+
+def module_of(ggml_type: int) -> str:
+    """The kernel module holding `ggml_type`'s entry points (two files: NVRTC compile time)."""
+    return MODULE if PACKED[ggml_type].qk == 32 else MODULE_K
+
+
+def plane_alignment(ggml_type: int) -> tuple[int, int, int]:
+    """(q, qh, meta): the byte alignment the kernels need of each plane's base pointer.
+
+    q 16 (16-byte cp.async; rows are 16-byte multiples); meta the largest power of two that
+    divides a block's meta bytes, at most 16 (a block's fields are read at that width: Q4_K
+    one 16-byte load, Q3_K / Q6_K 2-byte ones); qh likewise for a block's qh bytes (4 for
+    Q5_0 / Q5_1, 16 for the K-quants; 1 where there is no qh plane). Each row then starts
+    aligned too, so a row-offset view of a plane keeps them."""
+    t = PACKED[ggml_type]
+
+    def pow2(nbytes: int) -> int:
+        return min(16, nbytes & -nbytes) if nbytes else 1
+    return 16, pow2(t.qk * t.high_bits // 8), pow2(t.meta_bytes)
 
 
 def kernel_name(ggml_type: int, out_fp32: bool, tile: str) -> str:
     return f"gemm_gguf_{PACKED[ggml_type].name.lower()}_{'fp32' if out_fp32 else 'bf16'}_{tile}"
 
 
-def check_gguf(what: str, m, n, k, ldy, ggml_type, q_ptr, qh_ptr, meta_ptr) -> None:
-    """gemm_gguf's argument checks (InvalidArgument before any launch)."""
+def check_planes(what: str, k, ggml_type, q_ptr, qh_ptr, meta_ptr) -> None:
+    """The checks of a W in planes every GGUF kernel reads (gemm_gguf, embedding_gguf): a
+    packed type, whole blocks along k, a qh plane exactly where the type has high bits, and
+    each plane's base aligned as plane_alignment says (InvalidArgument)."""
     if ggml_type not in PACKED:
         raise InvalidArgument(f"{what}: ggml type {ggml_type!r} is not kept packed (packed: "
                               f"{', '.join(t.name for t in PACKED.values())})")
     t = PACKED[ggml_type]
-    check_sizes(what, m=m, n=n, k=k, ldy=ldy)
-    check_ptrs(what, meta_ptr=meta_ptr)
-    check_ptrs(what, 16, q_ptr=q_ptr)
+    q_align, qh_align, meta_align = plane_alignment(ggml_type)
+    check_ptrs(what, meta_align, meta_ptr=meta_ptr)
+    check_ptrs(what, q_align, q_ptr=q_ptr)
     if k % t.qk:
         raise InvalidArgument(f"{what}: k = {k} must be a multiple of {t.name}'s block of "
                               f"{t.qk}")
-    if ldy < n:
-        raise InvalidArgument(f"{what}: ldy = {ldy} is less than n = {n}")
     if (int(qh_ptr) != 0) != (t.high_bits > 0):
         raise InvalidArgument(f"{what}: {t.name} " + ("needs a qh plane" if t.high_bits else
                                                       "has no qh plane (pass NULL)"))
+    if t.high_bits:
+        check_ptrs(what, qh_align, qh_ptr=qh_ptr)
+
+
+def check_gguf(what: str, m, n, k, ldy, ggml_type, q_ptr, qh_ptr, meta_ptr) -> None:
+    """gemm_gguf's argument checks (InvalidArgument before any launch)."""
+    check_sizes(what, m=m, n=n, k=k, ldy=ldy)
+    check_planes(what, k, ggml_type, q_ptr, qh_ptr, meta_ptr)
+    if ldy < n:
+        raise InvalidArgument(f"{what}: ldy = {ldy} is less than n = {n}")
 
 
 @dataclass(frozen=True)
@@ -84,8 +118,8 @@ def gemm_gguf(backend, stream: int, y_ptr, x_ptr, q_ptr, qh_ptr, meta_ptr, m: in
     check_gguf(what, m, n, k, ldy, ggml_type, q_ptr, qh_ptr, meta_ptr)
     t = resolve_tile(m, n, tile, what)
     threads = 32 if t.name == "16x16" else t.threads
-    backend.launch(backend.kernel(MODULE, kernel_name(ggml_type, out_fp32, t.name)),
-                   t.grid(m, n), (threads,), 0, stream,
+    kernel = backend.kernel(module_of(ggml_type), kernel_name(ggml_type, out_fp32, t.name))
+    backend.launch(kernel, t.grid(m, n), (threads,), 0, stream,
                    (DevicePtr(y_ptr), DevicePtr(x_ptr), DevicePtr(q_ptr), DevicePtr(qh_ptr),
                     DevicePtr(meta_ptr), np.int32(m), np.int32(n), np.int32(k),
                     np.int32(ldy)))
@@ -169,12 +203,12 @@ def _register_twins() -> None:
     for ggml_type in PACKED:
         for name in TILES:
             for fp32 in (False, True):
-                twin(MODULE, kernel_name(ggml_type, fp32, name))(
+                twin(module_of(ggml_type), kernel_name(ggml_type, fp32, name))(
                     lambda ctx, y, x, q, qh, meta, m, n, k, ldy, _t=ggml_type, _f=fp32:
                     _gemm_gguf_twin(ctx, y, x, q, qh, meta, m, n, k, ldy, _t, _f))
 
 
 _register_twins()
 
-__all__ = ["gemm_gguf", "GgufW", "check_gguf", "gguf_rows_at", "gguf_rows_twin",
-           "kernel_name", "NULL"]
+__all__ = ["gemm_gguf", "GgufW", "check_gguf", "check_planes", "gguf_rows_at",
+           "gguf_rows_twin", "kernel_name", "module_of", "plane_alignment", "NULL"]

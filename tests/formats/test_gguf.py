@@ -166,12 +166,12 @@ def test_other_architectures_and_tensors_are_refused(tmp_path):
 
 def test_unsupported_tensor_types_are_refused_by_name(tmp_path):
     from gguf import GGMLQuantizationType as T
-    blocks = np.zeros((64, 136), np.uint8)                 # IQ4_XS: 256 elements, 136 B
+    blocks = np.zeros((64, 74), np.uint8)                  # IQ2_XS: 256 elements, 74 B
     p = rewrite(GGUF_FIXTURES / "llama.gguf", tmp_path / "q.gguf",
                 drop_tensors=["blk.1.ffn_down.weight"],
-                add_tensors={"blk.1.ffn_down.weight": (blocks, T.IQ4_XS)})
+                add_tensors={"blk.1.ffn_down.weight": (blocks, T.IQ2_XS)})
     with pytest.raises(Unsupported,
-                       match=r"IQ4_XS \(1 tensor, e\.g\. blk\.1\.ffn_down\.weight\)"):
+                       match=r"IQ2_XS \(1 tensor, e\.g\. blk\.1\.ffn_down\.weight\)"):
         open_source(p)
 
 
@@ -212,11 +212,11 @@ def test_read_bf16_into_equals_read_bf16(name):
 
 def test_direct_upload_writes_the_same_device_bytes():
     """HostBackend.write_host (the dequantizer writes into device memory) and the staged
-    copy_h2d path upload the same bits."""
+    copy_h2d path upload the same bits (loads that dequantize at load)."""
     import metrale
     from metrale.gpu_runtime import HostBackend
     path = GGUF_FIXTURES / "llama.gguf"
-    direct = metrale.load(path, HostBackend(), progress=False)
+    direct = metrale.load(path, HostBackend(), progress=False, gguf_dequantize=True)
 
     class Staged:                 # the same source without read_bf16_into
         def __init__(self, s):
@@ -227,7 +227,8 @@ def test_direct_upload_writes_the_same_device_bytes():
                 raise AttributeError(k)
             return getattr(self._s, k)
 
-    staged = metrale.load(Staged(open_source(path)), HostBackend(), progress=False)
+    staged = metrale.load(Staged(open_source(path)), HostBackend(), progress=False,
+                          gguf_dequantize=True)
     for a, b in ((direct._weights.embed_tokens, staged._weights.embed_tokens),
                  (direct._weights.layers[1].qkv, staged._weights.layers[1].qkv),
                  (direct._weights.layers[1].gate_up, staged._weights.layers[1].gate_up)):
@@ -251,8 +252,8 @@ def test_cli_takes_gguf_paths(capsys):
 
 def test_info_reports_the_stored_types_not_a_float_dtype(capsys):
     """`info --json` on a GGUF said "dtype": "float32" (the config it stands for); it
-    names the file type and the stored types per tensor group, counts them, and says they
-    are dequantized to bfloat16 at load (the plain text too)."""
+    names the file type and the stored types per tensor group, counts them, and says how
+    the device holds them (the plain text too)."""
     from collections import Counter
     from metrale.cli import main
     path = str(GGUF_FIXTURES / "qwen2.gguf")
@@ -263,7 +264,26 @@ def test_info_reports_the_stored_types_not_a_float_dtype(capsys):
     assert d["device_dtype"] == "bfloat16"
     assert d["stored_dtypes"] == dict(Counter(t.type_name for t in
                                               GGUFFile(path).tensors.values()))
-    assert "dequantized to bfloat16 at load" in d["math"]["dtype"]
+    # what the device holds: block types at their stored bytes, qwen2's layer groups with
+    # an F16 q_proj dequantized at load (gguf_weights.py), the rest bfloat16
+    assert "9 tensors (Q4_0/Q4_1/Q4_K/Q6_K/Q8_0) kept at their stored bytes on the device" \
+        in d["math"]["dtype"]
+    assert "4 block-type tensors dequantized to bfloat16 at load (in a fused group with a " \
+        "float part, e.g. model.layers.0.self_attn.k_proj.weight)" in d["math"]["dtype"]
+    assert d["held_dtypes"] == {"BF16": 17, "Q4_0": 2, "Q4_1": 2, "Q4_K": 1, "Q6_K": 1,
+                                "Q8_0": 3}
+    # weight bytes as held, what a packed load holds (the BF16 ones said too)
+    import metrale
+    held = metrale.load(path, "cpu", progress=False).weight_bytes()
+    bf16 = metrale.load(path, "cpu", progress=False, gguf_dequantize=True).weight_bytes()
+    assert d["weight_bytes"] == held == 128560 and bf16 == 276992
     assert main(["info", path]) == 0
-    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("dtype"))
+    lines = capsys.readouterr().out.splitlines()
+    line = next(x for x in lines if x.startswith("dtype"))
     assert d["dtype"] in line and "float32 in" not in line
+    assert "weights        125.5 KiB as held (block types at their stored bytes; 270.5 KiB " \
+        "dequantized at load with gguf_dequantize=True)" in lines
+    # a file without a fused group of mixed float / block parts: nothing dequantized at load
+    assert main(["info", str(GGUF_FIXTURES / "llama.gguf"), "--json"]) == 0
+    text = json.loads(capsys.readouterr().out)["math"]["dtype"]
+    assert "dequantized to bfloat16 at load" not in text and "15 tensors" in text

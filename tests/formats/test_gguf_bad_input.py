@@ -174,23 +174,52 @@ def test_fewer_tokens_than_embedding_rows_load(tmp_path):
 
 
 def test_unsupported_types_are_refused_by_the_files_type_with_counts(tmp_path):
-    """An IQ4_XS file whose first tensor in file order is IQ4_NL was refused as "tensor
-    type IQ4_NL": the refusal names general.file_type and every unsupported type, most
-    tensors first, with a count and a first tensor each."""
+    """An IQ2_XS file whose first tensor in file order is MXFP4 was refused as "tensor
+    type MXFP4": the refusal names general.file_type and every unsupported type, most
+    tensors first, with a count and a first tensor each (IQ4_NL / IQ4_XS, this test's
+    first types, are read since issue 38)."""
     import numpy as np
     from gguf import GGMLQuantizationType as T
     from metrale.errors import Unsupported
-    nl = np.zeros((64, 2 * 18), np.uint8)             # IQ4_NL: 32 elements in 18 B
-    xs = np.zeros((64, 136), np.uint8)                # IQ4_XS: 256 elements in 136 B
-    p = rewrite(LLAMA, tmp_path / "m.gguf", {"general.file_type": 30},
+    mx = np.zeros((64, 2 * 17), np.uint8)             # MXFP4: 32 elements in 17 B
+    xs = np.zeros((64, 74), np.uint8)                 # IQ2_XS: 256 elements in 74 B
+    p = rewrite(LLAMA, tmp_path / "m.gguf", {"general.file_type": 20},
                 drop_tensors=["blk.0.attn_q.weight", "blk.0.ffn_down.weight",
                               "blk.1.ffn_down.weight"],
-                add_tensors={"blk.0.attn_q.weight": (nl, T.IQ4_NL),
-                             "blk.0.ffn_down.weight": (xs, T.IQ4_XS),
-                             "blk.1.ffn_down.weight": (xs, T.IQ4_XS)})
+                add_tensors={"blk.0.attn_q.weight": (mx, T.MXFP4),
+                             "blk.0.ffn_down.weight": (xs, T.IQ2_XS),
+                             "blk.1.ffn_down.weight": (xs, T.IQ2_XS)})
     with pytest.raises(Unsupported) as e:
         open_source(p)
     assert str(e.value).startswith(
-        f"{p}: a MOSTLY_IQ4_XS file (general.file_type) holds tensor types metrale cannot "
-        "read: IQ4_XS (2 tensors, e.g. blk.0.ffn_down.weight), IQ4_NL (1 tensor, e.g. "
+        f"{p}: a MOSTLY_IQ2_XS file (general.file_type) holds tensor types metrale cannot "
+        "read: IQ2_XS (2 tensors, e.g. blk.0.ffn_down.weight), MXFP4 (1 tensor, e.g. "
         "blk.0.attn_q.weight) (supported: F32, F16, BF16, Q4_0")
+
+
+def with_type(src, dst, tensor: str, ggml_type: int):
+    """A copy of GGUF `src` whose directory entry for 2-D `tensor` says `ggml_type` while
+    its stored blocks stay as they are."""
+    import struct
+    b = bytearray(src.read_bytes())
+    name = tensor.encode()
+    at = b.index(struct.pack("<Q", len(name)) + name) + 8 + len(name)
+    assert struct.unpack_from("<I", b, at)[0] == 2
+    struct.pack_into("<I", b, at + 4 + 2 * 8, ggml_type)
+    dst.write_bytes(bytes(b))
+    return dst
+
+
+@pytest.mark.parametrize("tensor, ggml_type, what, stored, nxt", [
+    ("blk.0.attn_k.weight", 3, "Q4_1 [32, 64]) takes 1280", 1152, "blk.0.attn_v.weight"),
+    ("blk.0.ffn_down.weight", 10, "Q2_K [64, 256]) takes 5376", 9216,
+     "blk.1.attn_norm.weight")])
+def test_a_byte_count_that_does_not_match_type_and_shape_is_refused(tmp_path, tensor,
+                                                                   ggml_type, what, stored,
+                                                                   nxt):
+    """A directory entry whose type makes the tensor's bytes more (Q4_0 blocks read as
+    Q4_1: into the next tensor's bytes) or fewer (Q4_K as Q2_K: some of its own unread)
+    than it holds loaded, and computed with other weights."""
+    p = with_type(LLAMA, tmp_path / "t.gguf", tensor, ggml_type)
+    refused(p, f"tensor {tensor!r} ({what} bytes by its type and shape, but {stored} bytes "
+               f"lie between it and the next tensor {nxt!r}")

@@ -44,6 +44,21 @@ def test_split_and_join_are_inverse_and_keep_the_bytes(ggml_type, n, k):
     assert np.array_equal(join_blocks(p), raw)
 
 
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("k", [1, 5, 64, 111, 2048])
+def test_pack_bits_is_unpack_bits_inverse_at_ragged_widths(bits, k):
+    """Fields at bit (e * bits) % 8 of byte (e * bits) // 8, zero padding past k."""
+    from metrale.ops.gguf_planes import pack_bits, unpack_bits
+    f = np.random.default_rng([bits, k]).integers(0, 1 << bits, (3, k), dtype=np.uint8)
+    row = -(-k * bits // 8 // 16) * 16 + 16
+    p = pack_bits(f, bits, row)
+    assert np.array_equal(unpack_bits(p, bits, k), f)
+    e = np.arange(k)
+    want = np.zeros((3, row), np.int64)
+    np.add.at(want, (slice(None), e * bits // 8), f.astype(np.int64) << (e * bits % 8))
+    assert np.array_equal(p, want.astype(np.uint8))
+
+
 @pytest.mark.parametrize("ggml_type", [t for t in TYPES if t in BLOCK_DEQUANT],
                          ids=[PACKED[t].name for t in TYPES if t in BLOCK_DEQUANT])
 def test_planes_give_the_load_time_bits(ggml_type):

@@ -189,3 +189,24 @@ def test_native_threads_split_large_tensors_exactly(name):
     raw = random_blocks(t, nb, seed=11)
     assert np.array_equal(dequantize_bf16(raw, t, (nb * qk,), native=True),
                           dequantize_bf16(raw, t, (nb * qk,), native=False))
+
+
+# Q2_K, Q3_K, IQ4_NL, IQ4_XS: dequantized at load through the device's planes (quants.py)
+PLANE_TYPES = {"Q2_K": 10, "Q3_K": 11, "IQ4_NL": 20, "IQ4_XS": 23}
+
+
+@pytest.mark.parametrize("name", list(PLANE_TYPES))
+@pytest.mark.parametrize("use_native", [None, False])
+def test_plane_types_dequantize_at_load_as_the_gguf_package(name, use_native):
+    """The load-time dequantizer (native library's choice or numpy) gives gguf-py's float32
+    values rounded once to BF16, in chunks as in one go (they were refused before)."""
+    quants = pytest.importorskip("gguf.quants")
+    from tests.formats.test_gguf_packed import random_blocks as finite_blocks
+    t = PLANE_TYPES[name]
+    n, k = 3, 4 * 256
+    raw = finite_blocks(t, n, k, 9)
+    theirs = quants.dequantize(raw.reshape(n, -1), t).astype(np.float32)
+    assert np.array_equal(dequantize_f32(raw, t, n * k).reshape(n, k).view(np.uint32),
+                          theirs.view(np.uint32))
+    got = dequantize_bf16(raw, t, (n, k), native=use_native)
+    assert np.array_equal(got, f32_to_bf16_numpy(theirs))

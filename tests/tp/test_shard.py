@@ -208,6 +208,23 @@ def test_settle_different_calls():
         settle(comm, ok_record(b"a" * 16, "decode(...)"), None)
 
 
+def test_settle_at_load_names_the_failing_rank():
+    """Loading (name_rank): the other ranks' error names the failing rank; a rank that
+    failed the same way re-raises its own."""
+    bad = metrale.FormatError("r1/config.json: not valid JSON")
+    comm = Scripted(0, {1: error_record(bad)})
+    with pytest.raises(metrale.FormatError, match=r"^tensor parallel: rank 1 of 2 failed: "
+                                                  r"r1/config.json: not valid JSON$"):
+        settle(comm, ok_record(bytes(16), "x"), None, name_rank=True)
+    comm = Scripted(0, {1: error_record(OSError("disk"))})
+    with pytest.raises(TensorParallelError, match=r"^tensor parallel: rank 1 of 2 failed: "
+                                                  r"OSError: disk$"):
+        settle(comm, ok_record(bytes(16), "x"), None, name_rank=True)
+    same = metrale.FormatError("x: not valid JSON")
+    comm = Scripted(1, {0: error_record(metrale.FormatError("x: not valid JSON"))})
+    assert settle(comm, error_record(same), same, name_rank=True)
+
+
 def test_call_digest_ignores_pointers_and_streams_but_not_tokens():
     m = metrale.load(FIXTURES / "llama_gqa", HostBackend(), progress=False)
     seq = m.alloc_sequence()
@@ -266,6 +283,56 @@ def test_load_refuses_a_size_the_launcher_did_not_start(monkeypatch):
     for bad in (0, -1, 2.0, "2", True):
         with pytest.raises(InvalidArgument, match="tensor_parallel_size"):
             metrale.load(FIXTURES / "llama_gqa", "cpu", tensor_parallel_size=bad)
+
+
+@pytest.mark.parametrize("argv,orig,want", [
+    (["/v/bin/metrale", "bench", "preset:tiny", "--tensor-parallel", "2"],
+     ["/v/bin/python3", "/v/bin/metrale", "bench", "preset:tiny", "--tensor-parallel", "2"],
+     "mpiexec -n 2 metrale bench preset:tiny --tensor-parallel 2 or torchrun "
+     "--nproc-per-node 2 --no-python metrale bench preset:tiny --tensor-parallel 2"),
+    (["/w/metrale/cli/__main__.py", "bench", "a b"], ["python", "-u", "-m", "metrale.cli",
+                                                     "bench", "a b"],
+     "mpiexec -n 2 python -m metrale.cli bench 'a b' or torchrun --nproc-per-node 2 "
+     "-m metrale.cli bench 'a b'"),
+    (["run.py", "-m", "x"], ["py3", "run.py", "-m", "x"],
+     "mpiexec -n 2 py3 run.py -m x or torchrun --nproc-per-node 2 run.py -m x"),
+    (["-c"], ["python", "-c", "import metrale"],
+     "mpiexec -n 2 python YOUR_SCRIPT.py or torchrun --nproc-per-node 2 YOUR_SCRIPT.py"),
+    ([""], ["python"],
+     "mpiexec -n 2 python YOUR_SCRIPT.py or torchrun --nproc-per-node 2 YOUR_SCRIPT.py")])
+def test_launch_hint_repeats_the_command_that_was_run(argv, orig, want):
+    from metrale.gpu_runtime.comm.ranks import launch_hint
+    assert launch_hint(2, argv, orig) == want
+
+
+def test_the_size_refusal_suggests_the_command_the_user_ran(tmp_path):
+    """Without a launcher: `metrale bench ... --tensor-parallel 2` is told to run that
+    `metrale` command under mpiexec (not `python ...`), a script the script."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    from tests.tp.launch import ROOT
+    env = {k: v for k, v in os.environ.items() if not k.startswith(
+        ("PMI_", "OMPI_", "SLURM_", "MPI_")) and k not in ("RANK", "WORLD_SIZE")}
+    env["PYTHONPATH"] = str(ROOT)
+    exe = Path(sys.executable).parent / "metrale"
+    if not exe.exists():
+        pytest.skip("no metrale console script next to the interpreter")
+    args = ["bench", "preset:tiny", "--device", "cpu", "--batch", "1", "--prompt-len", "4",
+            "--gen-len", "2", "--tensor-parallel", "2"]
+    proc = subprocess.run([str(exe), *args], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert f"e.g. mpiexec -n 2 metrale {' '.join(args)} or torchrun" in proc.stderr
+    script = tmp_path / "run.py"
+    script.write_text("import sys, metrale\n"
+                      f"metrale.load({str(FIXTURES / 'llama_gqa')!r}, 'cpu', "
+                      "tensor_parallel_size=2)\n")
+    proc = subprocess.run([sys.executable, "run.py", "--flag"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert f"e.g. mpiexec -n 2 {sys.executable} run.py --flag or torchrun --nproc-per-node 2 " \
+           "run.py --flag" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("name,arch", [("whisper_tiny", "whisper"), ("llava_tiny", "llava")])

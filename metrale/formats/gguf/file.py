@@ -180,6 +180,22 @@ class GGUFFile:
                                   f"offset {offset}) is misaligned or runs past the end "
                                   f"of the file ({len(b)} bytes)")
             self.tensors[name] = TensorInfo(name, shape, ggml_type, start, nbytes)
+        self._check_spans(align)
+
+    def _check_spans(self, align: int) -> None:
+        """Each tensor's bytes (by its type and shape) fill the space up to the next tensor
+        in the data, less the padding to `align` (as llama.cpp's reader requires): a shape
+        that does not match the stored blocks would read another tensor's bytes, or leave
+        some of its own unread. The last tensor's end is checked against the file's."""
+        by_offset = sorted(self.tensors.values(), key=lambda t: t.offset)
+        for t, nxt in zip(by_offset, by_offset[1:]):
+            span = nxt.offset - t.offset
+            if not t.nbytes <= span <= -(-t.nbytes // align) * align:
+                raise FormatError(
+                    f"{self.path}: tensor {t.name!r} ({t.type_name} {list(t.shape)}) takes "
+                    f"{t.nbytes} bytes by its type and shape, but {span} bytes lie between "
+                    f"it and the next tensor {nxt.name!r}: its byte count does not match "
+                    "its type and shape")
 
     def _string(self, p: int) -> tuple[str, int]:
         n, = struct.unpack_from("<Q", self._buf, p)

@@ -24,6 +24,9 @@ block one record of little-endian fields; `d`, `m`, `dmin` are IEEE half floats;
         (ql[l] & 15, ql[l+32] & 15, ql[l] >> 4, ql[l+32] >> 4) | ((qh[l] >> 2k) & 3) << 4,
         k = 0..3 (quarter k at 32k + l); y = (d * scales[p // 16]) * (q - 32), p the
         element's position in the super-block
+  Q2_K, Q3_K, IQ4_NL, IQ4_XS: through the device's planes (formats/gguf/packed.py splits the
+        blocks, ops/gguf_planes.py's `dequant_f32` is their formula and layouts' one
+        implementation, the one every GGUF kernel computes)
   F32 / F16 / BF16: plain values, ne[0] contiguous.
 
 Exactness: in every format the product of the block scale(s) and q is exact in float32
@@ -39,10 +42,13 @@ import numpy as np
 
 from ...errors import Unsupported
 from ...ops.bf16 import f32_to_bf16
+from ...ops.gguf_planes import dequant_f32
 from .file import GGML_TYPES, file_type_name
+from .packed import split_blocks
 
 F32, F16, BF16 = 0, 1, 30
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K = 2, 3, 6, 7, 8, 12, 13, 14
+Q2_K, Q3_K, IQ4_NL, IQ4_XS = 10, 11, 20, 23
 # blocks dequantized per step: bounds the float32 temporaries at ~4 MiB
 _CHUNK_ELEMENTS = 1 << 20
 
@@ -125,8 +131,19 @@ def _q6_k(b):
     return (scale[:, :, None] * q).reshape(-1, 256)
 
 
+def _through_planes(ggml_type: int):
+    """The dequantizer of `ggml_type` from its planes: each block a row of one block."""
+    qk = GGML_TYPES[ggml_type][1]
+
+    def dequant(b):
+        p = split_blocks(b.reshape(-1), ggml_type, b.shape[0], qk)
+        return dequant_f32(p.q, p.qh, p.meta, ggml_type, qk)
+    return dequant
+
+
 BLOCK_DEQUANT = {Q4_0: _q4_0, Q4_1: _q4_1, Q5_0: _q5_0, Q5_1: _q5_1, Q8_0: _q8_0,
-                 Q4_K: _q4_k, Q5_K: _q5_k, Q6_K: _q6_k}
+                 Q4_K: _q4_k, Q5_K: _q5_k, Q6_K: _q6_k,
+                 **{t: _through_planes(t) for t in (Q2_K, Q3_K, IQ4_NL, IQ4_XS)}}
 SUPPORTED = (F32, F16, BF16, *BLOCK_DEQUANT)
 SUPPORTED_NAMES = tuple(GGML_TYPES[t][0] for t in SUPPORTED)
 
@@ -180,7 +197,8 @@ def dequantize_bf16(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...],
 
     native: the compiled loop of gpu_runtime/native/dequant_gguf.cpp (None: where this
     machine has it, False: numpy, in chunks that keep the float32 temporaries small).
-    The bits are the same either way."""
+    A type the library lacks (it says so: Q2_K, Q3_K, IQ4_NL, IQ4_XS there today) takes
+    numpy either way. The bits are the same either way."""
     check_supported(ggml_type, "dequantize")
     n = int(np.prod(shape, dtype=np.int64))
     _, qk, size = GGML_TYPES[ggml_type]

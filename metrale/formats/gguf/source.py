@@ -2,14 +2,16 @@
 
 The metadata becomes the config.json it stands for (gguf/config.py; every key honoured or
 refused by name, field_table.GGUF), the tensors take their Hugging Face names (TENSOR_NAMES)
-and are dequantized to BF16 when read (gguf/quants.py), the tokenizer is built from
-tokenizer.ggml.* (gguf/tokenizer.py) and the chat template is tokenizer.chat_template.
+and are dequantized to BF16 when read (gguf/quants.py) or, for a 2-D tensor of a block type
+the device keeps packed (`packed_type`), read as their planes (`read_planes`: gguf/packed.py,
+ops/gguf_planes.py); the tokenizer is built from tokenizer.ggml.* (gguf/tokenizer.py) and
+the chat template is tokenizer.chat_template.
 
 Rotary layout: llama.cpp's converter permutes the rows of a llama q_proj / k_proj (and
 their biases) per head from HF's half-split rotary layout into interleaved pairs (its NORM
 rope: convert_hf_to_gguf.py `LlamaModel.permute`, row h*d + 2i + j <- h*d + j*d/2 + i for
 head h, pair i, half j); `read_bf16` undoes it (`unpermute_rows`, as transformers' GGUF
-loader does). qwen2 / qwen3 use llama.cpp's NEOX rope, which is HF's layout: no permutation.
+loader does), and `read_planes` on the planes' rows (it moves whole rows). qwen2 / qwen3 use llama.cpp's NEOX rope, which is HF's layout: no permutation.
 """
 from __future__ import annotations
 
@@ -20,8 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import FormatError, Unsupported
+from ...ops.gguf_planes import PACKED, plane_bytes
 from .config import hf_config
 from .file import GGUFFile, file_type_name
+from .packed import Planes, split_blocks
 from .quants import SUPPORTED_NAMES, check_tensor_types, dequantize_bf16
 from .tokenizer import check_token_ids
 from ..metadata import ModelMetadata
@@ -40,6 +44,9 @@ LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
 }
 _LAYER = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+# elements split into planes per step of read_planes: bounds its temporaries (~8 bytes an
+# element) at ~32 MiB whatever the tensor
+_SPLIT_ELEMENTS = 1 << 22
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -130,15 +137,60 @@ class GGUFSource:
         CONVERTED_DTYPES."""
         return self._info(name).type_name
 
+    def _permuted_heads(self, name: str) -> int | None:
+        """The heads whose rows llama.cpp permuted in tensor `name` (None: not permuted)."""
+        if not self._permuted or (".q_proj." not in name and ".k_proj." not in name):
+            return None
+        meta = self.metadata()
+        return meta.num_heads if ".q_proj." in name else meta.num_kv_heads
+
     def read_bf16(self, name: str) -> np.ndarray:
         """uint16 BF16 bits [*shape] of tensor `name`, dequantized, in HF's row order."""
         info = self._info(name)
         bits = dequantize_bf16(self.file.raw(info.name), info.ggml_type, info.shape)
-        if self._permuted and (".q_proj." in name or ".k_proj." in name):
-            meta = self.metadata()
-            heads = meta.num_heads if ".q_proj." in name else meta.num_kv_heads
+        heads = self._permuted_heads(name)
+        if heads is not None:
             bits = np.ascontiguousarray(unpermute_rows(bits, heads))
         return bits
+
+    def packed_type(self, name: str) -> int | None:
+        """The ggml type tensor `name` keeps on the device when loaded packed: its stored
+        type for a 2-D tensor of a block type of ops/gguf_planes.PACKED, else None (F32,
+        F16, BF16 and 1-D tensors are read as BF16)."""
+        info = self._info(name)
+        return info.ggml_type if info.ggml_type in PACKED and len(info.shape) == 2 else None
+
+    def planes_nbytes(self, name: str) -> int:
+        """Bytes of tensor `name`'s planes (`read_planes`), of a `packed_type` tensor."""
+        n, k = self._info(name).shape
+        return n * sum(plane_bytes(self.packed_type(name), k))
+
+    def read_planes(self, name: str) -> Planes:
+        """The planes (q, qh, meta: gguf/packed.py) of `packed_type` tensor `name` [n, k]:
+        its stored blocks split, in HF's row order (llama's q/k rows unpermuted)."""
+        info = self._info(name)
+        t = self.packed_type(name)
+        if t is None:
+            raise FormatError(f"{self.description}: tensor {name!r} ({info.type_name} "
+                              f"{list(info.shape)}) is not of a packed block type")
+        n, k = info.shape
+        raw = self.file.raw(info.name).reshape(n, -1)
+        q_row, qh_row, meta_row = plane_bytes(t, k)
+        q = np.empty((n, q_row), np.uint8)
+        qh = np.empty((n, qh_row), np.uint8) if qh_row else None
+        meta = np.empty((n, meta_row), np.uint8)
+        step = max(_SPLIT_ELEMENTS // k, 1)
+        for lo in range(0, n, step):
+            hi = min(lo + step, n)
+            p = split_blocks(raw[lo:hi].reshape(-1), t, hi - lo, k)
+            q[lo:hi], meta[lo:hi] = p.q, p.meta
+            if qh is not None:
+                qh[lo:hi] = p.qh
+        heads = self._permuted_heads(name)
+        if heads is not None:   # whole rows move: the same permutation on every plane
+            q, meta = (np.ascontiguousarray(unpermute_rows(a, heads)) for a in (q, meta))
+            qh = None if qh is None else np.ascontiguousarray(unpermute_rows(qh, heads))
+        return Planes(q, qh, meta, t, n, k)
 
     def read_bf16_into(self, name: str, out: np.ndarray) -> None:
         """`read_bf16(name)` written into `out` (C-contiguous uint16 of the tensor's size):
@@ -147,7 +199,7 @@ class GGUFSource:
         if out.dtype != np.uint16 or out.size != int(np.prod(info.shape, dtype=np.int64)):
             raise FormatError(f"{self.description}: read_bf16_into({name!r}) needs a uint16 "
                               f"buffer of {int(np.prod(info.shape))} elements")
-        if self._permuted and (".q_proj." in name or ".k_proj." in name):
+        if self._permuted_heads(name) is not None:
             out.reshape(info.shape)[...] = self.read_bf16(name)
         else:
             dequantize_bf16(self.file.raw(info.name), info.ggml_type, info.shape, out=out)

@@ -6,36 +6,18 @@ views of the buffers themselves. Each collective is one task on the backend's st
 CUDA graph replays NCCL calls). Non-blocking MPI calls (Iallgather, ...) polled against the
 group's timeout: MPICH's blocking calls would wait forever for a peer that hangs or left.
 
-A broken group (a timeout) cannot be used again: MPI has no way to cancel the collective
-in flight. At exit the process then calls MPI_Abort, so the launcher ends the other ranks
-instead of leaving them waiting for this one (mpiexec's own rule for a rank killed by a
-signal does the same).
-
-Install: `pip install 'metrale[mpi]'` (mpi4py and the `mpich` wheel, whose mpiexec goes
-next to the interpreter).
+The group itself (MPI initialisation, the communicator, the bounded waits, what a timeout
+breaks) is comm/mpi_group.py's `MpiGroup`: load_rank joins it before anything that can fail on
+one rank and hands it here; opened alone (`group=None`), the communicator joins its own.
 """
 from __future__ import annotations
 
-import atexit
-
 import numpy as np
 
-from ...errors import TensorParallelError, Unsupported
-from .communicator import (EXCHANGE_BYTES, Deadline, check_collective, pack_payload, timeout_message,
-                   unpack_payloads)
+from ...errors import TensorParallelError
+from .communicator import check_collective
+from .mpi_group import MpiGroup
 from .ranks import RankInfo
-
-_ABORT_CODE = 70   # EX_SOFTWARE: the exit status of a job ended by a broken group
-
-
-def import_mpi():
-    """mpi4py's MPI module (initialises MPI), or Unsupported naming the extra to install."""
-    try:
-        from mpi4py import MPI
-    except ImportError as e:
-        raise Unsupported("tensor parallelism on the host backends needs mpi4py and an MPI "
-                          f"library: pip install 'metrale[mpi]' ({e})") from None
-    return MPI
 
 
 class MpiCommunicator:
@@ -43,24 +25,16 @@ class MpiCommunicator:
 
     name = "mpi"
 
-    def __init__(self, backend, ranks: RankInfo, *, timeout_s: float) -> None:
-        MPI = import_mpi()
-        self._MPI = MPI
+    def __init__(self, backend, ranks: RankInfo, *, timeout_s: float,
+                 group: MpiGroup | None = None) -> None:
+        self._owns_group = group is None
+        self.group = MpiGroup(ranks, timeout_s=timeout_s) if group is None else group
         self.backend = backend
-        self.timeout_s = float(timeout_s)
-        self._deadline = Deadline(timeout_s)
-        self._broken: str | None = None
-        world = MPI.COMM_WORLD
-        self.rank, self.size = world.Get_rank(), world.Get_size()
-        if (self.rank, self.size) != (ranks.rank, ranks.size):
-            raise TensorParallelError(
-                f"tensor parallel: {ranks.launcher} says rank {ranks.rank} of {ranks.size} "
-                f"but MPI's COMM_WORLD is rank {self.rank} of {self.size}: start every rank "
-                "with the same mpiexec (mpi4py and mpiexec from the same MPI library)")
-        # a communicator of its own, so a program's own MPI traffic never meets the model's
-        self._comm, req = world.Idup()
-        self._wait(req, "creating the communicator (MPI_Comm_idup)")
-        self._exchange_recv = np.empty(self.size * EXCHANGE_BYTES, np.uint8)
+        self.rank, self.size = self.group.rank, self.group.size
+        self.timeout_s = self.group.timeout_s
+        self._MPI = self.group.MPI
+        self._comm = self.group.comm
+        self._closed = False
 
     # device collectives -----------------------------------------------------------------
     def all_gather(self, send_ptr, recv_ptr, count: int, dtype, stream: int) -> None:
@@ -98,23 +72,21 @@ class MpiCommunicator:
     # host side ----------------------------------------------------------------------------
     def exchange(self, payload: bytes) -> list[bytes]:
         self._check()
-        req = self._comm.Iallgather(pack_payload(payload), self._exchange_recv)
-        self._wait(req, "the agreement exchange")
-        return unpack_payloads(self._exchange_recv)
+        return self.group.exchange(payload)
 
     def wait(self, stream: int) -> None:
         self._check()   # host collectives complete inside their task
 
     def close(self) -> None:
-        if self._comm is not None and self._broken is None:
-            self._comm.Free()
-        self._comm = None
+        self._closed = True
+        if self._owns_group:
+            self.group.close()
 
     # internals ------------------------------------------------------------------------
     def _task(self, stream: int, what: str, start) -> None:
         """Run collective `start()` (returns an MPI request) in stream order, bounded."""
         self._check()
-        self.backend.host_task(lambda: self._wait(start(), what), stream)
+        self.backend.host_task(lambda: self.group.wait(start(), what), stream)
 
     def _read(self, ptr, count, dt) -> np.ndarray:
         return self.backend.read(ptr, int(count), dt)
@@ -122,16 +94,7 @@ class MpiCommunicator:
     def _view(self, ptr, count, dt) -> np.ndarray:
         return self.backend.view(ptr, int(count), dt)
 
-    def _wait(self, req, what: str) -> None:
-        self._deadline.wait(req.Test, lambda waited: self._fail(what, waited))
-
     def _check(self) -> None:
-        if self._broken is not None:
-            raise TensorParallelError(self._broken)
-        if self._comm is None:
+        if self._closed:
             raise TensorParallelError("tensor parallel: the communicator was closed")
-
-    def _fail(self, what: str, waited: float) -> None:
-        self._broken = timeout_message(self.rank, self.size, what, waited)
-        atexit.register(self._MPI.COMM_WORLD.Abort, _ABORT_CODE)
-        raise TensorParallelError(self._broken)
+        self.group.check()

@@ -59,9 +59,10 @@ def share_unique_id(nccl, ranks: RankInfo, timeout_s: float, rendezvous: str | N
     """NCCL's unique id, made by rank 0, on every rank."""
     uid = bytes(nccl.get_unique_id()) if ranks.rank == 0 else None
     if rendezvous is None and ranks.is_mpi:
+        from .mpi_group import init_mpi
         try:
-            from mpi4py import MPI
-        except ImportError:
+            MPI = init_mpi(ranks, timeout_s)   # bounded: a peer may never reach MPI
+        except Unsupported:                   # no mpi4py: the TCP rendezvous below
             MPI = None
         if MPI is not None:
             buf = np.frombuffer(uid, np.uint8).copy() if uid else \

@@ -13,6 +13,8 @@ The local rank picks the GPU of a rank on a CUDA device given as "cuda" or "auto
 from __future__ import annotations
 
 import os
+import shlex
+import sys
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -61,6 +63,28 @@ def launcher_ranks(env: Mapping[str, str] | None = None) -> RankInfo:
                                       f"of rank {rank}")
         return RankInfo(rank, size, local, launcher)
     return RankInfo(0, 1, 0, "single")
+
+
+def launch_hint(n: int, argv: list[str] | None = None,
+                orig_argv: list[str] | None = None) -> str:
+    """How to start the command this process runs as `n` ranks, with mpiexec and with
+    torchrun: the `metrale` command as typed, `python -m MODULE ...`, or `python SCRIPT ...`
+    (YOUR_SCRIPT.py from an interactive session or `python -c`)."""
+    argv = list(sys.argv if argv is None else argv)
+    orig = list(getattr(sys, "orig_argv", []) if orig_argv is None else orig_argv)
+    python = orig[0] if orig else "python"
+    prog, args = (argv[0], argv[1:]) if argv else ("", [])
+    if os.path.basename(prog) == "metrale":          # the console script
+        mpi, torch = ["metrale"], ["--no-python", "metrale"]
+    elif len(orig) > len(argv) and orig[len(orig) - len(argv) - 1] == "-m":
+        module = orig[len(orig) - len(argv)]         # python [options] -m MODULE args
+        mpi, torch = [python, "-m", module], ["-m", module]
+    elif prog in ("", "-c"):
+        mpi, torch, args = [python, "YOUR_SCRIPT.py"], ["YOUR_SCRIPT.py"], []
+    else:
+        mpi, torch = [python, prog], [prog]
+    return (f"mpiexec -n {n} {shlex.join(mpi + args)} or torchrun --nproc-per-node {n} "
+            f"{shlex.join(torch + args)}")
 
 
 def _int(env, name: str, launcher: str) -> int:

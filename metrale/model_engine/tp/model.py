@@ -24,8 +24,10 @@ import json
 from ...errors import InvalidArgument, TensorParallelError, Unsupported
 from ...gpu_runtime import backend_for
 from ...gpu_runtime.comm.communicator import DEFAULT_TIMEOUT_S
-from ...gpu_runtime.comm import open_communicator
-from ...gpu_runtime.comm.ranks import RankInfo, launcher_ranks
+from ...formats import open_source
+from ...gpu_runtime.comm import join_group, open_communicator
+from ...gpu_runtime.comm.interrupts import AbortOnInterrupt
+from ...gpu_runtime.comm.ranks import RankInfo, launch_hint, launcher_ranks
 from ..agreement import AgreedGuard, error_record, is_agreed, ok_record, settle
 from ..memory_plan import MemoryPlan
 from .shard import ShardPlan, plan_shards, rank_weight_bytes
@@ -36,9 +38,12 @@ from ..transformer import TransformerModel
 class TensorParallelModel(TransformerModel):
     """One rank of a tensor-parallel decoder model; see the module docstring."""
 
-    def __init__(self, backend, source, *, comm, plan: ShardPlan, **options) -> None:
+    def __init__(self, backend, source, *, comm, plan: ShardPlan, group=None,
+                 interrupts: AbortOnInterrupt | None = None, **options) -> None:
         self._comm = comm
         self._shard_plan = plan
+        # closed / released at teardown: the launch's group (MPI) and SIGINT's job abort
+        self._group, self._interrupts = group, interrupts
         super().__init__(backend, source, _shard=_RankShard(self, comm, plan), **options)
         self._guard = AgreedGuard(comm, self)
 
@@ -78,8 +83,11 @@ class TensorParallelModel(TransformerModel):
         """Free every device byte of this rank and close its communicator. Every rank
         tears down together (closing a communicator is collective for NCCL)."""
         super().teardown()
-        if self._comm is not None:
-            self._comm.close()
+        for part in (self._comm, self._group):
+            if part is not None:
+                part.close()
+        if self._interrupts is not None:
+            self._interrupts.release()
 
 
 class _RankShard:
@@ -178,31 +186,41 @@ def rank_device(device, ranks: RankInfo):
     return device
 
 
-def load_rank(device, source, *, tensor_parallel_size: int, tp_timeout_s: float | None = None,
-              tp_rendezvous: str | None = None, ranks: RankInfo | None = None,
-              **options) -> TensorParallelModel:
-    """This process's rank of `source` split over `tensor_parallel_size` processes."""
+def load_rank(device, path_or_source, *, tensor_parallel_size: int,
+              tp_timeout_s: float | None = None, tp_rendezvous: str | None = None,
+              ranks: RankInfo | None = None, **options) -> TensorParallelModel:
+    """This process's rank of a checkpoint (a path or `ModelSource`) split over
+    `tensor_parallel_size` processes.
+
+    Every rank joins the launch's group first (bounded by the timeout) and only then opens
+    the checkpoint, plans its slices and picks its device: an error there on one rank (a bad
+    config.json, a truncated file) reaches the others through the group, instead of leaving
+    them waiting in MPI's initialisation for a rank that left. From then on SIGINT ends the
+    whole job (gpu_runtime/comm/interrupts.py) until `teardown`."""
     N = check_tensor_parallel_size(tensor_parallel_size)
-    refuse_unsharded(source, N)
-    meta = source.metadata()
     ranks = launcher_ranks() if ranks is None else ranks
-    if ranks.size != N:
-        raise TensorParallelError(
-            f"tensor_parallel_size={N} but this process is rank {ranks.rank} of {ranks.size} "
-            f"({ranks.launcher}): start one process per rank, e.g. mpiexec -n {N} python ... "
-            f"or torchrun --nproc-per-node {N} ...")
     timeout = DEFAULT_TIMEOUT_S if tp_timeout_s is None else float(tp_timeout_s)
     if not timeout > 0:
         raise InvalidArgument(f"tp_timeout_s must be > 0, got {tp_timeout_s!r}")
-    plan = plan_shards(meta, ranks.rank, N, source.description)   # the same on every rank
-    backend = backend_for(rank_device(device, ranks))
-    comm = open_communicator(backend, ranks, timeout_s=timeout, rendezvous=tp_rendezvous)
-    model = None
+    if ranks.size != N:
+        # no group of N waits on this rank: a checkpoint refused by name says so first
+        refuse_unsharded(open_source(path_or_source), N)
+        raise TensorParallelError(
+            f"tensor_parallel_size={N} but this process is rank {ranks.rank} of {ranks.size} "
+            f"({ranks.launcher}): start one process per rank, e.g. {launch_hint(N)}")
+    interrupts = AbortOnInterrupt(ranks.rank, N)
+    group = comm = model = None
     try:
+        group = join_group(ranks, timeout_s=timeout)
+        source, plan, backend, record = _prepare_rank(group, device, path_or_source, ranks,
+                                                      N, options)
+        comm = open_communicator(backend, ranks, timeout_s=timeout, rendezvous=tp_rendezvous,
+                                 group=group)
         try:
-            settle(comm, ok_record(load_digest(source, N, options), source.description), None,
-                   mismatch="load different checkpoints or options")
-            model = TensorParallelModel(backend, source, comm=comm, plan=plan, **options)
+            if group is None:   # torchrun: the communicator is the first channel
+                settle(comm, record, None, mismatch=_LOAD_MISMATCH)
+            model = TensorParallelModel(backend, source, comm=comm, plan=plan, group=group,
+                                        interrupts=interrupts, **options)
         except Exception as e:
             if not is_agreed(e) and not isinstance(e, TensorParallelError):
                 settle(comm, error_record(e), e)   # tell the others, raise the first error
@@ -211,9 +229,60 @@ def load_rank(device, source, *, tensor_parallel_size: int, tp_timeout_s: float 
     except BaseException:
         if model is not None:
             model._release_device()
-        comm.close()
+        for part in (comm, group):
+            if part is not None:
+                part.close()
+        interrupts.release()
         raise
     return model
+
+
+_LOAD_MISMATCH = "load different checkpoints or options"
+
+
+def fail_rank(error: BaseException, tensor_parallel_size: int,
+              tp_timeout_s: float | None = None) -> None:
+    """Raise `error`, a failure of this rank before it called `load_rank` (a command line
+    opening the checkpoint first), after handing it to the other ranks: they are joining
+    the launch's group to load, and without it would wait there until their timeout. Joins
+    the group (bounded) and settles the error record where `_prepare_rank` settles, so the
+    others raise it naming this rank. A process that is no rank of such a launch raises at
+    once."""
+    try:
+        ranks = launcher_ranks()
+    except TensorParallelError:
+        raise error from None
+    if tensor_parallel_size <= 1 or ranks.size != tensor_parallel_size:
+        raise error
+    timeout = DEFAULT_TIMEOUT_S if tp_timeout_s is None else float(tp_timeout_s)
+    group = join_group(ranks, timeout_s=timeout)
+    try:
+        if group is not None:
+            settle(group, error_record(error), error, name_rank=True)
+    finally:
+        if group is not None:
+            group.close()
+    raise error
+
+
+def _prepare_rank(group, device, path_or_source, ranks: RankInfo, n: int, options: dict):
+    """(source, shard plan, backend, agreement record) of this rank, agreed over `group`
+    (None: torchrun, each rank raises its own errors): every rank raises a failing rank's
+    error, the others' message naming that rank; different checkpoints or options are
+    refused."""
+    try:
+        source = open_source(path_or_source)
+        refuse_unsharded(source, n)
+        plan = plan_shards(source.metadata(), ranks.rank, n, source.description)
+        backend = backend_for(rank_device(device, ranks))
+        record = ok_record(load_digest(source, n, options), source.description)
+    except Exception as e:
+        if group is not None:
+            settle(group, error_record(e), e, name_rank=True)
+        raise
+    if group is not None:
+        settle(group, record, None, mismatch=_LOAD_MISMATCH, name_rank=True)
+    return source, plan, backend, record
 
 
 def load_digest(source, n: int, options: dict) -> bytes:
