@@ -162,3 +162,20 @@ def test_quantized_base_with_bf16_adapter(tmp_path, name, device_name):
     got = run_prompt(q, ids, 8, adapter="ad")
     assert np.array_equal(got, run_prompt(ref, ids, 8, adapter="ad"))
     assert not np.array_equal(got, run_prompt(q, ids, 8))
+
+
+@pytest.mark.parametrize("device_name", ["cpu", EMU])
+def test_gguf_base_kept_packed_with_bf16_adapter(tmp_path, device_name):
+    """A GGUF kept at its block types plus an adapter: the bits of the same adapter over the
+    file dequantized to BF16 at load."""
+    be = backend(device_name)
+    path = FIXTURES / "gguf" / "qwen2.gguf"
+    ad = write_adapter(tmp_path / "ad", open_source(path).metadata(),
+                       targets=("k_proj", "o_proj", "gate_proj", "up_proj"))
+    packed = metrale.load(path, be, progress=False, loras={"ad": ad})
+    ref = metrale.load(path, be, progress=False, loras={"ad": ad}, gguf_dequantize=True)
+    assert packed.weight_bytes() < ref.weight_bytes()
+    ids = list(range(5, 19))
+    got = run_prompt(packed, ids, 8, adapter="ad")
+    assert np.array_equal(got, run_prompt(ref, ids, 8, adapter="ad"))
+    assert not np.array_equal(got, run_prompt(packed, ids, 8))
