@@ -118,6 +118,11 @@ def layout(meta, n_slots: int, max_rank: int) -> tuple[list[GroupRegion], int]:
     return regions, off
 
 
+def slot_bytes(regions) -> int:
+    """Bytes one slot holds in `regions` (A, B and scales over every layer and group)."""
+    return sum((r.a_stride + r.b_stride) * 2 + r.parts * 4 for r in regions)
+
+
 def pool_bytes(meta, n_slots: int, max_rank: int, rows: int) -> int:
     """Device bytes of an AdapterPool: the slots, `t` and `tiles`."""
     return layout(meta, n_slots, max_rank)[1] + rows * 3 * padded_rank(max_rank) * 4 + \
@@ -159,8 +164,7 @@ class AdapterPool:
         return DevicePtr(self.base).offset(off)
 
     def slot_bytes(self) -> int:
-        """Bytes one slot holds (A, B and scales over every layer and group)."""
-        return sum((r.a_stride + r.b_stride) * 2 + r.parts * 4 for r in self.regions)
+        return slot_bytes(self.regions)
 
     def write_slot(self, slot: int, adapter: LoraAdapter | None, stream: int) -> None:
         """Slot `slot`'s regions := `adapter` (zeros where it adapts nothing; None: all
