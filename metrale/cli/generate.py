@@ -184,7 +184,7 @@ def run(args) -> int:
     try:
         res = generate(model, ids, max_new, sampling,
                        stop_token_ids=[] if args.ignore_eos else None, on_token=on_token,
-                       images=images, adapter=args.adapter)
+                       images=images, **({"adapter": args.adapter} if args.adapter else {}))
     except KeyboardInterrupt:
         if printed:    # end the streamed line before `metrale: interrupted`
             sys.stdout.write((text.finish() if text is not None else "") + "\n")

@@ -25,7 +25,7 @@ def lora_spec(text: str) -> tuple[str, str]:
 
 
 def add_lora(p, *, generate: bool) -> None:
-    p.add_argument("--lora", action="append", type=lora_spec, metavar="NAME=DIR",
+    p.add_argument("--lora", action="append", type=lora_spec, metavar="NAME=PATH",
                    help="a PEFT LoRA adapter (adapter_config.json + "
                         "adapter_model.safetensors) loaded into a slot under NAME; repeatable")
     if generate:
