@@ -785,9 +785,10 @@ FAMILIES = {
 # helpers of metrale/ops with no kernel of their own (attention_tile: the twin of a header
 # that attention.cu and dense_attention.cu share, benchmarked through them; attention_native:
 # the decode twins' native path on HostBackend, timed through attention's rows; gguf_planes:
-# the GGUF plane layout and its dequantization, timed through gemm_gguf's rows)
+# the GGUF plane layout and its dequantization, timed through gemm_gguf's rows; lora_native:
+# the LoRA twins' native path, timed through lora's rows)
 NOT_KERNELS = {"bf16", "registry", "checks", "attention_tile", "attention_native",
-               "gguf_planes"}
+               "gguf_planes", "lora_native"}
 
 
 def ops_modules() -> list[str]:

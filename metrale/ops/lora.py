@@ -23,6 +23,7 @@ import numpy as np
 from ..errors import InvalidArgument
 from ..gpu_runtime.types import DevicePtr
 from .bf16 import bf16_to_f32, f32_to_bf16
+from . import lora_native
 from .checks import check_ptrs, check_sizes
 from .registry import twin
 
@@ -167,6 +168,8 @@ def _tiles_by_slot(ctx, tiles_ptr, m: int, n_slots: int) -> dict[int, np.ndarray
 
 def _shrink_twin(ctx, t_ptr, x_ptr, a_pool, a_slot_stride, tiles_ptr, m, k, c, n_slots):
     m, k, c, stride = int(m), int(k), int(c), int(a_slot_stride)
+    if lora_native.shrink(ctx, t_ptr, x_ptr, a_pool, stride, tiles_ptr, m, k, c, int(n_slots)):
+        return
     x = ctx.read(x_ptr, m * k, np.uint16).reshape(m, k)
     t = ctx.view(t_ptr, m * c, np.float32).reshape(m, c)
     for slot, rows in _tiles_by_slot(ctx, tiles_ptr, m, int(n_slots)).items():
@@ -177,6 +180,9 @@ def _shrink_twin(ctx, t_ptr, x_ptr, a_pool, a_slot_stride, tiles_ptr, m, k, c, n
 def _expand_twin(ctx, y_ptr, t_ptr, b_pool, b_slot_stride, scale_pool, tiles_ptr, m, n, rp,
                  c, parts, part1, part2, n_slots):
     m, n, rp, c, parts = int(m), int(n), int(rp), int(c), int(parts)
+    if lora_native.expand(ctx, y_ptr, t_ptr, b_pool, int(b_slot_stride), scale_pool, tiles_ptr,
+                          m, n, rp, c, parts, int(part1), int(part2), int(n_slots)):
+        return
     ends = [int(part1), int(part2)][:parts - 1] + [n]   # part of j: (j >= p1) + (j >= p2)
     y = ctx.view(y_ptr, m * n, np.uint16).reshape(m, n)
     t = ctx.read(t_ptr, m * c, np.float32).reshape(m, c)

@@ -199,3 +199,21 @@ def test_kernels_scalar_loads_and_padding_tiles(device, host, rng):
         got = buf.get(yp, y.shape, np.uint16)
     assert np.array_equal(got[[1, 3]], y[[1, 3]])
     assert np.array_equal(got[[0, 2, 4]], b[1][[0, 2, 4]])
+
+
+@pytest.mark.parametrize("k,n,rp,ends", [(64, 48, 16, (32, 40, 48)), (1000, 7, 5, (7,)),
+                                         (2100, 130, 16, (100, 130))])
+def test_native_twin_gives_the_numpy_bits(rng, k, n, rp, ends):
+    """HostBackend's native path (gpu_runtime/native_lora.py) and the numpy twin: the same
+    float32 operations in the same order, the same bits. (Its lane-major copies of A and B
+    are cached until the pool is written: test_lora.py's swap test reloads a slot.)"""
+    from metrale.gpu_runtime import HostBackend, native_lora
+    if native_lora.try_load() is None:
+        pytest.skip("no C++ compiler: the native LoRA GEMMs cannot be built")
+    pool, x, y = setup(rng, 13, k, n, rp, ends, n_slots=4)
+    slots = [3, 3, 0, -1, 1, 1, 1, 2, 0, -1, 3, 2, 2]
+    fast, slow = HostBackend(), HostBackend(native=False)
+    for rows in (1, 8):
+        t1, y1 = run(fast, pool, x, y, slots, rows)
+        t2, y2 = run(slow, pool, x, y, slots, rows)
+        assert np.array_equal(y1, y2) and np.array_equal(t1.view(np.uint32), t2.view(np.uint32))
