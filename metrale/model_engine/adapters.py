@@ -21,10 +21,8 @@ methods and meanings (`crates/model-engine/src/traits/model/adapters.rs`, the sl
                              (retry later); then active and most recently used
   promote_lora_from_peer     refused by name: no peer transport here
 A sequence selects its adapter by `SequenceState.adapter_slot` (`alloc_sequence(adapter=
-name | slot)`; -1 the active one). At its first forward pass (or prefix lookup) the model
-binds it: unless the caller already acquired a slot (`acquired_adapter_slot`), it acquires
-the selected one, and records the adapter id its K/V is computed under (`adapter_id`):
-prefixes are shared only within one id. `free_sequence` releases the acquired slot.
+name | slot)`; -1 the active one) and is bound to it at its first forward pass
+(lora_binding.py): prefixes are shared only within one adapter id.
 Differences (additive, README's method table): no adapter is active until one is made
 active (-1 then means the base model), and rotation needs no armed mode nor eager decode:
 the decode graphs read the slots and the rows' slots from device memory, so a swap or a
@@ -37,11 +35,8 @@ from pathlib import Path
 
 from ..errors import AdapterPoolFull, InvalidArgument, Unsupported
 from ..formats.lora import LoraAdapter, read_adapter
+from .lora_binding import BASE_ADAPTER_ID, AdapterBinding
 from .lora_pool import LoraSlot
-from .lora_step import LoraStep
-from .sequence import SequenceState
-
-BASE_ADAPTER_ID = 0
 
 
 def adapter_id_hash(name: str, generation: int) -> int:
@@ -71,8 +66,9 @@ class LoraSlotInfo:
     nbytes: int               # device bytes the slot reserves
 
 
-class ModelAdapters:
-    """LoRA slots of a TransformerModel (`self._lora`: an AdapterPool, or None)."""
+class ModelAdapters(AdapterBinding):
+    """LoRA slots of a TransformerModel (`self._lora`: an AdapterPool, or None); the
+    sequences' binding is lora_binding.py's."""
 
     _lora = None
     _active_lora: int | None = None
@@ -173,56 +169,6 @@ class ModelAdapters:
                              s.refs, s.pinned, i == self._active_lora, per)
                 for i, s in enumerate(self._lora.slots)]
 
-    # binding sequences ---------------------------------------------------------------
-    def _adapter_selector(self, adapter) -> int:
-        """alloc_sequence's `adapter`: None (-1, the active adapter), a resident name or a
-        filled slot index."""
-        if adapter is None:
-            return -1
-        if isinstance(adapter, str):
-            return self._slot_named(adapter, "alloc_sequence")
-        if isinstance(adapter, bool) or not isinstance(adapter, int):
-            raise InvalidArgument(f"alloc_sequence: adapter must be a name, a slot or None, "
-                                  f"got {adapter!r}")
-        pool = self._pool_or_refuse("alloc_sequence(adapter=...)")
-        if not 0 <= adapter < pool.n_slots or not pool.slots[adapter].name:
-            raise InvalidArgument(f"alloc_sequence: adapter slot {adapter} holds no adapter "
-                                  f"({self._resident()})")
-        return adapter
-
-    def _bind_adapters(self, seqs) -> list[int]:
-        """Each sequence's slot for a pass (-1: none), binding unbound ones; checked for all
-        before any is bound."""
-        todo = []
-        for seq in seqs:
-            if seq.adapter_id is not None:
-                continue
-            s = seq.acquired_adapter_slot if seq.acquired_adapter_slot >= 0 else \
-                self._resolve(seq.adapter_slot)
-            if s >= 0 and not self._lora.slots[s].name:
-                raise InvalidArgument(f"sequence {seq.seq_id}: adapter slot {s} holds no "
-                                      f"adapter ({self._resident()})")
-            if seq.adapter_slot >= 0 and s < 0:
-                raise InvalidArgument(f"sequence {seq.seq_id}: adapter slot "
-                                      f"{seq.adapter_slot} does not exist")
-            todo.append((seq, s))
-        for seq, s in todo:
-            if s >= 0 and seq.acquired_adapter_slot < 0:
-                seq.acquired_adapter_slot = self.acquire_adapter_slot(s)
-            seq.adapter_id = self.adapter_id_for(s) if s >= 0 else BASE_ADAPTER_ID
-        return [seq.acquired_adapter_slot if seq.adapter_id else -1 for seq in seqs]
-
-    def _prefix_namespace(self, seq: SequenceState) -> int:
-        if self._lora is None:
-            return BASE_ADAPTER_ID
-        self._bind_adapters([seq])
-        return seq.adapter_id
-
-    def _unbind_adapter(self, seq: SequenceState) -> None:
-        self.release_adapter_slot(seq.acquired_adapter_slot)
-        seq.acquired_adapter_slot = -1
-        seq.adapter_id = None
-
     # internals -----------------------------------------------------------------------
     def _resolve(self, slot) -> int:
         """A selector as the original resolves it: >= 0 that slot if in range, < 0 the
@@ -286,49 +232,3 @@ class ModelAdapters:
                                     generation=0 if startup else
                                     (old.generation + 1) & 0xFFFFFFFFFFFFFFFF,
                                     last_used=old.last_used, pinned=old.pinned or startup)
-
-    # the cache mixin's calls, with the adapter binding ---------------------------------
-    def alloc_sequence(self, adapter=None) -> SequenceState:
-        """A new, empty sequence; `adapter` (additive): the LoRA adapter it runs, a resident
-        name or a filled slot index (None: the active adapter, else the base model)."""
-        slot = self._adapter_selector(adapter)
-        seq = super().alloc_sequence()
-        seq.adapter_slot = slot
-        return seq
-
-    def alloc_sequence_for(self, budget_tokens: int, adapter=None) -> SequenceState:
-        slot = self._adapter_selector(adapter)
-        seq = super().alloc_sequence_for(budget_tokens)
-        seq.adapter_slot = slot
-        return seq
-
-    def free_sequence(self, seq: SequenceState) -> None:
-        """Also releases the adapter slot the sequence holds (once)."""
-        self._check_seq(seq, allow_freed=True)
-        was_freed = seq.freed
-        super().free_sequence(seq)
-        if not was_freed:
-            self._unbind_adapter(seq)
-
-    def fork_sequence(self, seq: SequenceState) -> SequenceState:
-        """The fork runs the same adapter (a reference of its own on the slot)."""
-        child = super().fork_sequence(seq)
-        child.adapter_slot, child.adapter_id = seq.adapter_slot, seq.adapter_id
-        if seq.acquired_adapter_slot >= 0:
-            child.acquired_adapter_slot = self.acquire_adapter_slot(seq.acquired_adapter_slot)
-        return child
-
-    # the forward passes' calls --------------------------------------------------------
-    def _lora_row_slots(self, seqs, counts) -> list[int] | None:
-        """The slot of every row of a pass (`counts[i]` rows of `seqs[i]`), binding the
-        sequences first; None without LoRA slots."""
-        if self._lora is None:
-            return None
-        slots = self._bind_adapters(seqs)
-        return [s for s, c in zip(slots, counts) for _ in range(c)]
-
-    def _lora_step(self, row_slots, stream: int, decode: bool, graph_rows=None):
-        """The pass's LoraStep (tiles uploaded on `stream`), or None: no row adapted."""
-        if row_slots is None:
-            return None
-        return LoraStep.plan(self._lora, row_slots, stream, graph_rows, decode)
