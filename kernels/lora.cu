@@ -3,7 +3,12 @@
 //
 //   shrink   t[i, c]  = sum_k x[i, k] * A_s[c, k]                    (s = the row's slot)
 //   expand   y[i, j]  = bf16( y[i, j] + sum_r u[i, p*rp + r] * B_s[j, r] )
-//            u[i, q]  = t[i, q] * scale_s[p]                           (p = the part of j)
+//            u[i, q]  = (t_0[i, q] + t_1[i, q] + ...) * scale_s[p]       (p = the part of j)
+//
+// The expand's t may come in `splits` parts summed in order (t_s at t + s * t_split_stride):
+// a tensor-parallel rank's row-parallel projection (o, down) shrinks its own slice of k, and
+// the ranks' partial t, gathered, are added in rank order before the scale (splits = 1 on
+// one device).
 //
 // y holds the base projection's BF16 output (gemm_tc / gemm_q, bias added); the expand adds
 // the delta into it with one rounding. A group fuses up to three projections (q|k|v,
@@ -25,7 +30,8 @@
 //           Lane l sums, from +0, its chunks in ascending order and each chunk's 8 products
 //           in ascending k (chunks past k are zeros: +0 products). The 128 lane sums are
 //           added by a halving tree: v[l] + v[l + 64], then + 32, 16, 8, 4, 2, 1.
-//   expand  u as above; delta = +0, then + u[i, p*rp + r] * B[j, r] for r = 0 .. rp-1;
+//   expand  u = ((t_0 + t_1) + t_2 ...) * scale, then delta = +0, and + u[i, p*rp + r] *
+//           B[j, r] for r = 0 .. rp-1;
 //           y = bf16(float(y) + delta), round to nearest even.
 // Neither depends on which tile, CTA or entry point computes an element, on the other rows
 // of the tile, or on the batch: a row's bits are a function of its own x row, its slot's
@@ -38,8 +44,8 @@
 //       grid (n_tiles, ceil(c / 8)); CTA = one tile x 8 columns of t; accumulators
 //       [ROWS][8] per thread, then the tree through 4 KiB (r1) / 32 KiB (r8) of shared
 //       memory and warp shuffles.
-//   lora_expand_r{1,8}_{v8,v1}(y, t, b_pool, b_slot_stride, scale_pool, tiles, m, n, rp, c,
-//                              parts, part1, part2, n_slots)
+//   lora_expand_r{1,8}_{v8,v1}(y, t, t_split_stride, splits, b_pool, b_slot_stride,
+//                              scale_pool, tiles, m, n, rp, c, parts, part1, part2, n_slots)
 //       grid (n_tiles, ceil(n / 128)); thread = one output column j of the tile's rows; u of
 //       the tile in shared memory (c <= 768: at most 24 KiB).
 // v8: 16-byte loads (k, rp, the slot strides multiples of 8; x, A, B 16-byte aligned); v1:
@@ -127,8 +133,9 @@ __device__ __forceinline__ void lora_shrink_body(float *t, const bf16 *x, const 
 }
 
 template <int ROWS, bool VEC>
-__device__ __forceinline__ void lora_expand_body(bf16 *y, const float *t, const bf16 *b_pool,
-                                                 long long b_slot_stride,
+__device__ __forceinline__ void lora_expand_body(bf16 *y, const float *t,
+                                                 long long t_split_stride, int splits,
+                                                 const bf16 *b_pool, long long b_slot_stride,
                                                  const float *scale_pool, const int *tiles,
                                                  int m, int n, int rp, int c, int parts,
                                                  int part1, int part2, int n_slots) {
@@ -138,7 +145,10 @@ __device__ __forceinline__ void lora_expand_body(bf16 *y, const float *t, const 
     const float *scale = scale_pool + slot * parts;
     for (int idx = threadIdx.x; idx < rows * c; idx += blockDim.x) {
         const int i = idx / c, q = idx % c;
-        u[i * c + q] = __fmul_rn(t[(long long)(row0 + i) * c + q], scale[q / rp]);
+        const float *tq = t + (long long)(row0 + i) * c + q;
+        float v = tq[0];
+        for (int sp = 1; sp < splits; ++sp) v = __fadd_rn(v, tq[sp * t_split_stride]);
+        u[i * c + q] = __fmul_rn(v, scale[q / rp]);
     }
     __syncthreads();
     const int j = blockIdx.y * LORA_LANES + threadIdx.x;
@@ -175,12 +185,13 @@ __device__ __forceinline__ void lora_expand_body(bf16 *y, const float *t, const 
         lora_shrink_body<R, VEC>(t, x, a_pool, a_slot_stride, tiles, m, k, c, n_slots);        \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(LORA_LANES)                                   \
-        lora_expand_r##R##_##V(bf16 *y, const float *t, const bf16 *b_pool,                    \
-                               long long b_slot_stride, const float *scale_pool,               \
-                               const int *tiles, int m, int n, int rp, int c, int parts,       \
-                               int part1, int part2, int n_slots) {                            \
-        lora_expand_body<R, VEC>(y, t, b_pool, b_slot_stride, scale_pool, tiles, m, n, rp, c,  \
-                                 parts, part1, part2, n_slots);                                \
+        lora_expand_r##R##_##V(bf16 *y, const float *t, long long t_split_stride, int splits,  \
+                               const bf16 *b_pool, long long b_slot_stride,                    \
+                               const float *scale_pool, const int *tiles, int m, int n,        \
+                               int rp, int c, int parts, int part1, int part2, int n_slots) {  \
+        lora_expand_body<R, VEC>(y, t, t_split_stride, splits, b_pool, b_slot_stride,          \
+                                 scale_pool, tiles, m, n, rp, c, parts, part1, part2,          \
+                                 n_slots);                                                     \
     }
 
 LORA_ENTRIES(1, v8, true)

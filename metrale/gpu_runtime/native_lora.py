@@ -41,17 +41,17 @@ class LoraSteps:
         self._shrink, self._expand = lib.mr_lora_shrink, lib.mr_lora_expand
         self._shrink.restype = self._expand.restype = None
         self._shrink.argtypes = [_P] * 3 + [_I64] * 2 + [_P] + [_I64] * 3
-        self._expand.argtypes = [_P] * 5 + [_I64] * 9
+        self._expand.argtypes = [_P] * 2 + [_I64] * 2 + [_P] * 3 + [_I64] * 9
 
     def shrink(self, x, at_table, tiles, n_tiles, n_slots, t, m, k, c) -> None:
         """Addresses of x (bf16 [m, k]), the slots' `at` table, the tiles, t (float32
         [m, c]); see the source."""
         self._shrink(x, at_table, tiles, n_tiles, n_slots, t, m, k, c)
 
-    def expand(self, y, t, bt_table, scale_pool, tiles, n_tiles, n_slots, m, n, rp, c,
-               parts, part1, part2) -> None:
-        self._expand(y, t, bt_table, scale_pool, tiles, n_tiles, n_slots, m, n, rp, c, parts,
-                     part1, part2)
+    def expand(self, y, t, t_split_stride, splits, bt_table, scale_pool, tiles, n_tiles,
+               n_slots, m, n, rp, c, parts, part1, part2) -> None:
+        self._expand(y, t, t_split_stride, splits, bt_table, scale_pool, tiles, n_tiles,
+                     n_slots, m, n, rp, c, parts, part1, part2)
 
 
 def _build(tune) -> Path:

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from ..errors import AdapterPoolFull, InvalidArgument, Unsupported
 from ..formats.lora import LoraAdapter, read_adapter
+from .guard import exclusive
 from .lora_binding import BASE_ADAPTER_ID, AdapterBinding
 from .lora_pool import LoraSlot
 
@@ -96,6 +97,7 @@ class ModelAdapters(AdapterBinding):
         st = self._lora.slots[resolved]
         st.refs = max(0, st.refs - 1)
 
+    @exclusive
     def set_active_lora(self, name) -> None:
         """Make the resident adapter `name` the one `adapter_slot == -1` selects (None: none,
         the base model; additive)."""
@@ -105,51 +107,59 @@ class ModelAdapters(AdapterBinding):
             return
         self._active_lora = self._slot_named(name, "set_active_lora")
 
+    @exclusive
     def swap_lora_from_disk(self, directory, name: str, slot: int) -> None:
         """Load the PEFT adapter at `directory` into `slot` under `name` (start-up and cache
-        slots alike). Call it where no forward pass of this model is in flight."""
-        with self._guard:
-            self._load_slot(directory, name, slot, "swap_lora_from_disk")
+        slots alike). Call it where no forward pass of this model is in flight (on a
+        tensor-parallel model every rank calls it alike and loads its slice)."""
+        self._load_slot(directory, name, slot, "swap_lora_from_disk")
 
+    @exclusive
     def promote_lora_from_disk(self, adapter_dir, name: str):
         """Load the adapter into a cache slot and make it active; (slot, evicted name)."""
-        with self._guard:
-            pool = self._pool_or_refuse("promote_lora_from_disk")
-            cache = [i for i, s in enumerate(pool.slots) if not s.pinned]
-            empty = [i for i in cache if not pool.slots[i].name]
-            idle = sorted((pool.slots[i].last_used, i) for i in cache if pool.slots[i].refs == 0)
-            if empty:
-                slot = empty[0]
-            elif idle:
-                slot = idle[0][1]
-            else:
-                raise AdapterPoolFull(f"promote_lora_from_disk: all {len(cache)} cache slot(s) "
-                                      "have in-flight sequences; retry when one is released")
-            evicted = pool.slots[slot].name or None
-            self._load_slot(adapter_dir, name, slot, "promote_lora_from_disk")
-            self._active_lora = slot
-            self._touch(slot)
-            return slot, evicted
+        pool = self._pool_or_refuse("promote_lora_from_disk")
+        cache = [i for i, s in enumerate(pool.slots) if not s.pinned]
+        empty = [i for i in cache if not pool.slots[i].name]
+        idle = sorted((pool.slots[i].last_used, i) for i in cache if pool.slots[i].refs == 0)
+        if empty:
+            slot = empty[0]
+        elif idle:
+            slot = idle[0][1]
+        else:
+            raise AdapterPoolFull(f"promote_lora_from_disk: all {len(cache)} cache slot(s) "
+                                  "have in-flight sequences; retry when one is released")
+        evicted = pool.slots[slot].name or None
+        self._load_slot(adapter_dir, name, slot, "promote_lora_from_disk")
+        self._active_lora = slot
+        self._touch(slot)
+        return slot, evicted
 
     def promote_lora_from_peer(self, peer_addr: str, adapter_id: str, name: str, peft):
-        raise Unsupported("promote_lora_from_peer: this model has no peer transport (the "
-                          "original stages adapters over RDMA from a peer; here adapters load "
-                          "from disk: promote_lora_from_disk / swap_lora_from_disk)")
+        """Refused by name: the original stages the adapter over RDMA from a peer server.
+        Without a communicator there is no transport at all; a tensor-parallel rank's
+        communicator joins only this model's own ranks, which load adapters from disk
+        together (SPMD), so no peer holding a staged adapter is reachable either."""
+        why = ("its tensor-parallel communicator joins only this model's ranks, which load "
+               "adapters from disk together" if self._tp is not None else
+               "it has no communicator")
+        raise Unsupported(f"promote_lora_from_peer({peer_addr!r}, {adapter_id!r}): no peer "
+                          f"can be reached ({why}); load it with promote_lora_from_disk or "
+                          "swap_lora_from_disk")
 
     # additive ------------------------------------------------------------------------
+    @exclusive
     def unload_lora(self, name: str) -> int:
         """Empty the slot holding `name` (refused while it has in-flight sequences); its
         rows compute the base model again. Returns the slot."""
-        with self._guard:
-            pool = self._pool_or_refuse("unload_lora")
-            slot = self._slot_named(name, "unload_lora")
-            self._check_idle(slot, "unload_lora")
-            pool.write_slot(slot, None, self.default_stream())
-            pool.slots[slot] = LoraSlot(generation=pool.slots[slot].generation,
-                                        pinned=pool.slots[slot].pinned)
-            if self._active_lora == slot:
-                self._active_lora = None
-            return slot
+        pool = self._pool_or_refuse("unload_lora")
+        slot = self._slot_named(name, "unload_lora")
+        self._check_idle(slot, "unload_lora")
+        pool.write_slot(slot, None, self.default_stream())
+        pool.slots[slot] = LoraSlot(generation=pool.slots[slot].generation,
+                                    pinned=pool.slots[slot].pinned)
+        if self._active_lora == slot:
+            self._active_lora = None
+        return slot
 
     def lora_slot_of(self, name: str) -> int | None:
         """The slot holding adapter `name`, or None."""

@@ -112,4 +112,4 @@ class AdapterBinding:
         """The pass's LoraStep (tiles uploaded on `stream`), or None: no row adapted."""
         if row_slots is None:
             return None
-        return LoraStep.plan(self._lora, row_slots, stream, graph_rows, decode)
+        return LoraStep.plan(self._lora, row_slots, stream, graph_rows, decode, self._tp)

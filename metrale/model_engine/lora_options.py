@@ -7,15 +7,14 @@ allocated:
                     gate|up and down projections of every layer (lora_pool.py)
   loras={name: dir} PEFT adapters loaded at start-up into slots 0, 1, ... (pinned: a
                     promotion never evicts them); max_loras defaults to their count
-Tensor parallelism with LoRA slots is refused by name: the row-parallel projections (o,
-down) would need their x A^T summed over the ranks before the expand, a combine this
-runtime does not have yet.
+On a tensor-parallel rank every slot holds the rank's slice of its adapter (tp/lora_shard.py:
+A sharded like the projection's input, B like its output).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import InvalidArgument, Unsupported
+from ..errors import InvalidArgument
 from ..formats.lora import LoraAdapter, adapter_rank, read_adapter
 from .lora_pool import AdapterPool, check_slot_options, pool_bytes
 
@@ -28,17 +27,20 @@ class LoraOptions:
     max_rank: int
     loras: tuple[tuple[str, LoraAdapter], ...]   # start-up adapters, read and checked
 
-    def device_bytes(self, meta, rows: int) -> int:
-        return pool_bytes(meta, self.n_slots, self.max_rank, rows) if self.n_slots else 0
+    def device_bytes(self, meta, rows: int, ranks: int = 1) -> int:
+        """Bytes of the pool (meta: the rank's layer metadata on a tensor-parallel rank)."""
+        return pool_bytes(meta, self.n_slots, self.max_rank, rows, ranks) if self.n_slots \
+            else 0
 
-    def make_pool(self, backend, meta, rows: int, where: str) -> AdapterPool | None:
+    def make_pool(self, backend, meta, rows: int, where: str, shard=None,
+                  ranks: int = 1) -> AdapterPool | None:
         if not self.n_slots:
             return None
-        return AdapterPool(backend, meta, self.n_slots, self.max_rank, rows, where)
+        return AdapterPool(backend, meta, self.n_slots, self.max_rank, rows, where, shard,
+                           ranks)
 
 
-def lora_options(source, meta, max_loras, max_lora_rank, loras,
-                 tensor_parallel: bool = False) -> LoraOptions:
+def lora_options(source, meta, max_loras, max_lora_rank, loras) -> LoraOptions:
     """The checked options; every start-up adapter read and checked against `meta`
     (InvalidArgument / FormatError / Unsupported naming the option, file or tensor)."""
     pairs = _pairs(loras)
@@ -50,11 +52,6 @@ def lora_options(source, meta, max_loras, max_lora_rank, loras,
     if len(pairs) > max_loras:
         raise InvalidArgument(f"load option loras: {len(pairs)} adapters for max_loras="
                               f"{max_loras} slots")
-    if max_loras and tensor_parallel:
-        raise Unsupported(f"{source.description}: LoRA slots (max_loras={max_loras}) with "
-                          "tensor_parallel_size > 1 are not served: the row-parallel o_proj "
-                          "and down_proj would need x A^T summed over the ranks first; load "
-                          "on one device")
     read = tuple((name, read_adapter(d, meta, max_rank=max_lora_rank)) for name, d in pairs)
     return LoraOptions(max_loras, max_lora_rank, read)
 

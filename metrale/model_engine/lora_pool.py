@@ -12,7 +12,9 @@ are zeros (their delta is exactly zero). A slot's regions are rewritten in place
 (`write_slot`): the addresses never move, so captured decode graphs, which read the pools
 and the per-step tiles from device memory, serve any slot contents without a recapture.
 Besides the slots: `t` (float32 [rows, 3 * rp], the shrink's output) and `tiles` (int32
-[rows, 3], a step's row tiles), rows = the workspace's largest pass.
+[rows, 3], a step's row tiles), rows = the workspace's largest pass; on a tensor-parallel
+rank `t_all` (float32 [ranks, rows, rp]: the ranks' gathered partial x A^T of o and down)
+and the rank's slices of each adapter (tp/lora_shard.py) in the rank's layout.
 """
 from __future__ import annotations
 
@@ -123,10 +125,11 @@ def slot_bytes(regions) -> int:
     return sum((r.a_stride + r.b_stride) * 2 + r.parts * 4 for r in regions)
 
 
-def pool_bytes(meta, n_slots: int, max_rank: int, rows: int) -> int:
-    """Device bytes of an AdapterPool: the slots, `t` and `tiles`."""
-    return layout(meta, n_slots, max_rank)[1] + rows * 3 * padded_rank(max_rank) * 4 + \
-        rows * 3 * 4
+def pool_bytes(meta, n_slots: int, max_rank: int, rows: int, ranks: int = 1) -> int:
+    """Device bytes of an AdapterPool: the slots, `t`, `tiles` (and `t_all` on a rank)."""
+    rp = padded_rank(max_rank)
+    gathered = ranks * rows * rp * 4 if ranks > 1 else 0
+    return layout(meta, n_slots, max_rank)[1] + rows * 3 * rp * 4 + rows * 3 * 4 + gathered
 
 
 class AdapterPool:
@@ -134,7 +137,8 @@ class AdapterPool:
     the per-pass buffers for up to `rows` rows. `free()` returns every byte."""
 
     def __init__(self, backend, meta, n_slots: int, max_rank: int, rows: int,
-                 where: str) -> None:
+                 where: str, shard=None, ranks: int = 1) -> None:
+        # shard: adapter -> this tensor-parallel rank's slice of it (meta is the rank's)
         if meta.architecture not in ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe",
                                      "qwen3_moe", "mixtral"):
             raise Unsupported(f"{where}: LoRA slots (max_loras) are served on decoder "
@@ -143,16 +147,18 @@ class AdapterPool:
         self.n_slots, self.max_rank, self.rp = n_slots, max_rank, padded_rank(max_rank)
         self.regions, self.slot_area = layout(meta, n_slots, max_rank)
         self._by_key = {(r.layer, r.group): r for r in self.regions}
-        self.rows = rows
-        self.nbytes = pool_bytes(meta, n_slots, max_rank, rows)
+        self.rows, self.shard, self.ranks = rows, shard, ranks
+        self.nbytes = pool_bytes(meta, n_slots, max_rank, rows, ranks)
         self.slots = [LoraSlot() for _ in range(n_slots)]
         self.tick = 0
-        self.base = self.t = self.tiles = None
+        self.base = self.t = self.tiles = self.t_all = None
         try:
             self.base = backend.alloc(self.slot_area)
             backend.memset(self.base, 0, self.slot_area)
             self.t = backend.alloc(rows * 3 * self.rp * 4)
             self.tiles = backend.alloc(rows * 3 * 4)
+            if ranks > 1:
+                self.t_all = backend.alloc(ranks * rows * self.rp * 4)
         except BaseException:
             self.free()
             raise
@@ -171,6 +177,8 @@ class AdapterPool:
         zeros), copied in order on `stream`. The caller has checked the slot is idle and the
         adapter's ranks fit."""
         b = self.backend
+        if adapter is not None and self.shard is not None:
+            adapter = self.shard(adapter)
         mods: dict[tuple[int, str], list] = {}
         for mod in (adapter.modules if adapter is not None else ()):
             group, part = mod.group
@@ -198,7 +206,7 @@ class AdapterPool:
         b.synchronize(stream)   # the host arrays above must outlive the copies
 
     def free(self) -> None:
-        for name in ("base", "t", "tiles"):
+        for name in ("base", "t", "tiles", "t_all"):
             p = getattr(self, name)
             if p is not None:
                 self.backend.free(p)

@@ -14,17 +14,20 @@ from __future__ import annotations
 import numpy as np
 
 from ..ops import lora
+from .tp.lora_shard import ROW_PARALLEL
 
 
 class LoraStep:
-    """The tiles of one pass (already on the device) and the launches of each group."""
+    """The tiles of one pass (already on the device) and the launches of each group; `tp`: a
+    tensor-parallel rank's combines (tp/runtime.py), whose communicator gathers the ranks'
+    partial x A^T of the row-parallel projections (tp/lora_shard.py)."""
 
-    def __init__(self, pool, n_tiles: int, rows_per_tile: int) -> None:
-        self.pool, self.n_tiles, self.rows_per_tile = pool, n_tiles, rows_per_tile
+    def __init__(self, pool, n_tiles: int, rows_per_tile: int, tp=None) -> None:
+        self.pool, self.n_tiles, self.rows_per_tile, self.tp = pool, n_tiles, rows_per_tile, tp
 
     @staticmethod
     def plan(pool, row_slots, stream: int, graph_rows: int | None = None,
-             decode: bool = True) -> "LoraStep | None":
+             decode: bool = True, tp=None) -> "LoraStep | None":
         """The step of a pass whose rows have `row_slots` (-1: no adapter), or None."""
         if pool is None or all(s < 0 for s in row_slots):
             return None
@@ -38,7 +41,7 @@ class LoraStep:
         else:
             tiles, per = lora.build_tiles(row_slots, 8), 8
         pool.backend.copy_h2d_async(np.ascontiguousarray(tiles), pool.tiles, stream)
-        return LoraStep(pool, len(tiles), per)
+        return LoraStep(pool, len(tiles), per, tp)
 
     def apply(self, backend, stream: int, layer: int, group: str, y_ptr, x_ptr,
               m: int) -> None:
@@ -50,6 +53,11 @@ class LoraStep:
             return
         lora.lora_shrink(backend, stream, p.t, x_ptr, p.ptr(r.a_off), r.a_stride, p.tiles,
                          self.n_tiles, m, r.k, r.c, p.n_slots, self.rows_per_tile)
-        lora.lora_expand(backend, stream, y_ptr, p.t, p.ptr(r.b_off), r.b_stride,
+        t, splits = p.t, 1
+        if self.tp is not None and group in ROW_PARALLEL:   # this rank's part of x A^T
+            self.tp.before_collective()
+            self.tp.comm.all_gather(p.t, p.t_all, m * r.c, np.float32, stream)
+            t, splits = p.t_all, self.tp.size
+        lora.lora_expand(backend, stream, y_ptr, t, p.ptr(r.b_off), r.b_stride,
                          p.ptr(r.s_off), p.tiles, self.n_tiles, m, r.n, r.rp, r.ends,
-                         p.n_slots, self.rows_per_tile)
+                         p.n_slots, self.rows_per_tile, splits=splits, t_split_stride=m * r.c)

@@ -32,6 +32,7 @@ from .gguf_weights import keeps_packed
 from .guard import CallGuard, exclusive
 from .lifecycle import ModelLifecycle
 from .lora_options import lora_options
+from .tp.lora_shard import shard_adapter
 from .logits import ModelLogits
 from .passes import DecoderPasses
 from .prefill import PromptPrefill
@@ -71,8 +72,7 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
             raise Unsupported(f"{source.description}: model_type {meta.architecture!r} is not "
                               f"a decoder-only architecture ({', '.join(DECODER_ARCHITECTURES)})")
         _check_options(block_size, max_batch, max_prefill_tokens, kv_blocks, max_seq_len)
-        lora_opts = lora_options(source, meta, max_loras, max_lora_rank, loras,
-                                 tensor_parallel=_shard is not None)
+        lora_opts = lora_options(source, meta, max_loras, max_lora_rank, loras)
         self.backend = backend
         self._meta = meta
         self._guard = CallGuard()
@@ -94,7 +94,8 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
         check_checkpoint(source, meta)
         packed = _shard is None and not gguf_dequantize and keeps_packed(source)
         lora_rows = max(max_prefill_tokens, max_rows)
-        lora_bytes = lora_opts.device_bytes(meta, lora_rows)
+        ranks = 1 if _shard is None else _shard.plan.size
+        lora_bytes = lora_opts.device_bytes(self._layer_meta, lora_rows, ranks)
         from .memory_plan import plan_memory
         plan = plan_memory(backend, self._layer_meta, kv_blocks=kv_blocks,
                            block_size=block_size, max_rows=max_rows,
@@ -103,7 +104,7 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
                            packed_source=source if packed else None,
                            **(dict(extra_bytes=lora_bytes) if _shard is None else dict(
                                rank_weight_bytes=_shard.weight_bytes(meta, source),
-                               extra_bytes=_shard.buffer_bytes(
+                               extra_bytes=lora_bytes + _shard.buffer_bytes(
                                    meta, max_tokens=max_prefill_tokens, logits_rows=2 * max_rows,
                                    fp32_logits=self.use_fp32_logits))))
         if _shard is not None:
@@ -126,7 +127,10 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
                                     meta.rope_scaling)
             self._rope_table = backend.alloc(table.nbytes)
             backend.copy_h2d(table, self._rope_table)
-            self._lora = lora_opts.make_pool(backend, meta, lora_rows, source.description)
+            self._lora = lora_opts.make_pool(
+                backend, self._layer_meta, lora_rows, source.description, ranks=ranks,
+                shard=None if _shard is None else
+                (lambda a: shard_adapter(a, _shard.plan, meta.head_dim)))
             for slot, (name, adapter) in enumerate(lora_opts.loras):   # pinned, read
                 self._load_slot(adapter, name, slot, "loras", startup=True)
         except BaseException:

@@ -83,14 +83,20 @@ def lora_shrink(backend, stream: int, t_ptr, x_ptr, a_pool, a_slot_stride: int, 
 
 def lora_expand(backend, stream: int, y_ptr, t_ptr, b_pool, b_slot_stride: int, scale_pool,
                 tiles_ptr, n_tiles: int, m: int, n: int, rp: int, part_ends, n_slots: int,
-                rows_per_tile: int = 1) -> None:
+                rows_per_tile: int = 1, splits: int = 1, t_split_stride: int = 0) -> None:
     """y[i, j] (bf16 [m, n], in place) += (t[i, p*rp:(p+1)*rp] * scale_s[p]) . B_s[j, :rp]
     for every row i of the tiles; part p of the outputs is [part_ends[p-1], part_ends[p])
     (1 to 3 parts, the last ending at n); B_s = b_pool + s * b_slot_stride (bf16 [n, rp]),
-    scale_s = scale_pool + s * parts (float32). t: float32 [m, parts * rp]."""
+    scale_s = scale_pool + s * parts (float32). t: float32 [m, parts * rp], or `splits`
+    such arrays t_split_stride elements apart, added in order first (a tensor-parallel
+    row-parallel projection's gathered partials)."""
     ends = [int(e) for e in part_ends]
     parts = len(ends)
-    check_sizes("lora_expand", m=m, n=n, rp=rp, n_slots=n_slots, b_slot_stride=b_slot_stride)
+    check_sizes("lora_expand", m=m, n=n, rp=rp, n_slots=n_slots, b_slot_stride=b_slot_stride,
+                splits=splits)
+    if splits > 1 and t_split_stride < m * parts * rp:
+        raise InvalidArgument(f"lora_expand: t_split_stride {t_split_stride} is below one "
+                              f"t of {m} x {parts * rp}")
     check_ptrs("lora_expand", t_ptr=t_ptr, scale_pool=scale_pool, tiles_ptr=tiles_ptr,
                align=4)
     check_ptrs("lora_expand", y_ptr=y_ptr, b_pool=b_pool, align=2)
@@ -110,8 +116,9 @@ def lora_expand(backend, stream: int, y_ptr, t_ptr, b_pool, b_slot_stride: int, 
     func = _entry("expand", rows_per_tile, vec)
     backend.launch(backend.kernel(MODULE, func), (int(n_tiles), -(-int(n) // LANES)),
                    (LANES,), 0, stream,
-                   (DevicePtr(y_ptr), DevicePtr(t_ptr), DevicePtr(b_pool),
-                    np.int64(b_slot_stride), DevicePtr(scale_pool), DevicePtr(tiles_ptr),
+                   (DevicePtr(y_ptr), DevicePtr(t_ptr), np.int64(t_split_stride),
+                    np.int32(splits), DevicePtr(b_pool), np.int64(b_slot_stride),
+                    DevicePtr(scale_pool), DevicePtr(tiles_ptr),
                     np.int32(m), np.int32(n), np.int32(rp), np.int32(c), np.int32(parts),
                     np.int32(p1), np.int32(p2), np.int32(n_slots)))
 
@@ -177,15 +184,20 @@ def _shrink_twin(ctx, t_ptr, x_ptr, a_pool, a_slot_stride, tiles_ptr, m, k, c, n
         t[rows] = shrink_rows(x[rows], a.reshape(c, k))
 
 
-def _expand_twin(ctx, y_ptr, t_ptr, b_pool, b_slot_stride, scale_pool, tiles_ptr, m, n, rp,
-                 c, parts, part1, part2, n_slots):
+def _expand_twin(ctx, y_ptr, t_ptr, t_split_stride, splits, b_pool, b_slot_stride,
+                 scale_pool, tiles_ptr, m, n, rp, c, parts, part1, part2, n_slots):
     m, n, rp, c, parts = int(m), int(n), int(rp), int(c), int(parts)
-    if lora_native.expand(ctx, y_ptr, t_ptr, b_pool, int(b_slot_stride), scale_pool, tiles_ptr,
-                          m, n, rp, c, parts, int(part1), int(part2), int(n_slots)):
+    splits, tss = int(splits), int(t_split_stride)
+    if lora_native.expand(ctx, y_ptr, t_ptr, tss, splits, b_pool, int(b_slot_stride),
+                          scale_pool, tiles_ptr, m, n, rp, c, parts, int(part1), int(part2),
+                          int(n_slots)):
         return
     ends = [int(part1), int(part2)][:parts - 1] + [n]   # part of j: (j >= p1) + (j >= p2)
     y = ctx.view(y_ptr, m * n, np.uint16).reshape(m, n)
     t = ctx.read(t_ptr, m * c, np.float32).reshape(m, c)
+    for sp in range(1, splits):   # the ranks' partials, in order
+        t = t + ctx.read(DevicePtr(t_ptr).offset(4 * sp * tss), m * c,
+                         np.float32).reshape(m, c)
     for slot, rows in _tiles_by_slot(ctx, tiles_ptr, m, int(n_slots)).items():
         b = ctx.read(DevicePtr(b_pool).offset(2 * slot * int(b_slot_stride)), n * rp,
                      np.uint16).reshape(n, rp)

@@ -68,8 +68,8 @@ def shrink(ctx, t_ptr, x_ptr, a_pool, a_slot_stride, tiles_ptr, m, k, c, n_slots
     return True
 
 
-def expand(ctx, y_ptr, t_ptr, b_pool, b_slot_stride, scale_pool, tiles_ptr, m, n, rp, c,
-           parts, part1, part2, n_slots) -> bool:
+def expand(ctx, y_ptr, t_ptr, t_split_stride, splits, b_pool, b_slot_stride, scale_pool,
+           tiles_ptr, m, n, rp, c, parts, part1, part2, n_slots) -> bool:
     lib = native_lora.for_backend(ctx.backend)
     if lib is None:
         return False
@@ -78,8 +78,9 @@ def expand(ctx, y_ptr, t_ptr, b_pool, b_slot_stride, scale_pool, tiles_ptr, m, n
         ctx, b_pool, slots, n_slots, b_slot_stride, n * rp * 2, "lora.bt",
         lambda p: np.ascontiguousarray(ctx.read(p, n * rp, np.uint16).reshape(n, rp).T),
         n * rp * 2)
-    lib.expand(ctx.write_addr(y_ptr, m * n * 2), ctx.read_addr(t_ptr, m * c * 4),
-               table.ctypes.data, ctx.read_addr(scale_pool, n_slots * parts * 4),
+    t_bytes = ((splits - 1) * t_split_stride + m * c) * 4
+    lib.expand(ctx.write_addr(y_ptr, m * n * 2), ctx.read_addr(t_ptr, t_bytes), t_split_stride,
+               splits, table.ctypes.data, ctx.read_addr(scale_pool, n_slots * parts * 4),
                tiles.ctypes.data, len(tiles) // 3, n_slots, m, n, rp, c, parts, part1, part2)
     del keep
     return True

@@ -217,3 +217,56 @@ def test_native_twin_gives_the_numpy_bits(rng, k, n, rp, ends):
         t1, y1 = run(fast, pool, x, y, slots, rows)
         t2, y2 = run(slow, pool, x, y, slots, rows)
         assert np.array_equal(y1, y2) and np.array_equal(t1.view(np.uint32), t2.view(np.uint32))
+
+
+def expand_split(be, pool, y, parts_t, slots, rows_per_tile=1):
+    """y after an expand of t given as `splits` partials [splits, m, c] (added in order)."""
+    splits, m, c = parts_t.shape
+    tiles = lora.build_tiles(slots, rows_per_tile)
+    with Buffers(be) as buf:
+        yp, bp, sp = buf.put(y), buf.put(pool.b), buf.put(pool.scale)
+        tp, tl = buf.put(parts_t), buf.put(tiles)
+        lora.lora_expand(be, be.default_stream(), yp, tp, bp, pool.n * pool.rp, sp, tl,
+                         len(tiles), m, pool.n, pool.rp, pool.ends, len(pool.a),
+                         rows_per_tile, splits=splits, t_split_stride=m * c)
+        return buf.get(yp, y.shape, np.uint16)
+
+
+def test_expand_adds_split_t_in_order(host, rng):
+    """A tensor-parallel rank's gathered partials: t = ((t0 + t1) + t2) in float32, then the
+    scale; the same bits as one t holding that sum."""
+    pool, _, y = setup(rng, 5, 8, 40, 8, (16, 40))
+    parts_t = rng.standard_normal((3, 5, pool.c)).astype(np.float32)
+    slots = [0, 2, -1, 1, 0]
+    got = expand_split(host, pool, y, parts_t, slots)
+    summed = ((parts_t[0] + parts_t[1]) + parts_t[2])[None]
+    assert np.array_equal(got, expand_split(host, pool, y, summed, slots))
+    assert not np.array_equal(got, expand_split(host, pool, y, parts_t[:1], slots))
+    with pytest.raises(InvalidArgument, match="t_split_stride"):
+        with Buffers(host) as buf:
+            p = buf.put(np.zeros(64, np.float32))
+            lora.lora_expand(host, 0, p, p, p, 8, p, p, 1, 5, 40, 8, (16, 40), 3, splits=2,
+                             t_split_stride=4)
+
+
+def test_native_split_expand_gives_the_numpy_bits(rng):
+    from metrale.gpu_runtime import HostBackend, native_lora
+    if native_lora.try_load() is None:
+        pytest.skip("no C++ compiler: the native LoRA GEMMs cannot be built")
+    pool, _, y = setup(rng, 9, 8, 130, 16, (100, 130))
+    parts_t = rng.standard_normal((4, 9, pool.c)).astype(np.float32)
+    slots = [2, 2, 0, -1, 1, 1, 1, 0, 2]
+    for rows in (1, 8):
+        assert np.array_equal(expand_split(HostBackend(), pool, y, parts_t, slots, rows),
+                              expand_split(HostBackend(native=False), pool, y, parts_t, slots,
+                                           rows))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows_per_tile", [1, 8])
+def test_kernel_split_expand_is_the_twin(device, host, rng, rows_per_tile):
+    pool, _, y = setup(rng, 10, 8, 72, 16, (24, 48, 72))
+    parts_t = rng.standard_normal((3, 10, pool.c)).astype(np.float32)
+    slots = [1, 1, 1, 0, -1, 2, 2, 0, 0, 0]
+    assert np.array_equal(expand_split(device, pool, y, parts_t, slots, rows_per_tile),
+                          expand_split(host, pool, y, parts_t, slots, rows_per_tile))

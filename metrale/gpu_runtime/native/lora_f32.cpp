@@ -122,9 +122,11 @@ void mr_lora_shrink(const uint16_t *x, const uint16_t *const *at_table, const in
     }
 }
 
-// y[row][j] = bf16(y + delta) for every row of the tiles: y bf16 [m][n], t float32 [m][c],
+// y[row][j] = bf16(y + delta) for every row of the tiles: y bf16 [m][n], t float32 [m][c]
+// (or `splits` of them t_split_stride apart, added in order),
 // bt_table[slot] -> that slot's bt (or 0), scale_pool float32 [n_slots][parts].
-void mr_lora_expand(uint16_t *y, const float *t, const uint16_t *const *bt_table,
+void mr_lora_expand(uint16_t *y, const float *t, int64_t t_split_stride, int64_t splits,
+                    const uint16_t *const *bt_table,
                     const float *scale_pool, const int32_t *tiles, int64_t n_tiles,
                     int64_t n_slots, int64_t m, int64_t n, int64_t rp, int64_t c,
                     int64_t parts, int64_t part1, int64_t part2) {
@@ -140,8 +142,12 @@ void mr_lora_expand(uint16_t *y, const float *t, const uint16_t *const *bt_table
         for (size_t g0 = 0; g0 < rows.size(); g0 += GROUP) {
             const int64_t ng = std::min<int64_t>(GROUP, int64_t(rows.size() - g0));
             for (int64_t g = 0; g < ng; ++g)
-                for (int64_t q = 0; q < c; ++q)
-                    u[g * c + q] = t[rows[g0 + g] * c + q] * scale[q / rp];
+                for (int64_t q = 0; q < c; ++q) {
+                    const float *tq = t + rows[g0 + g] * c + q;
+                    float v = tq[0];
+                    for (int64_t sp = 1; sp < splits; ++sp) v = v + tq[sp * t_split_stride];
+                    u[g * c + q] = v * scale[q / rp];
+                }
             int64_t j0 = 0;
             for (int64_t p = 0; p < parts; ++p) {
                 const int64_t j1 = ends[p];
