@@ -179,3 +179,19 @@ def test_gguf_base_kept_packed_with_bf16_adapter(tmp_path, device_name):
     got = run_prompt(packed, ids, 8, adapter="ad")
     assert np.array_equal(got, run_prompt(ref, ids, 8, adapter="ad"))
     assert not np.array_equal(got, run_prompt(packed, ids, 8))
+
+
+def test_tensor_api_runs_the_active_adapter():
+    """The tensor contract's caches take the model's sequences: they run the active adapter
+    (set_active_lora), the pointer API's rows bit for bit."""
+    gm = metrale.load_generative(BASE, HostBackend(), progress=False,
+                                 loras=adapter_dirs(["pattern_r4"]))
+    ids = golden("qwen2")["input_ids"][0].tolist()[:10]
+    gm.model.set_active_lora("pattern_r4")
+    cache = gm.create_kv_cache()
+    got = metrale.to_numpy(gm.prefill(gm.embed(np.asarray([ids], np.int32)), cache,
+                                      range(0, len(ids))))
+    m = gm.model
+    seq = m.alloc_sequence(adapter="pattern_r4")
+    want = logits_rows(m, m.prefill(ids, seq, m.default_stream()))
+    assert np.array_equal(got, want)
