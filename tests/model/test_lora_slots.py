@@ -173,3 +173,12 @@ def test_lora_slots_reports():
     assert info[0].modules == ("k_proj", "o_proj", "up_proj", "down_proj")
     assert info[1].name is None and not info[1].pinned
     assert np.all([x.nbytes == info[0].nbytes for x in info])
+
+
+def test_other_architectures_refuse_slots_by_name():
+    be = HostBackend()
+    with pytest.raises(Unsupported, match="llava"):
+        metrale.load(FIXTURES / "llava_tiny", be, progress=False, max_loras=2)
+    with pytest.raises(InvalidArgument, match="max_loras"):
+        metrale.load(FIXTURES / "whisper_tiny", be, progress=False, max_loras=2)
+    assert be.live_bytes() == 0
