@@ -9,7 +9,8 @@ Whisper-small's conv stem and a CLIP ViT-L/14-336 patch embed; the MoE kernels a
 Qwen3-30B-A3B's (128 experts, top-8, hidden 2048, expert width 768); the hybrid models'
 recurrent layers at Qwen3.5-0.8B's gated DeltaNet (16 key / 16 value heads x 128, conv over
 6144 channels) and Nemotron-H-8B's Mamba2 mixer (128 heads x 64, d_state 128, 8 groups,
-chunk 128, conv over 10240 channels). Every linear shape (qkv, o,
+chunk 128, conv over 10240 channels); the grouped LoRA GEMMs at the 8B's fused groups with
+4 adapters of rank 16. Every linear shape (qkv, o,
 gate_up, down, lm_head) runs through the tensor-core GEMM the model uses (`gemm_tc`, its
 tile in the shape) and cuBLAS at m = 1, 8, 64, 2048, and the CUDA-core GEMV at 1, 8, 64; the
 dequantizing GEMM (`gemm_q`: 4-bit and FP8 weights) and the GEMM over GGUF weights at their
@@ -729,6 +730,40 @@ def bench_mamba2_ssd(B, S):
               flops=flops, bound="compute")
 
 
+def bench_lora(B, S, adapters: int = 4, rank: int = 16):
+    """The grouped LoRA GEMMs at the model's four fused groups (q|k|v, o, gate|up, down):
+    decode rows spread over `adapters` adapters of rank `rank` (row i -> adapter i mod 4, one
+    row per tile), and a prefill chunk of one adapter (8-row tiles). Bytes: x, each adapter's
+    A (B) read once, t, and y read and written; FLOPs 2 m c k (shrink), 2 m n rank
+    (expand)."""
+    from metrale.ops import lora
+    hid, inter, H, KV, D = S["hidden"], S["inter"], S["H"], S["KV"], S["D"]
+    groups = [("qkv", hid, [H * D, (H + KV) * D, (H + 2 * KV) * D]), ("o", H * D, [hid]),
+              ("gate_up", hid, [inter, 2 * inter]), ("down", inter, [hid])]
+    for name, k, ends in groups:
+        n, c = ends[-1], len(ends) * rank
+        a, b = B.buf(adapters * c * k * 2), B.buf(adapters * n * rank * 2)
+        scale = B.upload(np.ones(adapters * len(ends), np.float32))
+        for m in list(S["rows"]) + [S["tokens"]]:
+            per = 8 if m == S["tokens"] else 1
+            slots = [0] * m if per == 8 else [i % adapters for i in range(m)]
+            used = len(set(slots))
+            tiles = lora.build_tiles(slots, per)
+            tl = B.upload(tiles)
+            x, y, t = B.buf(m * k * 2), B.buf(m * n * 2), B.buf(m * c * 4)
+            shape = dict(group=name, m=m, k=k, n=n, rank=rank, adapters=used)
+            B.run("lora", f"shrink {name}", shape,
+                  lambda s, x=x, t=t, tl=tl, m=m, nt=len(tiles), per=per: lora.lora_shrink(
+                      B.be, s, t, x, a, c * k, tl, nt, m, k, c, adapters, per),
+                  nbytes=m * k * 2 + used * c * k * 2 + m * c * 4, flops=2 * m * c * k)
+            B.run("lora", f"expand {name}", shape,
+                  lambda s, y=y, t=t, tl=tl, m=m, nt=len(tiles), per=per: lora.lora_expand(
+                      B.be, s, y, t, b, n * rank, scale, tl, nt, m, n, rank, ends, adapters,
+                      per),
+                  nbytes=2 * m * n * 2 + used * n * rank * 2 + m * c * 4,
+                  flops=2 * m * n * rank)
+
+
 # ops module -> its benchmark (the gemm module's kernels are "gemv"; cuBLAS is "gemm")
 FAMILIES = {
     "embedding": [bench_embedding], "rmsnorm": [bench_rmsnorm],
@@ -745,14 +780,15 @@ FAMILIES = {
     "moe_combine": [bench_moe_combine],
     "tensor_parallel": [bench_tensor_parallel],
     "causal_conv1d": [bench_causal_conv1d], "gated_delta_rule": [bench_gated_delta_rule],
-    "mamba2_ssd": [bench_mamba2_ssd],
+    "mamba2_ssd": [bench_mamba2_ssd], "lora": [bench_lora],
 }
 # helpers of metrale/ops with no kernel of their own (attention_tile: the twin of a header
 # that attention.cu and dense_attention.cu share, benchmarked through them; attention_native:
 # the decode twins' native path on HostBackend, timed through attention's rows; gguf_planes:
-# the GGUF plane layout and its dequantization, timed through gemm_gguf's rows)
+# the GGUF plane layout and its dequantization, timed through gemm_gguf's rows; lora_native:
+# the LoRA twins' native path, timed through lora's rows)
 NOT_KERNELS = {"bf16", "registry", "checks", "attention_tile", "attention_native",
-               "gguf_planes"}
+               "gguf_planes", "lora_native"}
 
 
 def ops_modules() -> list[str]:

@@ -7,14 +7,14 @@ module `__getattr__` below, so the import stays fast and torch/CuPy-free.
 """
 import importlib
 
-from .errors import (CacheFull, ConcurrentUse, DeviceError, FormatError, InvalidArgument,
-                     KernelError, MetraleError, NonFiniteLogits, OutOfMemory,
+from .errors import (AdapterPoolFull, CacheFull, ConcurrentUse, DeviceError, FormatError,
+                     InvalidArgument, KernelError, MetraleError, NonFiniteLogits, OutOfMemory,
                      TensorParallelError, Unsupported, UnsupportedMedia)
 
 __version__ = "0.1.0"
 __all__ = ["MetraleError", "FormatError", "Unsupported", "UnsupportedMedia", "CacheFull",
            "InvalidArgument", "DeviceError", "OutOfMemory", "KernelError", "ConcurrentUse",
-           "NonFiniteLogits",
+           "NonFiniteLogits", "AdapterPoolFull",
            "TensorParallelError", "CacheConfig",
            "to_numpy", "load", "load_generative", "device_array"]
 

@@ -25,6 +25,11 @@ def load(path_or_source, device="auto", *, kv_blocks=None, block_size=16, max_ba
     bytes (a safetensors checkpoint ignores it). A tensor-parallel load dequantizes at
     load either way, for now.
 
+    LoRA adapters (decoder models; README "LoRA adapters"): `max_loras=N` adapter slots of
+    rank up to `max_lora_rank=R` on the device, `loras={name: adapter_dir}` PEFT adapters
+    loaded into them at start; then `alloc_sequence(adapter=name)` and the original's
+    `swap_lora_from_disk` / `promote_lora_from_disk` / `set_active_lora`.
+
     `tensor_parallel_size=N > 1`: this process is one of N ranks started by a launcher
     (mpiexec, torchrun, srun), each calling `load` alike; returns this rank's
     `TensorParallelModel` (decoder-only architectures). "cuda" / "auto" then mean the GPU of

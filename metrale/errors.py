@@ -25,6 +25,11 @@ class CacheFull(MetraleError):
     """The paged KV pool has too few free blocks; nothing in the pool was changed."""
 
 
+class AdapterPoolFull(MetraleError):
+    """Every LoRA adapter slot a promotion may take has in-flight sequences; nothing was
+    changed, and the promotion may succeed once a sequence is released."""
+
+
 class InvalidArgument(MetraleError, ValueError):
     """An argument out of range: a token id, a position, a size, a pointer."""
 

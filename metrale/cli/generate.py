@@ -1,5 +1,6 @@
 """`metrale generate MODEL [PROMPT]`: generate after a prompt (plain or through the
-checkpoint's chat template), token ids, and for LLaVA images, printing text as it comes."""
+checkpoint's chat template), token ids, and for LLaVA images, printing text as it comes;
+with `--lora NAME=DIR ... --adapter NAME`, under a LoRA adapter."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +11,7 @@ from .args import (add_device, add_ids, add_max_seq_len, add_model, existing_fil
                    top_p, utf8_option, utf8_text)
 from .checkpoint import (load_model, load_tokenizer, open_checkpoint, require_text_model,
                          text_tokenizer)
+from .lora_args import add_lora, lora_load_options
 from .notes import note
 
 DEFAULT_MAX_NEW = 64
@@ -59,6 +61,7 @@ def register(sub) -> None:
     g.add_argument("--seed", type=nonneg_int, default=None, help="sampling seed")
     g.add_argument("--ignore-eos", action="store_true",
                    help="do not stop at the checkpoint's eos ids")
+    add_lora(g, generate=True)
     add_max_seq_len(g)
     add_device(g)
     g.set_defaults(func=run, resolve=resolve_inputs, takes_more_positionals=True)
@@ -94,6 +97,7 @@ def resolve_inputs(args) -> None:
             f"1,2,3{'' if not sources else ' (got ' + ' and '.join(sources) + ')'}")
     if positional is not None:
         args.prompt = utf8_text(positional, "PROMPT")
+    args.lora_options = lora_load_options(args)
 
 
 def prompt_ids(args, source, images: int):
@@ -167,7 +171,7 @@ def run(args) -> int:
     for n in notes:
         note(n)
     max_new = args.max_new_tokens or defaults.new_tokens(len(ids), DEFAULT_MAX_NEW)
-    model = load_model(source, args.device, max_seq_len=args.max_seq_len)
+    model = load_model(source, args.device, max_seq_len=args.max_seq_len, **args.lora_options)
     text = StreamDetokenizer(tok) if tok is not None else None
     printed = []
 
@@ -180,7 +184,7 @@ def run(args) -> int:
     try:
         res = generate(model, ids, max_new, sampling,
                        stop_token_ids=[] if args.ignore_eos else None, on_token=on_token,
-                       images=images)
+                       images=images, **({"adapter": args.adapter} if args.adapter else {}))
     except KeyboardInterrupt:
         if printed:    # end the streamed line before `metrale: interrupted`
             sys.stdout.write((text.finish() if text is not None else "") + "\n")
@@ -196,6 +200,7 @@ def run(args) -> int:
         f"temperature {sampling.temperature:g}, top_k {sampling.top_k}, top_p "
         f"{sampling.top_p:g}" + (f", min_p {sampling.min_p:g}" if sampling.min_p else ""))
     imgs = f"; {len(paths)} image{'s' if len(paths) != 1 else ''}" if paths else ""
+    imgs += f"; LoRA adapter {args.adapter}" if args.adapter else ""
     print(f"{len(res.tokens)} tokens ({why}); {len(ids)} prompt tokens{imgs}; "
           f"{mode}; TTFT {res.ttft_s * 1e3:.1f} ms; decode {res.decode_tokens_per_s:.1f} "
           "tokens/s", file=sys.stderr)

@@ -1,13 +1,15 @@
 """`metrale info`: architecture, parameter count, the context metrale runs, every config
 field that changes the math (info_math.py) and the device memory a checkpoint needs
-(weights + KV cache + workspaces)."""
+(weights + KV cache + workspaces, + LoRA slots with --lora / --max-loras: info_lora.py)."""
 from __future__ import annotations
 
 import json
 
 from .args import add_model, positive_int, resolve_model
 from .checkpoint import open_checkpoint
+from .info_lora import lora_info, lora_lines
 from .info_presets import human_count
+from .lora_args import add_lora, lora_load_options
 
 
 def register(sub) -> None:
@@ -22,6 +24,7 @@ def register(sub) -> None:
     i.add_argument("--batch", type=positive_int, default=1,
                    help="sequences for the memory estimate (default 1)")
     i.add_argument("--json", action="store_true", help="print JSON")
+    add_lora(i, generate=False)
     i.add_argument("--presets", action="store_true",
                    help="list every preset:NAME (random weights at a real model's shapes) "
                         "instead of describing a MODEL")
@@ -36,6 +39,7 @@ def resolve_info(args) -> None:
             raise argparse.ArgumentTypeError("--presets lists the presets: give no MODEL")
         return
     resolve_model(args)
+    args.lora_options = lora_load_options(args)
 
 
 DEFAULT_CONTEXT = 4096
@@ -104,6 +108,15 @@ def run(args) -> int:
             meta, max_tokens=2048, max_rows=max(args.batch, 16),
             num_blocks=-(-context // bs) * args.batch, block_size=bs,
             max_blocks_per_seq=-(-context // bs), fp32_logits=False)
+    # the LoRA slots the options reserve (counted like the workspaces: 2048-token chunks)
+    lora = lora_info(meta, args.lora_options, max(2048, args.batch, 16)) \
+        if meta.architecture in DECODER_ARCHS else None
+    if lora is not None:
+        kv_and_ws += lora["bytes"]
+    elif args.lora_options:
+        from ..errors import Unsupported
+        raise Unsupported(f"{source.description}: LoRA slots are served on decoder "
+                          f"checkpoints, not {meta.architecture}")
     info = {
         "model": source.description, "architecture": meta.architecture,
         # a GGUF has no config dtype: its stored ggml types by tensor group
@@ -138,6 +151,7 @@ def run(args) -> int:
         in DECODER_ARCHS else None,
         "context": context, "batch": args.batch,
         "memory_needed_bytes": w + kv_and_ws,
+        "lora": lora,
         "tokenizer": str(source.tokenizer_path()) if source.tokenizer_path() else
         ("the GGUF metadata (tokenizer.ggml.*)" if callable(getattr(source, "tokenizer", None))
          and source.tokenizer() is not None else None),
@@ -172,7 +186,10 @@ def run(args) -> int:
               f"step at batch {args.batch} (the experts the rows choose, expected under "
               "uniform routing past batch 1)")
     print(f"KV cache       {human_bytes(kv_tok)} per token")
+    if lora is not None:
+        print("\n".join(lora_lines(lora, human_bytes)))
     print(f"memory needed  {human_bytes(info['memory_needed_bytes'])} for batch {args.batch} "
-          f"x {context:,} tokens (weights + KV cache + workspaces)")
+          f"x {context:,} tokens (weights + KV cache + workspaces"
+          f"{' + LoRA slots' if lora else ''})")
     print(f"tokenizer      {info['tokenizer'] or 'none (use --ids)'}")
     return 0

@@ -101,7 +101,7 @@ def resolve_stops(model, stop_token_ids) -> set[int]:
 def generate(model, prompt_ids: Sequence[int], max_new_tokens: int,
              sampling: SamplingParams | None = None, stop_token_ids=None,
              on_token: Callable[[int], None] | None = None,
-             images=None) -> GenerationResult:
+             images=None, adapter=None) -> GenerationResult:
     """Generate up to `max_new_tokens` tokens after `prompt_ids`.
 
     sampling: None is greedy (the device argmax rule). stop_token_ids: None stops at the
@@ -112,7 +112,9 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int,
     naming both and the load option that raises the limit. Logits holding NaN / Inf raise
     NonFiniteLogits naming the position (the tokens made before it went to `on_token`).
     images (LLaVA): one preprocessed `[1, 3, H, W]` float32 image per image-token span of
-    the prompt, in order (engine/multimodal.py).
+    the prompt, in order (engine/multimodal.py). adapter: the LoRA adapter to generate with
+    (a resident name or slot of a model loaded with LoRA slots; None: the active one, else
+    the base model).
     """
     sampling = sampling or SamplingParams()
     if not isinstance(sampling, SamplingParams):
@@ -122,6 +124,9 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int,
     prompt = check_prompt(prompt_ids, model.metadata().vocab_size)
     stops = resolve_stops(model, stop_token_ids)
     if pm is None:
+        if adapter is not None:
+            raise Unsupported("generate: a LoRA adapter needs a metrale pointer-API model "
+                              "(metrale.load(..., max_loras=N))")
         if images is not None and len(images):
             raise Unsupported("generate: images need a metrale pointer-API model "
                               "(metrale.load of a LLaVA checkpoint)")
@@ -129,7 +134,9 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int,
                                 on_token)
     prefill = image_prefill(pm, prompt, images)
     limit = check_prompt_fits(len(prompt), pm, room_for_output=True)
-    return _generate_pointer(pm, prompt, max_new, sampling, stops, on_token, limit, prefill)
+    seq = pm.alloc_sequence(adapter=adapter)   # checked before anything runs
+    return _generate_pointer(pm, prompt, max_new, sampling, stops, on_token, limit, prefill,
+                             seq)
 
 
 def _decode_loop(first, advance, max_new: int, stops, on_token,
@@ -170,11 +177,10 @@ def _max_out(prompt_len: int, limit: int | None) -> int | None:
 
 
 def _generate_pointer(m, prompt, max_new, sampling, stops, on_token, limit,
-                      prefill) -> GenerationResult:
+                      prefill, seq) -> GenerationResult:
     stream = m.default_stream()
     seed = resolve_seed(sampling)
     sampler = DeviceSampler(m)
-    seq = m.alloc_sequence()
 
     def pick(ptr, step, history):
         def where(_):

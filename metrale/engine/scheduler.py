@@ -13,13 +13,15 @@ first) and it is recomputed later — its prompt by prefill, the tokens it had g
 verify-width decode rows, which compute exactly what its decode steps computed, so its
 output is unchanged by preemption.
 
-Greedy (device argmax) decoding. A request finishes with "stop" (a stop id), "length"
-(`max_new_tokens`, or prompt + output reached the context: the model's `max_seq_len` or
-the whole pool, whichever is smaller; vLLM's `max_model_len` rule, prompt + output <=
-context), "cancelled" or "error" (its logits held NaN / Inf: the step that met them raises
-`NonFiniteLogits` naming the request and position, after every other request's tokens of
-that step are kept, so stepping on serves the rest). A prompt that leaves no room for one
-new token in that context is refused by `add_request`.
+A request may name a LoRA adapter (`add_request(..., adapter=name)`): its sequence runs it,
+in the same mixed batches as every other request, and reuses cached prefixes of that adapter
+only. Greedy (device argmax) decoding. A request finishes with "stop" (a stop id), "length"
+(`max_new_tokens`, or prompt + output reached the context: the model's `max_seq_len` or the
+whole pool, whichever is smaller; vLLM's `max_model_len` rule, prompt + output <= context),
+"cancelled" or "error" (its adapter was unloaded before it was admitted, or its logits held
+NaN / Inf: the step that met them raises `NonFiniteLogits` naming the request and position,
+after every other request's tokens of that step are kept, so stepping on serves the rest).
+A prompt that leaves no room for one new token in that context is refused by `add_request`.
 """
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ class Request:
     fed: int = 0                 # output tokens in the cache (len(output) - 1 when decoding)
     preemptions: int = 0
     error: str | None = None     # finish_reason "error": why
+    adapter: str | None = None   # the LoRA adapter it names (None: the active one / base)
 
     @property
     def done(self) -> bool:
@@ -82,8 +85,15 @@ class Scheduler:
 
     # requests -----------------------------------------------------------------------
     def add_request(self, prompt_ids: Sequence[int], max_new_tokens: int,
-                    stop_token_ids=None) -> int:
+                    stop_token_ids=None, adapter: str | None = None) -> int:
+        """Queue a request; `adapter` names a resident LoRA adapter of the model (checked
+        now, resolved again at each admission: a preempted request comes back on the slot
+        that then holds its adapter)."""
         m = self.model
+        if adapter is not None and m.lora_slot_of(adapter) is None:
+            raise InvalidArgument(f"add_request: adapter {adapter!r} is not resident in the "
+                                  "model's LoRA slots (metrale.load(..., loras=...), "
+                                  "swap_lora_from_disk)")
         prompt = check_prompt(prompt_ids, m.vocab_size())
         max_new = check_max_new(max_new_tokens)
         check_prompt_fits(len(prompt), m, room_for_output=True)
@@ -93,7 +103,7 @@ class Scheduler:
                                   f"{m.kv_block_size()} tokens (prompt + output <= "
                                   f"{self.context}); {limit_advice(m)}")
         stops = set(eos_ids(m)) if stop_token_ids is None else {int(t) for t in stop_token_ids}
-        r = Request(next(self._ids), prompt, max_new, stops)
+        r = Request(next(self._ids), prompt, max_new, stops, adapter=adapter)
         self.waiting.append(r)
         return r.request_id
 
@@ -167,14 +177,20 @@ class Scheduler:
         while self.waiting and len(self.running) < self.max_batch and not self._hold:
             r = self.waiting[0]
             want = committed + blocks_for(r) + len(self.running)
+            slot = -1 if r.adapter is None else m.lora_slot_of(r.adapter)
+            if slot is None:   # unloaded since it was queued: this request cannot run
+                self.waiting.pop(0)
+                r.finish_reason, r.error = "error", f"adapter {r.adapter!r} is not resident"
+                self.finished[r.request_id] = r
+                continue
             if want > m.num_free_blocks():
                 # cached prefixes yield to live requests, except the one this prompt reuses
                 # (its blocks need not be free: reuse_prefix takes them from the cache)
-                want = m.reclaim_prefix_blocks_for(r.prompt, 0, want).target
+                want = m.reclaim_prefix_blocks_for(r.prompt, slot, want).target
             if self.running and m.num_free_blocks() < want:
                 break
             self.waiting.pop(0)
-            r.seq = m.alloc_sequence()
+            r.seq = m.alloc_sequence(adapter=r.adapter)
             r.prefilled = m.reuse_prefix(r.seq, r.prompt)
             r.fed = 0
             committed += max(0, blocks_for(r))

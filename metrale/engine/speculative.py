@@ -26,11 +26,14 @@ from .sampling import SamplingParams
 def speculative_generate(target, draft, prompt_ids: Sequence[int], max_new_tokens: int,
                          k: int = 4, sampling: SamplingParams | None = None,
                          stop_token_ids=None,
-                         on_token: Callable[[int], None] | None = None) -> GenerationResult:
+                         on_token: Callable[[int], None] | None = None, adapter=None,
+                         draft_adapter=None) -> GenerationResult:
     """Greedy generation of up to `max_new_tokens` tokens, `k` draft proposals per round.
 
     `target` and `draft`: TransformerModels or decoder GenerativeModels sharing the
-    vocabulary. Returns a GenerationResult with `accepted` / `proposed` draft counts.
+    vocabulary. `adapter` / `draft_adapter`: the LoRA adapter each runs (as `generate`'s);
+    the output is plain greedy's under the target's adapter. Returns a GenerationResult
+    with `accepted` / `proposed` draft counts.
     """
     if sampling is not None and not (sampling.is_greedy and sampling.repetition_penalty == 1):
         raise Unsupported("speculative_generate implements greedy verification only "
@@ -49,14 +52,14 @@ def speculative_generate(target, draft, prompt_ids: Sequence[int], max_new_token
     t_limit = check_prompt_fits(len(prompt), tm, room_for_output=True)
     d_limit = check_prompt_fits(len(prompt), dm, "prompt (for the draft model)")
     ts, ds = tm.default_stream(), dm.default_stream()
+    tseq, dseq = tm.alloc_sequence(adapter=adapter), None   # (a bad adapter: nothing made)
     checker = DeviceSampler(tm)   # the target's logits are checked for NaN / Inf
-    tseq, dseq = tm.alloc_sequence(), None
     out: list[int] = []
     accepted = proposed = 0
     reason = "length"
     extra: dict = {}
     try:
-        dseq = dm.alloc_sequence()
+        dseq = dm.alloc_sequence(adapter=draft_adapter)
         t0 = time.perf_counter()
         last = checker.greedy(tm.prefill(prompt, tseq, ts), 1, ts, lambda _: (
             f"speculative_generate: new token 0 (the logits of sequence position "

@@ -1,12 +1,13 @@
 """Layer 4: the pointer API — the original engine's `Model` supertraits as mixins
-(ModelLogits, ModelForward, ModelLifecycle, ModelVerify, ModelStreams and the probes of
-probes.py) and `TransformerModel`, which composes them."""
+(ModelLogits, ModelForward, ModelLifecycle, ModelVerify, ModelStreams, ModelAdapters and
+the probes of probes.py) and `TransformerModel`, which composes them."""
 from .forward import BeamReq, MixedBatchResult, MixedForwardResult, ModelForward, PrefillSlice
 from .ladder import GRAPH_BATCH_LADDER, padded_batch_n
 from .lifecycle import ModelLifecycle
 from .logits import ModelLogits
-from .probes import (ForwardDisclosure, ModelAdapters, ModelCircuit, ModelDeviceFeed, ModelDraft,
-                     ModelEp, ModelSsmState)
+from .adapters import ModelAdapters
+from .probes import (ForwardDisclosure, ModelCircuit, ModelDeviceFeed, ModelDraft, ModelEp,
+                     ModelSsmState)
 from .sequence import SequenceState
 from .streams import ModelStreams
 from .transformer import TransformerModel

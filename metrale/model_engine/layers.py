@@ -35,13 +35,16 @@ from .moe import moe_mlp
 
 
 def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_len: int,
-                out_ptr: DevicePtr, embeds_uploaded: bool = False, arena=None) -> None:
+                out_ptr: DevicePtr, embeds_uploaded: bool = False, arena=None,
+                lora=None) -> None:
     """Run all layers over `n` token rows whose metadata is already on the device.
 
     Final-norm hidden states `[n, hidden]` go to `out_ptr`. When `embeds_uploaded`, the
     input embeddings are already in `ws.residual` (multimodal / tensor API input). `arena`
     (k_cache(layer) / v_cache(layer)) is where K/V live: the model's pool by default, a
-    dense `ContiguousArena` for the baseline cache.
+    dense `ContiguousArena` for the baseline cache. `lora` (lora_step.LoraStep): the rows'
+    LoRA deltas, added to each fused projection's output after its bias (PEFT's order:
+    base layer, then delta); with it a decode step runs unfused.
     """
     b, ws, m, W = model.backend, model._ws, model._layer_meta, model._weights
     tp = model._tp
@@ -53,7 +56,9 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
     linear = run_linear
     arena = ws if arena is None else arena
 
-    fuse = decode and decode_fusable(model, n)
+    fuse = decode and lora is None and decode_fusable(model, n)
+    add_lora = (lambda *a: None) if lora is None else \
+        (lambda layer, group, y, x: lora.apply(b, stream, layer, group, y, x, n))
     if not embeds_uploaded:
         if tp is None:   # a GGUF table kept packed is dequantized on lookup
             run_embedding(b, stream, ws.residual, W.embed_tokens, ws.token_ids,
@@ -75,6 +80,7 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
             linear(b, stream, ws.qkv, ws.normed, L.qkv, n, ws.qkv_dim, hid)
             if not L.qkv_bias.is_null():
                 elementwise.add_bias(b, stream, ws.qkv, L.qkv_bias, n, ws.qkv_dim)
+            add_lora(i, "qkv", ws.qkv, ws.normed)
         kc, vc = arena.k_cache(i), arena.v_cache(i)
         window = m.layer_windows[i]   # 0: full attention (per-layer windows of qwen2/qwen3)
         # rope (+ q/k norm) and the k/v cache write in one launch
@@ -108,6 +114,7 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
             tp.row_parallel(stream, ws.hidden, ws.attn_out, L.o_proj, n, hid, H * D)
         if not L.o_bias.is_null():
             elementwise.add_bias(b, stream, ws.hidden, L.o_bias, n, hid)
+        add_lora(i, "o", ws.hidden, ws.attn_out)
         rmsnorm.rmsnorm(b, stream, ws.normed, ws.hidden, L.post_attention_layernorm, n, hid,
                         eps, residual_ptr=ws.residual)
         if L.moe is not None:   # a mixture-of-experts block instead of the MLP (moe.py)
@@ -116,6 +123,7 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
         linear(b, stream, ws.gate_up, ws.normed, L.gate_up, n, 2 * inter, hid)
         if not L.gate_up_bias.is_null():
             elementwise.add_bias(b, stream, ws.gate_up, L.gate_up_bias, n, 2 * inter)
+        add_lora(i, "gate_up", ws.gate_up, ws.normed)
         activation.act_mul(b, stream, ws.act, ws.gate_up, n, inter, act)
         if tp is None:
             linear(b, stream, ws.hidden, ws.act, L.down_proj, n, hid, inter)
@@ -123,6 +131,7 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
             tp.row_parallel(stream, ws.hidden, ws.act, L.down_proj, n, hid, inter)
         if not L.down_bias.is_null():
             elementwise.add_bias(b, stream, ws.hidden, L.down_bias, n, hid)
+        add_lora(i, "down", ws.hidden, ws.act)
     if fuse:
         rmsnorm.rmsnorm(b, stream, out_ptr, ws.residual, W.norm, n, hid, eps)
     else:

@@ -113,7 +113,8 @@ class ModelLifecycle:
         self._check_seq(seq)
         if seq.arena is not None or any(t < 0 for t in seq.tokens):
             return 0  # dense caches and embedding-fed sequences have no token prefix to share
-        keys = prefix_keys(seq.tokens, self._pool.block_size)
+        keys = prefix_keys(seq.tokens, self._pool.block_size,
+                           namespace=self._prefix_namespace(seq))
         parents = [None] + keys[:-1]
         return sum(self._pool.cache_prefix(k, b, parent)
                    for k, b, parent in zip(keys, seq.block_table, parents))
@@ -157,7 +158,8 @@ class ModelLifecycle:
             return 0
         bs = self._pool.block_size
         blocks = []
-        for key in prefix_keys(tokens, bs, (len(tokens) - 1) // bs):
+        for key in prefix_keys(tokens, bs, (len(tokens) - 1) // bs,
+                               namespace=self._prefix_namespace(seq)):
             b = self._pool.lookup_prefix(key)
             if b is None:
                 break
@@ -168,6 +170,11 @@ class ModelLifecycle:
             seq.seq_len = len(blocks) * bs
             seq.tokens = list(tokens[: seq.seq_len])
         return seq.seq_len
+
+    def _prefix_namespace(self, seq: SequenceState) -> int:
+        """The prefix-cache namespace of `seq`'s K/V: 0, the base model's (adapters.py
+        gives a LoRA sequence its adapter's id)."""
+        return 0
 
     def _growth_plan(self, items: Sequence[tuple[SequenceState, int]]) -> list[tuple]:
         """`(seq, need, cow, total)` for each pool-backed `(seq, n_new)`: new blocks for

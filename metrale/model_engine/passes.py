@@ -102,6 +102,7 @@ class DecoderPasses:
         ws, bs, b = self._ws, self._block_size, self.backend
         n = len(chunk)
         start = seq.seq_len
+        lora_rows = self._lora_row_slots([seq], [n])
         with self._growth_guard([seq]):
             self._reserve_for_writes([(seq, n)], stream)
             pos = np.arange(start, start + n, dtype=np.int64)
@@ -123,7 +124,7 @@ class DecoderPasses:
             out = ws.normed if hidden_out is None else hidden_out
             run_decoder(self, stream, n, decode=False, n_seqs=1, max_q_len=n, out_ptr=out,
                         embeds_uploaded=embeds is not None or splice is not None,
-                        arena=seq.arena)
+                        arena=seq.arena, lora=self._lora_step(lora_rows, stream, False))
         seq.tokens.extend(int(t) for t in (chunk if recorded is None else recorded))
         seq.seq_len += n
         if not want_logits:
@@ -148,6 +149,7 @@ class DecoderPasses:
         ws, bs, b = self._ws, self._block_size, self.backend
         seqs = [seq for seq, _, _ in items]
         ends, n = [], 0
+        lora_rows = self._lora_row_slots(seqs, [len(chunk) for _, chunk, _ in items])
         with self._growth_guard(seqs):
             self._reserve_for_writes([(seq, len(chunk)) for seq, chunk, _ in items], stream)
             for r, (seq, chunk, _) in enumerate(items):
@@ -165,7 +167,8 @@ class DecoderPasses:
             ws.h_indptr[len(items)] = n
             ws.upload_step(stream, n, len(items))
             run_decoder(self, stream, n, decode=False, n_seqs=len(items),
-                        max_q_len=max(len(c) for _, c, _ in items), out_ptr=ws.normed)
+                        max_q_len=max(len(c) for _, c, _ in items), out_ptr=ws.normed,
+                        lora=self._lora_step(lora_rows, stream, False))
         for seq, chunk, _ in items:
             seq.tokens.extend(int(t) for t in chunk)
             seq.seq_len += len(chunk)
@@ -202,6 +205,7 @@ class DecoderPasses:
         ws, bs = self._ws, self._block_size
         items = self._check_decode_items(rows, what, tokens_checked=embeds is not None)
         n = sum(len(t) for _, t in items)
+        lora_rows = self._lora_row_slots([s for s, _ in items], [len(t) for _, t in items])
         with self._growth_guard([s for s, _ in items]):
             self._reserve_for_writes([(s, len(t)) for s, t in items], stream)
             r = 0
@@ -228,20 +232,22 @@ class DecoderPasses:
             if embeds is not None:
                 self.backend.copy_h2d_async(np.ascontiguousarray(embeds, np.uint16), ws.residual,
                                             stream)
+            lora = self._lora_step(lora_rows, stream, True, padded if graphs else None)
             if graphs:
-                self._replay_decode_graph(padded, stream)
+                self._replay_decode_graph(padded, stream, lora)
             else:
-                self._decode_body(padded, stream, embeds_uploaded=embeds is not None, arena=arena)
+                self._decode_body(padded, stream, embeds_uploaded=embeds is not None, arena=arena,
+                                  lora=lora)
         for seq, toks in items:
             seq.tokens.extend(toks)
             seq.seq_len += len(toks)
         return ws.logits
 
     def _decode_body(self, n: int, stream: int, embeds_uploaded: bool = False,
-                     arena=None) -> None:
+                     arena=None, lora=None) -> None:
         ws = self._ws
         run_decoder(self, stream, n, decode=True, n_seqs=n, max_q_len=1, out_ptr=ws.final_hidden,
-                    embeds_uploaded=embeds_uploaded, arena=arena)
+                    embeds_uploaded=embeds_uploaded, arena=arena, lora=lora)
         lm_head(self, stream, ws.final_hidden, n, ws.logits)
 
     def _graph_rows(self, n: int) -> int:
@@ -252,19 +258,23 @@ class DecoderPasses:
             return n
         return min(padded_batch_n(n), self._ws.max_rows)
 
-    def _replay_decode_graph(self, padded: int, stream: int) -> None:
-        g = self._graphs.get(padded)
+    def _replay_decode_graph(self, padded: int, stream: int, lora=None) -> None:
+        # a rung has two graphs: without LoRA, and with the LoRA launches, which read the
+        # rows' slots (the tiles) and the slots' weights from device memory, so one graph
+        # serves every mix of adapters and every slot contents
+        key = padded if lora is None else (padded, "lora")
+        g = self._graphs.get(key)
         if g is None:
             # Eager once (compiles and loads every kernel outside capture), then capture.
-            self._decode_body(padded, stream)
+            self._decode_body(padded, stream, lora=lora)
             self.backend.synchronize(stream)
             self.backend.begin_capture(stream)
             try:
-                self._decode_body(padded, stream)
+                self._decode_body(padded, stream, lora=lora)
             except BaseException:
                 self.backend.destroy_graph(self.backend.end_capture(stream))
                 raise
-            self._graphs[padded] = self.backend.end_capture(stream)
+            self._graphs[key] = self.backend.end_capture(stream)
             return
         self.backend.launch_graph(g, stream)
 

@@ -1,8 +1,8 @@
 """The supertraits of the original engine's `Model` that this runtime's models have no
 machinery for, with the original's defaults (`crates/model-engine/src/traits/model/
-{draft,adapters,ssm_state,ep,device_feed,circuit}.rs`), so a scheduler ported from Rust
-can ask and get the answer it expects: no draft proposer, no LoRA adapters, no SSM state,
-a single rank, no device token feed, the legacy forward.
+{draft,ssm_state,ep,device_feed,circuit}.rs`), so a scheduler ported from Rust can ask
+and get the answer it expects: no draft proposer, no SSM state, a single rank, no device
+token feed, the legacy forward. (LoRA adapters are real: adapters.py.)
 
 A probe answers what the model has. An action the original's default refuses raises
 `Unsupported`; an action whose default is a no-op stays one only where that is exactly
@@ -98,31 +98,6 @@ class ModelDraft:
 
     def trim_proposer_state(self, seq, num_accepted: int, stream: int) -> None:
         return None   # no proposer state to trim
-
-
-class ModelAdapters:
-    """LoRA adapters: this model serves the base weights only."""
-
-    def adapter_id_for(self, slot: int) -> int:
-        return 0   # the base model's prefix-cache id
-
-    def acquire_adapter_slot(self, slot: int) -> int:
-        return -1  # no ref taken
-
-    def release_adapter_slot(self, resolved: int) -> None:
-        return None
-
-    def set_active_lora(self, name: str) -> None:
-        raise Unsupported("this model does not support LoRA adapter rotation")
-
-    def swap_lora_from_disk(self, directory, name: str, slot: int) -> None:
-        raise Unsupported("this model does not support LoRA disk swap")
-
-    def promote_lora_from_disk(self, adapter_dir, name: str):
-        raise Unsupported("this model does not support LoRA disk promotion")
-
-    def promote_lora_from_peer(self, peer_addr: str, adapter_id: str, name: str, peft):
-        raise Unsupported("this model does not support LoRA peer promotion")
 
 
 class ModelSsmState:

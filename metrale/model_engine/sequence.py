@@ -13,7 +13,8 @@ class SequenceState:
     block_table: physical block ids in logical order (exactly ceil(seq_len / block_size));
     seq_len: tokens cached. `reserved_blocks` were promised by `alloc_sequence_for` and not
     yet used. A sequence belongs to the model that allocated it (`owner`). A sequence with an
-    `arena` keeps its K/V in that dense buffer (identity block table) instead of the pool."""
+    `arena` keeps its K/V in that dense buffer (identity block table) instead of the pool.
+    `adapter_slot`, `acquired_adapter_slot`, `adapter_id`: its LoRA adapter (adapters.py)."""
 
     tokens: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)
@@ -24,3 +25,10 @@ class SequenceState:
     freed: bool = False
     # a ContiguousArena for the dense baseline cache; None for pool-backed sequences
     arena: object | None = None
+    # LoRA (model_engine/adapters.py), the original's fields: the adapter slot this
+    # sequence selects (-1: the active adapter) and the slot it holds a reference on (-1:
+    # none), released by free_sequence; and the adapter id its K/V is computed under (None
+    # until its first forward pass binds it; 0: the base model)
+    adapter_slot: int = -1
+    acquired_adapter_slot: int = -1
+    adapter_id: int | None = None

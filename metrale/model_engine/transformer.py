@@ -31,12 +31,14 @@ from .forward import ModelForward
 from .gguf_weights import keeps_packed
 from .guard import CallGuard, exclusive
 from .lifecycle import ModelLifecycle
+from .lora_options import lora_options
+from .tp.lora_shard import shard_adapter
 from .logits import ModelLogits
 from .passes import DecoderPasses
 from .prefill import PromptPrefill
 from .prefix_reclaim import PrefixReclaimFor
-from .probes import (ModelAdapters, ModelCircuit, ModelDeviceFeed, ModelDraft, ModelEp,
-                     ModelSsmState)
+from .adapters import ModelAdapters
+from .probes import ModelCircuit, ModelDeviceFeed, ModelDraft, ModelEp, ModelSsmState
 from .readout import LogitsReadout
 from .sequence import SequenceState
 from .streams import ModelStreams
@@ -50,8 +52,8 @@ MAX_VERIFY_ROWS = 16
 
 
 class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixReclaimFor,
-                       ModelLogits, ModelForward, ModelLifecycle,
-                       ModelVerify, ModelStreams, ModelDraft, ModelAdapters, ModelSsmState,
+                       ModelLogits, ModelForward, ModelAdapters, ModelLifecycle,
+                       ModelVerify, ModelStreams, ModelDraft, ModelSsmState,
                        ModelEp, ModelDeviceFeed, ModelCircuit, DecoderPasses):
     """A decoder-only model on a `GpuBackend`, driven through raw pointers."""
 
@@ -59,15 +61,18 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
                  max_batch: int = 64, fp32_logits: bool = False,
                  max_prefill_tokens: int = 2048, max_seq_len: int | None = None,
                  graphs: bool | None = None, progress: bool = True,
-                 gguf_dequantize: bool = False, _shard=None) -> None:
+                 gguf_dequantize: bool = False, max_loras: int = 0,
+                 max_lora_rank: int | None = None, loras=None, _shard=None) -> None:
         # _shard: a tensor-parallel rank's slices and group (tp/model.py), else None.
         # gguf_dequantize: a GGUF's block-type weights dequantized to BF16 at load instead
         # of kept at their bytes (gguf_weights.py; a rank's slices always are, for now)
+        # max_loras / max_lora_rank / loras: LoRA adapter slots (lora_options.py)
         meta = source.metadata()
         if meta.architecture not in DECODER_ARCHITECTURES:
             raise Unsupported(f"{source.description}: model_type {meta.architecture!r} is not "
                               f"a decoder-only architecture ({', '.join(DECODER_ARCHITECTURES)})")
         _check_options(block_size, max_batch, max_prefill_tokens, kv_blocks, max_seq_len)
+        lora_opts = lora_options(source, meta, max_loras, max_lora_rank, loras)
         self.backend = backend
         self._meta = meta
         self._guard = CallGuard()
@@ -81,22 +86,25 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
         self._tp = None   # a rank's combines (tp/runtime.py: TensorParallel), or None
         # the head / intermediate counts the layer passes run with (a rank's own slice)
         self._layer_meta = meta if _shard is None else _shard.layer_metadata(meta)
-        self._graphs: dict[int, int] = {}
+        self._graphs: dict = {}   # padded rows (or (rows, "lora")) -> decode graph
         # decode graphs unless told: the backend's default (protocol.py)
         self._use_graphs = backend.decode_graphs_by_default if graphs is None else bool(graphs)
         # the checkpoint's tensors against the config before the plan is sized by it: a
         # wrong size is refused naming the tensor, not as memory the model cannot need
         check_checkpoint(source, meta)
         packed = _shard is None and not gguf_dequantize and keeps_packed(source)
+        lora_rows = max(max_prefill_tokens, max_rows)
+        ranks = 1 if _shard is None else _shard.plan.size
+        lora_bytes = lora_opts.device_bytes(self._layer_meta, lora_rows, ranks)
         from .memory_plan import plan_memory
         plan = plan_memory(backend, self._layer_meta, kv_blocks=kv_blocks,
                            block_size=block_size, max_rows=max_rows,
                            max_tokens=max_prefill_tokens, max_seq_len=max_seq_len,
                            fp32_logits=self.use_fp32_logits, where=source.description,
                            packed_source=source if packed else None,
-                           **({} if _shard is None else dict(
+                           **(dict(extra_bytes=lora_bytes) if _shard is None else dict(
                                rank_weight_bytes=_shard.weight_bytes(meta, source),
-                               extra_bytes=_shard.buffer_bytes(
+                               extra_bytes=lora_bytes + _shard.buffer_bytes(
                                    meta, max_tokens=max_prefill_tokens, logits_rows=2 * max_rows,
                                    fp32_logits=self.use_fp32_logits))))
         if _shard is not None:
@@ -119,6 +127,12 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
                                     meta.rope_scaling)
             self._rope_table = backend.alloc(table.nbytes)
             backend.copy_h2d(table, self._rope_table)
+            self._lora = lora_opts.make_pool(
+                backend, self._layer_meta, lora_rows, source.description, ranks=ranks,
+                shard=None if _shard is None else
+                (lambda a: shard_adapter(a, _shard.plan, meta.head_dim)))
+            for slot, (name, adapter) in enumerate(lora_opts.loras):   # pinned, read
+                self._load_slot(adapter, name, slot, "loras", startup=True)
         except BaseException:
             self._release_device()
             raise
@@ -196,6 +210,9 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
             self._order_event = None
         if self._tp is not None:
             self._tp.free()
+        if self._lora is not None:
+            self._lora.free()
+            self._lora = None
         if not self._rope_table.is_null():
             self.backend.free(self._rope_table)
             self._rope_table = NULL

@@ -31,6 +31,9 @@ class LlavaModel(ModelVision, TransformerModel):
         if meta.architecture != "llava" or meta.vision is None or meta.text is None:
             raise Unsupported(f"{source.description}: model_type {meta.architecture!r} is not "
                               "llava")
+        if options.get("max_loras") or options.get("loras"):
+            raise Unsupported(f"{source.description}: LoRA adapter slots (max_loras, loras) "
+                              "are served on decoder checkpoints, not llava")
         # every tensor, under its checkpoint name, before the first byte is uploaded
         check_tensors(source, expected_tensors(meta, source.tensor_names()))
         self._llava_meta = meta

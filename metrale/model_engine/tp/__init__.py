@@ -4,4 +4,5 @@
   sharded_weights.py  a rank's slices on its device, in the single-device layout
   runtime.py          how a rank's layer passes end: the fixed-order combines
   model.py            `TensorParallelModel`, the pointer API over all of it
+  lora_shard.py       a rank's slice of a LoRA adapter (A like the input, B like the output)
 """
