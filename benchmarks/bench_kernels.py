@@ -137,6 +137,12 @@ def bench_rmsnorm(B, S):
     B.run("rmsnorm", "rmsnorm+residual", dict(n_rows=T, hidden=hid),
           lambda s: rmsnorm.rmsnorm(B.be, s, out, x, w, T, hid, 1e-5, residual_ptr=res),
           nbytes=4 * T * hid * 2)
+    # Gemma's (1 + w) and gpt-oss's one-rounding weight modes (issue 40)
+    for mode in ("gemma", "once"):
+        B.run("rmsnorm", f"rmsnorm {mode}", dict(n_rows=T, hidden=hid),
+              lambda s, mode=mode: rmsnorm.rmsnorm(B.be, s, out, x, w, T, hid, 1e-5,
+                                                   weight_mode=mode),
+              nbytes=2 * T * hid * 2)
     B.run("rmsnorm", "layernorm", dict(n_rows=T, hidden=hid),
           lambda s: rmsnorm.layernorm(B.be, s, out, x, w, bias, T, hid, 1e-5),
           nbytes=2 * T * hid * 2)
@@ -337,6 +343,17 @@ def bench_rope(B, S):
     B.run("rope", "apply_rope+qk_norm", dict(n_tokens=T, heads=H, kv_heads=KV, head_dim=D),
           lambda s: rope.apply_rope(B.be, s, qkv, pos, table, T, H, KV, D, maxp, qn, kn, 1e-6),
           nbytes=2 * T * (H + KV) * D * 2 + T * D * 4 + T * 4)
+    # Gemma 3's q/k norm with (1 + w); a partial rotary embedding (Phi-4-mini: 3/4 of D)
+    B.run("rope", "apply_rope+gemma_qk_norm", dict(n_tokens=T, heads=H, kv_heads=KV, head_dim=D),
+          lambda s: rope.apply_rope(B.be, s, qkv, pos, table, T, H, KV, D, maxp, qn, kn, 1e-6,
+                                    gemma_norm=True),
+          nbytes=2 * T * (H + KV) * D * 2 + T * D * 4 + T * 4)
+    rd = D * 3 // 4
+    part = B.upload(rope.rope_table(rd, maxp, 10000.0, None))
+    B.run("rope", "apply_rope partial", dict(n_tokens=T, heads=H, kv_heads=KV, head_dim=D,
+                                            rotary_dim=rd),
+          lambda s: rope.apply_rope(B.be, s, qkv, pos, part, T, H, KV, D, maxp, rotary_dim=rd),
+          nbytes=2 * T * (H + KV) * D * 2 + T * rd * 4 + T * 4)
     # the model's launch: rope and the k/v cache write together (bytes: rope's, the v heads
     # read, k and v written to the cache, the slots)
     kc, vc, _, _ = _paged(B, S, 1, T)
@@ -381,6 +398,15 @@ def bench_attention(B, S):
           lambda s: attention.prefill_attention(B.be, s, out, qkv, kc, vc, tables, lens, indptr,
                                                 1, T, T, H, KV, D, bs, mb, scale),
           flops=4 * H * D * (T * (T + 1) // 2), bound="compute")
+    # issue 40's options: Gemma 2's soft-capping (a tanh per score), gpt-oss's sinks
+    sinks = B.upload(np.linspace(-1.0, 1.0, H).astype(np.float32))
+    for name, opts in (("softcap", dict(softcap=50.0)), ("sinks", dict(sinks_ptr=sinks))):
+        B.run("attention", f"prefill_attention {name}",
+              dict(n_tokens=T, heads=H, kv_heads=KV, head_dim=D),
+              lambda s, opts=opts: attention.prefill_attention(
+                  B.be, s, out, qkv, kc, vc, tables, lens, indptr, 1, T, T, H, KV, D, bs, mb,
+                  scale, **opts),
+              flops=4 * H * D * (T * (T + 1) // 2), bound="compute")
     L = S["kv_len"]
     for n in S["rows"]:
         kc, vc, tables, mb = _paged(B, S, n, L)
@@ -392,6 +418,12 @@ def bench_attention(B, S):
               lambda s, kc=kc, vc=vc, tables=tables, lens=lens, mb=mb, ws=ws, n=n, sp=splits:
               attention.decode_attention(B.be, s, out, qkv, kc, vc, tables, lens, n, H, KV, D,
                                          bs, mb, scale, ws, sp),
+              nbytes=n * L * 2 * KV * D * 2 + 2 * n * H * D * 2, flops=4 * n * H * D * L)
+        B.run("attention", "decode_attention softcap+sinks",
+              dict(n_seqs=n, kv_len=L, heads=H, kv_heads=KV, head_dim=D),
+              lambda s, kc=kc, vc=vc, tables=tables, lens=lens, mb=mb, ws=ws, n=n, sp=splits:
+              attention.decode_attention(B.be, s, out, qkv, kc, vc, tables, lens, n, H, KV, D,
+                                         bs, mb, scale, ws, sp, softcap=50.0, sinks_ptr=sinks),
               nbytes=n * L * 2 * KV * D * 2 + 2 * n * H * D * 2, flops=4 * n * H * D * L)
         for p in (kc, vc, ws):
             B.be.free(p)
@@ -415,6 +447,12 @@ def bench_attention_tc(B, S):
     B.run("attention_tc", "prefill_attention_tc", shape,
           lambda s: attention_tc.prefill_attention_tc(B.be, s, out, qkv, kc, vc, tables, lens,
                                                       whole, 1, T, T, H, KV, D, bs, mb, scale),
+          flops=4 * H * D * (T * (T + 1) // 2), bound="compute")
+    sinks = B.upload(np.linspace(-1.0, 1.0, H).astype(np.float32))
+    B.run("attention_tc", "prefill_attention_tc softcap+sinks", shape,
+          lambda s: attention_tc.prefill_attention_tc(B.be, s, out, qkv, kc, vc, tables, lens,
+                                                      whole, 1, T, T, H, KV, D, bs, mb, scale,
+                                                      softcap=50.0, sinks_ptr=sinks),
           flops=4 * H * D * (T * (T + 1) // 2), bound="compute")
     n = T // 8
     indptr = B.upload(np.array([0, n], np.int32))
@@ -596,7 +634,10 @@ FAMILIES = {
 # that attention.cu and dense_attention.cu share, benchmarked through them; attention_native:
 # the decode twins' native path on HostBackend, timed through attention's rows)
 NOT_KERNELS = {"bf16", "registry", "checks", "attention_tile", "attention_native",
-               "gguf_planes"}   # the GGUF planes' layout and formula (gemm_gguf runs them)
+               "gguf_planes",   # the GGUF planes' layout and formula (gemm_gguf runs them)
+               # attention's split-K decode and shared checks (its kernels are attention's
+               # rows) and rope's host-side table
+               "attention_decode", "attention_common", "rope_table"}
 
 
 def ops_modules() -> list[str]:
