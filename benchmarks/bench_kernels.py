@@ -179,6 +179,17 @@ def bench_elementwise(B, S):
     n = T * hid
     B.run("elementwise", "add_inplace", dict(n=n),
           lambda s: elementwise.add_inplace(B.be, s, a, b, n), nbytes=3 * n * 2)
+    # Gemma: the embedding normalizer over a prefill's rows, the final logit cap over a
+    # decode batch's logits (BF16 and FP32)
+    B.run("elementwise", "scale_inplace", dict(n=n),
+          lambda s: elementwise.scale_inplace(B.be, s, a, 48.0, n), nbytes=2 * n * 2)
+    R, V = S["rows"][-1], S["vocab"]
+    logits = B.buf(R * V * 4)
+    for fp32 in (False, True):
+        B.run("elementwise", f"softcap_inplace {'fp32' if fp32 else 'bf16'}", dict(n=R * V),
+              lambda s, fp32=fp32: elementwise.softcap_inplace(B.be, s, logits, 30.0, R * V,
+                                                               fp32),
+              nbytes=2 * R * V * (4 if fp32 else 2))
 
 
 def bench_tensor_parallel(B, S):
