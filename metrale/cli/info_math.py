@@ -3,6 +3,7 @@ model computes (formats/field_table.py), as metrale will run it."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 
 def _runs(windows) -> str:
@@ -37,6 +38,33 @@ def rope_text(meta) -> str:
             f"{rs.original_max_position_embeddings:,}, beta fast/slow {rs.beta_fast:g}/"
             f"{rs.beta_slow:g}, attention factor {rs.yarn_attention_factor():.4f}"
             f"{'' if rs.truncate else ', untruncated'}, {theta}")
+
+
+def variant_fields(meta) -> dict[str, str]:
+    """How the block departs from Llama's (formats/decoder_variant.py), field by field."""
+    var, out = meta.variant, {}
+    if var.norm_mode == "gemma":
+        out["norms"] = ("RMSNorm weights applied as (1 + w), one BF16 rounding"
+                        + (", four per layer: the attention and MLP outputs are normalized "
+                           "before their residual adds" if var.sandwich_norms else ""))
+    elif var.norm_mode == "once":
+        out["norms"] = "RMSNorm as bf16(x * rsqrt(mean(x^2) + eps) * w), one rounding"
+    if var.embed_scale:
+        out["embed_scale"] = (f"x {var.embed_scale:g} (sqrt(hidden_size) = "
+                              f"{meta.hidden_size ** 0.5:.4f} cast to BF16, as HF does)")
+    if var.attn_scale or var.attn_softcap:
+        scale = var.attn_scale or meta.head_dim ** -0.5
+        out["scores"] = f"q.k x {scale:.6g}" + (
+            f" (query_pre_attn_scalar {round(scale ** -2, 4):g})" if var.attn_scale else "") + (
+            f", soft-capped: {var.attn_softcap:g} * tanh(s / {var.attn_softcap:g})"
+            if var.attn_softcap else "")
+    if var.final_softcap:
+        out["logit_cap"] = f"{var.final_softcap:g} * tanh(logits / {var.final_softcap:g})"
+    if var.local_rope is not None:
+        theta, rs = var.local_rope
+        local = replace(meta, rope_theta=theta, rope_scaling=rs)
+        out["local_rope"] = f"sliding layers: {rope_text(local)}"
+    return out
 
 
 def experts_text(meta) -> str:
@@ -111,7 +139,10 @@ def math_fields(meta, source, head_stored: bool) -> dict[str, str]:
     if meta.architecture != "whisper":
         out["attention"] = _runs(meta.layer_windows or (0,) * meta.num_layers)
         out["activation"] = f"{meta.hidden_act} (gated MLP: act(gate) * up)"
-        out["qk_norm"] = "RMSNorm on each q/k head (qwen3)" if meta.qk_norm else "none"
+        out["qk_norm"] = ("none" if not meta.qk_norm else "RMSNorm on each q/k head "
+                          + ("(gemma: 1 + w)" if meta.variant.norm_mode == "gemma"
+                             else "(qwen3)"))
+        out.update(variant_fields(meta))
     else:
         w = meta.whisper
         out["attention"] = (f"full; encoder {w.max_source_positions} positions "

@@ -32,13 +32,16 @@ def weight_bytes(meta, packed_source=None) -> int:
     if getattr(meta, "quantization", None) is not None:
         from .linear import quantized_weight_bytes
         return quantized_weight_bytes(meta)
-    total = 0
-    for shape in expected_tensors(meta).values():
-        n = 2
-        for s in shape:
-            n *= int(s)
-        total += n
-    return total
+    return sum(held_bytes_of(name, shape) for name, shape in expected_tensors(meta).items())
+
+
+def held_bytes_of(name: str, shape) -> int:
+    """Device bytes of one float checkpoint tensor: BF16, except gpt-oss's attention sinks,
+    which the attention kernels read as FP32."""
+    n = 4 if name.endswith(".sinks") else 2
+    for s in shape:
+        n *= int(s)
+    return n
 
 
 def active_weight_bytes(meta, packed_source=None) -> int:

@@ -45,7 +45,7 @@ from .weights import DecoderWeights, check_checkpoint
 from .workspace import Workspace
 
 DECODER_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe",
-                         "mixtral")
+                         "mixtral", "gemma2", "gemma3_text", "gemma3")
 MAX_VERIFY_ROWS = 16
 
 
@@ -73,11 +73,14 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
         self._guard = CallGuard()
         self.use_fp32_logits = bool(fp32_logits)
         self._block_size = block_size
-        self._attn_scale = 1.0 / math.sqrt(meta.head_dim)
+        # query_pre_attn_scalar ** -0.5 for Gemma (formats/decoder_variant.py)
+        self._attn_scale = meta.variant.attn_scale or 1.0 / math.sqrt(meta.head_dim)
         max_rows = max(max_batch, MAX_VERIFY_ROWS)
         self._max_batch = max_batch
         self._weights = self._ws = None
         self._rope_table = NULL
+        self._layer_rope: list[DevicePtr] = []   # per layer: its rope table (_rope_tables')
+        self._rope_tables: list[DevicePtr] = []
         self._tp = None   # a rank's combines (tp/runtime.py: TensorParallel), or None
         # the head / intermediate counts the layer passes run with (a rank's own slice)
         self._layer_meta = meta if _shard is None else _shard.layer_metadata(meta)
@@ -115,10 +118,7 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
                                  fp32_logits=self.use_fp32_logits)
             if _shard is not None:
                 self._tp = _shard.runtime(backend, meta, self._ws, self.use_fp32_logits)
-            table = rope.rope_table(meta.head_dim, self._max_positions, meta.rope_theta,
-                                    meta.rope_scaling)
-            self._rope_table = backend.alloc(table.nbytes)
-            backend.copy_h2d(table, self._rope_table)
+            self._upload_rope_tables(meta)
         except BaseException:
             self._release_device()
             raise
@@ -196,9 +196,27 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
             self._order_event = None
         if self._tp is not None:
             self._tp.free()
-        if not self._rope_table.is_null():
-            self.backend.free(self._rope_table)
-            self._rope_table = NULL
+        for t in self._rope_tables:
+            self.backend.free(t)
+        self._rope_tables.clear()
+        self._layer_rope.clear()
+        self._rope_table = NULL
+
+    def _upload_rope_tables(self, meta) -> None:
+        """One cos/sin table per distinct rope of the layers (Gemma 3: the full layers' and
+        the sliding layers' local one), over the rotary dims (partial rotary: fewer)."""
+        rd = meta.variant.rotary_dim or meta.head_dim
+        by_rope: dict[str, DevicePtr] = {}
+        for window in meta.layer_windows or (0,) * meta.num_layers:
+            theta, scaling = meta.variant.rope_of_layer(meta, window)
+            key = repr((theta, scaling))
+            if key not in by_rope:
+                table = rope.rope_table(rd, self._max_positions, theta, scaling)
+                by_rope[key] = self.backend.alloc(table.nbytes)
+                self._rope_tables.append(by_rope[key])
+                self.backend.copy_h2d(table, by_rope[key])
+            self._layer_rope.append(by_rope[key])
+        self._rope_table = self._layer_rope[0]
 
     def _copy_kv_block(self, src: int, dst: int, stream: int) -> None:
         ws = self._ws
