@@ -30,6 +30,11 @@ def rope_text(meta) -> str:
         return (f"dynamic NTK, factor {rs.factor:g}, {theta}: the default rope below "
                 f"max_position_embeddings {rs.original_max_position_embeddings:,} (positions "
                 "past it are refused)")
+    if rs.rope_type == "longrope":
+        orig = rs.original_max_position_embeddings
+        return (f"longrope, short factors below position {orig:,} and long ones from it on "
+                f"(every position long for a prompt longer than {orig:,}, as one transformers "
+                f"generate call), attention factor {rs.attention_factor:.4f}, {theta}")
     if rs.rope_type == "llama3":
         return (f"llama3, factor {rs.factor:g}, low/high freq factor {rs.low_freq_factor:g}/"
                 f"{rs.high_freq_factor:g}, original context "
@@ -60,6 +65,11 @@ def variant_fields(meta) -> dict[str, str]:
             if var.attn_softcap else "")
     if var.final_softcap:
         out["logit_cap"] = f"{var.final_softcap:g} * tanh(logits / {var.final_softcap:g})"
+    if var.rotary_dim:
+        out["rotary_dims"] = (f"the first {var.rotary_dim} of each head's {meta.head_dim} "
+                              "(partial_rotary_factor)")
+    if var.fused_projections:
+        out["projections"] = "qkv_proj and gate_up_proj stored fused (loaded as they are)"
     if var.local_rope is not None:
         theta, rs = var.local_rope
         local = replace(meta, rope_theta=theta, rope_scaling=rs)

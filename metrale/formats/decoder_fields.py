@@ -9,12 +9,15 @@ from typing import NamedTuple
 from ..errors import FormatError, Unsupported
 from . import gemma_config as gemma
 from . import moe_config as moe
+from . import phi3_config as phi3
 from .config_fields import KERNEL_MAX_HEAD_DIM, _Cfg
 from .field_table import HF_ACTIVATIONS
 
 # HF class defaults of keys a config.json may leave out
-KV_HEADS_DEFAULT = {"llama": None, "mistral": 8, "qwen2": 32, "qwen3": 32}  # None: = heads
+KV_HEADS_DEFAULT = {"llama": None, "mistral": 8, "qwen2": 32, "qwen3": 32,  # None: = heads
+                    "phi3": None}
 MAX_POSITIONS_DEFAULT = {"llama": 2048, "mistral": 131072, "qwen2": 32768, "qwen3": 32768,
+                         "phi3": 4096,
                          **moe.MAX_POSITIONS_DEFAULT,
                          **{a: d["max_position_embeddings"]
                             for a, d in gemma.CLASS_DEFAULTS.items()}}
@@ -59,7 +62,7 @@ def kv_heads(c: _Cfg, arch: str, heads: int) -> int:
 
 def head_dim(c: _Cfg, arch: str, hidden: int, heads: int) -> int:
     """head_dim: explicit; absent/null -> hidden // heads (qwen3: absent -> 128)."""
-    if arch in ("qwen3",) + gemma.GEMMA_ARCHS and _present(c.d, "head_dim") and \
+    if arch in ("qwen3", "phi3") + gemma.GEMMA_ARCHS and _present(c.d, "head_dim") and \
             c.d.get("head_dim") is None:
         raise FormatError(f"{c.source}: head_dim is null (transformers' {arch} cannot run "
                           "it either)")
@@ -92,7 +95,7 @@ def biases(c: _Cfg, arch: str) -> Biases:
         return Biases(*moe.biases(c, arch))
     if arch == "qwen2":
         return Biases(True, False, False)
-    if arch == "mistral":
+    if arch in ("mistral", "phi3"):
         return Biases(False, False, False)
     att = c.bool("attention_bias", False)
     return Biases(att, att, c.bool("mlp_bias", False) if arch == "llama" else False)
@@ -123,6 +126,8 @@ def layer_windows(c: _Cfg, arch: str, n_layers: int) -> tuple[int | None, tuple[
         return moe.layer_windows(c, arch, n_layers)
     if arch in gemma.GEMMA_ARCHS:
         return gemma.layer_windows(c, arch, n_layers)
+    if arch == "phi3":
+        return phi3.layer_windows(c, n_layers)
     if arch == "llama":
         return None, (0,) * n_layers
     if arch == "mistral":

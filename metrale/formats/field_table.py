@@ -22,6 +22,7 @@ from .field_status import HONOURED, IRRELEVANT, REFUSED, Field  # noqa: F401 (re
 from .field_status import honoured as _h, irrelevant as _i, refused as _r
 from .gemma_fields import GEMMA3, GEMMA_SCOPES, SIGLIP_VISION
 from .moe_fields import MOE_SCOPES
+from .phi3_fields import PHI3
 from .quant.fields import QUANT_SCOPES
 
 
@@ -141,8 +142,11 @@ QWEN3 = {
 }
 
 ROPE = {
-    "rope_type": _h("default, linear, dynamic, llama3, yarn; longrope, proportional and "
-                    "others refused"),
+    "rope_type": _h("default, linear, dynamic, llama3, yarn; longrope for phi3 "
+                    "(phi3_config.py); proportional and others refused"),
+    "short_factor": _h("phi3 longrope: the divisors of each frequency up to the switch"),
+    "long_factor": _h("phi3 longrope: the divisors from original_max_position_embeddings "
+                      "on (or everywhere for a prompt longer than it)"),
     "type": _h("older name of rope_type (rope_type wins)"),
     "rope_theta": _h("rope base; wins over the top-level rope_theta"),
     "factor": _h("linear / dynamic / llama3 / yarn scale (yarn: null means "
@@ -326,6 +330,7 @@ FIELD_TABLE: dict[str, dict[str, Field]] = {
     # Gemma 2 / 3 (gemma_fields.py); a gemma3 checkpoint's top level, then its text model
     **{arch: {**_DECODER, **fields} for arch, fields in GEMMA_SCOPES.items()},
     "gemma3": {**_COMMON, **GEMMA3}, "siglip_vision_model": SIGLIP_VISION,
+    "phi3": {**_DECODER, **PHI3},   # phi3_fields.py
     "whisper": WHISPER, "llava": LLAVA, "clip_vision_model": CLIP_VISION,
     "generation_config": GENERATION_CONFIG, "gguf": GGUF,
     **QUANT_SCOPES,   # quantization_config.<method> (quant/fields.py)

@@ -109,6 +109,8 @@ class DecoderGenerativeModel(GenerativeModel):
         stream = m.default_stream()
         with m._guard:
             for b, seq in enumerate(cache.seqs):
+                if seq.seq_len == 0:   # the prompt decides a LongRoPE sequence's rotation
+                    seq.rope_long = m._long_prompt(range(bits.shape[1]))
                 start = 0
                 while start < bits.shape[1]:
                     n = min(m._ws.max_tokens, bits.shape[1] - start)

@@ -1,7 +1,9 @@
 """Keys of block-aligned token prefixes, for the prefix cache.
 
 Key i names the whole prefix tokens[0 : (i+1) * block_size]: a BLAKE2b digest chained over
-the blocks, so equal keys mean equal prefixes (not merely equal last blocks).
+the blocks, so equal keys mean equal prefixes (not merely equal last blocks). A `salt` starts
+the chain: prefixes whose K/V differ for the same tokens (a LongRoPE sequence rotated with
+its long factors throughout) get keys of their own; the empty salt gives the plain keys.
 """
 from __future__ import annotations
 
@@ -11,12 +13,14 @@ from typing import Sequence
 import numpy as np
 
 
-def prefix_keys(tokens: Sequence[int], block_size: int, n_blocks: int | None = None) -> list[bytes]:
-    """Chain digests of the first `n_blocks` full blocks of `tokens` (all full ones if None)."""
+def prefix_keys(tokens: Sequence[int], block_size: int, n_blocks: int | None = None,
+                salt: bytes = b"") -> list[bytes]:
+    """Chain digests of the first `n_blocks` full blocks of `tokens` (all full ones if None),
+    the chain started at `salt`."""
     full = len(tokens) // block_size
     n = full if n_blocks is None else min(n_blocks, full)
     arr = np.asarray(tokens[: n * block_size], dtype=np.int64)
-    keys, prev = [], b""
+    keys, prev = [], bytes(salt)
     for i in range(n):
         h = hashlib.blake2b(prev, digest_size=16)
         h.update(arr[i * block_size:(i + 1) * block_size].tobytes())

@@ -91,7 +91,7 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
         window = m.layer_windows[i]   # 0: full attention (per-layer windows of qwen2/qwen3)
         # rope (+ q/k norm) and the k/v cache write in one launch; the layer's own table
         rope.rope_write_kv(b, stream, ws.qkv, ws.positions, model._layer_rope[i], kc, vc,
-                           ws.slot_mapping, n, H, KV, D, model._max_positions, L.q_norm,
+                           ws.slot_mapping, n, H, KV, D, model._rope_rows, L.q_norm,
                            L.k_norm, eps, rotary_dim=rd, gemma_norm=mode == "gemma")
         if decode:
             attention.decode_attention(b, stream, ws.attn_out, ws.qkv, kc, vc, ws.block_tables,

@@ -105,7 +105,7 @@ class ModelLifecycle:
             self._pool.release(seq.block_table)
         self._pool.unreserve(seq.reserved_blocks)
         seq.block_table, seq.tokens, seq.seq_len, seq.reserved_blocks = [], [], 0, 0
-        seq.freed = True
+        seq.freed, seq.rope_long = True, False
 
     def cache_sequence(self, seq: SequenceState) -> int:
         """Offer the sequence's full blocks to the prefix cache: a later prompt starting with
@@ -113,7 +113,8 @@ class ModelLifecycle:
         self._check_seq(seq)
         if seq.arena is not None or any(t < 0 for t in seq.tokens):
             return 0  # dense caches and embedding-fed sequences have no token prefix to share
-        keys = prefix_keys(seq.tokens, self._pool.block_size)
+        keys = prefix_keys(seq.tokens, self._pool.block_size,
+                           salt=self._prefix_salt(seq.rope_long))
         parents = [None] + keys[:-1]
         return sum(self._pool.cache_prefix(k, b, parent)
                    for k, b, parent in zip(keys, seq.block_table, parents))
@@ -136,7 +137,7 @@ class ModelLifecycle:
             raise InvalidArgument("fork_sequence: a contiguous-cache sequence cannot share blocks")
         self._pool.incref(seq.block_table)
         return SequenceState(tokens=list(seq.tokens), block_table=list(seq.block_table),
-                             seq_len=seq.seq_len, owner=id(self))
+                             seq_len=seq.seq_len, owner=id(self), rope_long=seq.rope_long)
 
     # internals used by the forward paths ----------------------------------------------------
     def _check_seq(self, seq, allow_freed: bool = False) -> None:
@@ -153,11 +154,14 @@ class ModelLifecycle:
         (the sequence's new `seq_len`); `prefill` does this itself, chunked schedulers call
         it before their first `prefill_chunk`."""
         self._check_seq(seq)
+        if seq.seq_len == 0:   # the prompt decides how a LongRoPE sequence rotates
+            seq.rope_long = self._long_prompt(tokens)
         if seq.arena is not None or seq.seq_len != 0 or self._pool.num_cached() == 0:
             return 0
         bs = self._pool.block_size
         blocks = []
-        for key in prefix_keys(tokens, bs, (len(tokens) - 1) // bs):
+        for key in prefix_keys(tokens, bs, (len(tokens) - 1) // bs,
+                               self._prefix_salt(seq.rope_long)):
             b = self._pool.lookup_prefix(key)
             if b is None:
                 break
@@ -236,6 +240,19 @@ class ModelLifecycle:
                     seq.reserved_blocks = reserved
             raise
 
+    def _long_prompt(self, tokens) -> bool:
+        """Whether a sequence with this prompt rotates every position with LongRoPE's long
+        factors: its prompt is longer than original_max_position_embeddings (as one
+        transformers generate call decides; formats/phi3_config.py)."""
+        rs = self._meta.rope_scaling
+        return rs is not None and rs.rope_type == "longrope" and \
+            len(tokens) > rs.original_max_position_embeddings
+
+    @staticmethod
+    def _prefix_salt(rope_long: bool) -> bytes:
+        """The prefix-cache key chain's start: long-rope sequences cache apart."""
+        return b"longrope" if rope_long else b""
+
     def _truncate(self, seq: SequenceState, new_len: int) -> None:
         """Drop cached positions >= new_len and the blocks no longer needed."""
         if not 0 <= new_len <= seq.seq_len:
@@ -247,3 +264,5 @@ class ModelLifecycle:
             del seq.block_table[keep:]
         del seq.tokens[new_len:]
         seq.seq_len = new_len
+        if new_len == 0:
+            seq.rope_long = False

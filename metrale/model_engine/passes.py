@@ -107,7 +107,7 @@ class DecoderPasses:
             pos = np.arange(start, start + n, dtype=np.int64)
             table = np.asarray(seq.block_table, np.int64)
             ws.h_tokens[:n] = chunk
-            ws.h_positions[:n] = pos
+            ws.h_positions[:n] = pos + self._rope_row(seq)
             ws.h_slots[:n] = table[pos // bs] * bs + pos % bs
             self._fill_table_row(0, seq.block_table)
             ws.h_kv_lens[0] = start + n
@@ -155,7 +155,7 @@ class DecoderPasses:
                 pos = np.arange(seq.seq_len, seq.seq_len + k, dtype=np.int64)
                 table = np.asarray(seq.block_table, np.int64)
                 ws.h_tokens[n:n + k] = chunk
-                ws.h_positions[n:n + k] = pos
+                ws.h_positions[n:n + k] = pos + self._rope_row(seq)
                 ws.h_slots[n:n + k] = table[pos // bs] * bs + pos % bs
                 self._fill_table_row(r, seq.block_table)
                 ws.h_kv_lens[r] = seq.seq_len + k
@@ -209,7 +209,7 @@ class DecoderPasses:
                 for j, tok in enumerate(toks):
                     p = seq.seq_len + j
                     ws.h_tokens[r] = tok
-                    ws.h_positions[r] = p
+                    ws.h_positions[r] = p + self._rope_row(seq)
                     ws.h_slots[r] = seq.block_table[p // bs] * bs + p % bs
                     self._fill_table_row(r, seq.block_table)
                     ws.h_kv_lens[r] = p + 1
@@ -267,6 +267,11 @@ class DecoderPasses:
             self._graphs[padded] = self.backend.end_capture(stream)
             return
         self.backend.launch_graph(g, stream)
+
+    def _rope_row(self, seq: SequenceState) -> int:
+        """The rope table row of a sequence's position 0: a LongRoPE sequence rotated with
+        its long factors throughout reads the table's second half (ops/rope_table.py)."""
+        return self._max_positions if seq.rope_long else 0
 
     def _fill_table_row(self, r: int, blocks: Sequence[int]) -> None:
         row = self._ws.h_tables[r]

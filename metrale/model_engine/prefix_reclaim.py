@@ -21,13 +21,14 @@ from .args import int_arg, list_arg
 from .lifecycle import PrefixReclaim
 
 
-def reused_prefix_blocks(pool, prompt: Sequence[int]) -> list[int]:
-    """The cached blocks a prefill of `prompt` would reuse, in order (no LRU touch)."""
+def reused_prefix_blocks(pool, prompt: Sequence[int], salt: bytes = b"") -> list[int]:
+    """The cached blocks a prefill of `prompt` would reuse, in order (no LRU touch); `salt`:
+    the model's key chain start for this prompt (lifecycle._prefix_salt)."""
     if not prompt or pool.num_cached() == 0:
         return []
     bs = pool.block_size
     blocks = []
-    for key in prefix_keys(prompt, bs, (len(prompt) - 1) // bs):
+    for key in prefix_keys(prompt, bs, (len(prompt) - 1) // bs, salt):
         b = pool.peek_prefix(key)
         if b is None:
             break
@@ -35,10 +36,11 @@ def reused_prefix_blocks(pool, prompt: Sequence[int]) -> list[int]:
     return blocks
 
 
-def reclaim_for_prompt(pool, prompt: Sequence[int], blocks_needed: int) -> PrefixReclaim:
+def reclaim_for_prompt(pool, prompt: Sequence[int], blocks_needed: int,
+                       salt: bytes = b"") -> PrefixReclaim:
     """Evict LRU prefix-cache blocks until `pool` has the free blocks a prefill of `prompt`
     allocates (`blocks_needed` less the reused prefix), never the reused prefix itself."""
-    pinned = reused_prefix_blocks(pool, prompt)
+    pinned = reused_prefix_blocks(pool, prompt, salt)
     target = max(0, blocks_needed - len(pinned))
     pool.incref(pinned)            # the pin: refcount 2 is not evictable
     try:
@@ -66,4 +68,5 @@ class PrefixReclaimFor:
         int_arg(what, "adapter_slot", adapter_slot)
         needed = int_arg(what, "blocks_needed", blocks_needed, 0)
         with self._guard:
-            return reclaim_for_prompt(self._pool, prompt, needed)
+            return reclaim_for_prompt(self._pool, prompt, needed,
+                                      self._prefix_salt(self._long_prompt(prompt)))

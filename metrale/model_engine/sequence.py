@@ -24,3 +24,6 @@ class SequenceState:
     freed: bool = False
     # a ContiguousArena for the dense baseline cache; None for pool-backed sequences
     arena: object | None = None
+    # LongRoPE: every position rotates with the long factors (its prompt was longer than
+    # original_max_position_embeddings; formats/phi3_config.py)
+    rope_long: bool = False

@@ -45,7 +45,7 @@ from .weights import DecoderWeights, check_checkpoint
 from .workspace import Workspace
 
 DECODER_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe",
-                         "mixtral", "gemma2", "gemma3_text", "gemma3")
+                         "mixtral", "gemma2", "gemma3_text", "gemma3", "phi3")
 MAX_VERIFY_ROWS = 16
 
 
@@ -217,6 +217,8 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
                 self.backend.copy_h2d(table, by_rope[key])
             self._layer_rope.append(by_rope[key])
         self._rope_table = self._layer_rope[0]
+        # rows of every table: max_positions, twice that for LongRoPE (its second half)
+        self._rope_rows = table.shape[0]
 
     def _copy_kv_block(self, src: int, dst: int, stream: int) -> None:
         ws = self._ws

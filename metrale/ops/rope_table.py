@@ -4,7 +4,7 @@ Table: float32 [max_positions, R] (R = the rotary dimension: head_dim, or fewer 
 rotary embedding); row p holds cos(p * inv_freq[j]) * attention_factor in columns [0, R/2)
 and sin(p * inv_freq[j]) * attention_factor in [R/2, R), computed in float64 and cast once.
 inv_freq follows Hugging Face transformers' `modeling_rope_utils` (default, linear, llama3,
-yarn; dynamic below its limit, where it is the default).
+yarn; dynamic below its limit, where it is the default; longrope, see `rope_table`).
 """
 from __future__ import annotations
 
@@ -113,16 +113,53 @@ def rope_inv_freq(head_dim: int, rope_theta: float, rope_scaling,
         extrap = 1.0 - ramp  # 1 where the original frequency is kept
         inv_interp = 1.0 / (factor * pos_freqs)
         return inv_interp * (1.0 - extrap) + inv_freq * extrap, float(attention_factor)
+    if rope_type == "longrope":
+        raise InvalidArgument("rope: longrope has two sets of frequencies; use "
+                              "longrope_inv_freq / rope_table")
     raise InvalidArgument(f"rope_scaling.rope_type {rope_type!r} is not supported "
-                          "(default, linear, dynamic, llama3, yarn)")
+                          "(default, linear, dynamic, llama3, yarn, longrope)")
+
+
+def longrope_inv_freq(dim: int, rope_theta: float, scaling) -> tuple[np.ndarray, np.ndarray]:
+    """LongRoPE's (short, long) inv_freq float64 [dim // 2]: 1 / (factor_j * theta^(2j/dim))
+    (HF `_compute_longrope_parameters`)."""
+    base = float(rope_theta) ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    out = []
+    for name in ("short_factor", "long_factor"):
+        f = np.asarray(_get(scaling, name), np.float64)
+        if f.shape != base.shape or not np.all(f > 0):
+            raise InvalidArgument(f"rope: longrope {name} must hold {dim // 2} numbers > 0")
+        out.append(1.0 / (f * base))
+    return out[0], out[1]
+
+
+def _cos_sin(positions: np.ndarray, inv_freq: np.ndarray, attn: float) -> np.ndarray:
+    ang = positions.astype(np.float64)[:, None] * inv_freq[None, :]
+    return np.concatenate([np.cos(ang) * attn, np.sin(ang) * attn], axis=1).astype(np.float32)
 
 
 def rope_table(head_dim: int, max_positions: int, rope_theta: float,
                rope_scaling) -> np.ndarray:
     """Host-side float32 table [max_positions, head_dim]: cos in [:, :D/2], sin in [:, D/2:],
-    both multiplied by the scaling type's attention factor (yarn), computed in float64."""
+    both multiplied by the scaling type's attention factor (yarn, longrope), computed in
+    float64. `head_dim` is the rotary dimension (fewer than the head's for a partial
+    rotary embedding).
+
+    LongRoPE (formats/phi3_config.py has the rule): [2 * max_positions, head_dim]; row p < P
+    holds position p with the short factors below original_max_position_embeddings and the
+    long ones from it on; row P + p holds position p with the long factors (a sequence whose
+    prompt was longer than original_max_position_embeddings reads rows P + p)."""
     if max_positions < 1:
         raise InvalidArgument(f"rope: max_positions must be >= 1, got {max_positions}")
+    if (_get(rope_scaling, "rope_type", None) or _get(rope_scaling, "type", "")) == "longrope":
+        if head_dim < 2 or head_dim % 2 or not rope_theta > 0:
+            raise InvalidArgument(f"rope: head_dim {head_dim} / rope_theta {rope_theta}")
+        short, long = longrope_inv_freq(int(head_dim), rope_theta, rope_scaling)
+        attn = float(_get(rope_scaling, "attention_factor", 1.0))
+        orig = int(_get(rope_scaling, "original_max_position_embeddings"))
+        pos = np.arange(max_positions)
+        switched = np.where((pos >= orig)[:, None], _cos_sin(pos, long, attn),
+                            _cos_sin(pos, short, attn))
+        return np.concatenate([switched, _cos_sin(pos, long, attn)], axis=0)
     inv_freq, attn = rope_inv_freq(head_dim, rope_theta, rope_scaling, max_positions)
-    ang = np.arange(max_positions, dtype=np.float64)[:, None] * inv_freq[None, :]
-    return np.concatenate([np.cos(ang) * attn, np.sin(ang) * attn], axis=1).astype(np.float32)
+    return _cos_sin(np.arange(max_positions), inv_freq, attn)

@@ -19,6 +19,7 @@ from metrale.formats.gemma_config import embed_scale
 from metrale.formats.metadata import ModelMetadata
 from metrale.generative import to_numpy
 from metrale.gpu_runtime import HostBackend
+from metrale.ops import rope
 from tests.formats.st_util import tensors_bytes
 from tests.model.common import (FAMILY_FIXTURES, FIXTURES, assert_matches_golden, golden, load,
                                 logits_rows, rel_err)
@@ -51,6 +52,12 @@ def _neutralise(m, feature):
     elif feature == "local rope":   # every layer on the full layers' table
         full = m._layer_rope[m._meta.layer_windows.index(0)]
         m._layer_rope = [full] * len(m._layer_rope)
+    elif feature == "partial rotary":   # the whole head rotated
+        meta = m._meta
+        table = rope.rope_table(meta.head_dim, m._max_positions, meta.rope_theta, None)
+        m._layer_rope = [m.backend.alloc(table.nbytes)] * meta.num_layers
+        m.backend.copy_h2d(table, m._layer_rope[0])
+        _variant(m, rotary_dim=0)
     else:
         _variant(m, **{feature: type(getattr(var, feature))()})
 
@@ -60,6 +67,7 @@ FEATURES = {
     "gemma2": GEMMA + ["attn_softcap", "final_softcap"],
     "gemma3_text": GEMMA + ["final_softcap", "local rope"],
     "gemma3": GEMMA + ["local rope"],
+    "phi3": ["windows", "partial rotary"],
 }
 
 
@@ -110,7 +118,7 @@ def test_gemma_defaults_fill_a_sparse_text_config():
     assert m.variant.attn_scale == 256 ** -0.5 and m.variant.final_softcap == 0.0
 
 
-@pytest.mark.parametrize("name", FAMILY_FIXTURES)
+@pytest.mark.parametrize("name", FAMILY_FIXTURES + ["phi3_longrope"])
 def test_speculative_equals_greedy(name):
     target = load(name)
     prompt = golden(name)["input_ids"][0, :7].tolist()
