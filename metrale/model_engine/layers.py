@@ -89,19 +89,22 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
                 elementwise.add_bias(b, stream, ws.qkv, L.qkv_bias, n, ws.qkv_dim)
         kc, vc = arena.k_cache(i), arena.v_cache(i)
         window = m.layer_windows[i]   # 0: full attention (per-layer windows of qwen2/qwen3)
+        # a sliding-window layer beside full ones: its group's own blocks (kv_groups.py)
+        slots, tables = ((ws.window_slots, ws.window_tables) if model._layer_group[i]
+                         else (ws.slot_mapping, ws.block_tables))
         # rope (+ q/k norm) and the k/v cache write in one launch; the layer's own table
         rope.rope_write_kv(b, stream, ws.qkv, ws.positions, model._layer_rope[i], kc, vc,
-                           ws.slot_mapping, n, H, KV, D, model._rope_rows, L.q_norm,
+                           slots, n, H, KV, D, model._rope_rows, L.q_norm,
                            L.k_norm, eps, rotary_dim=rd, gemma_norm=mode == "gemma")
         if decode:
-            attention.decode_attention(b, stream, ws.attn_out, ws.qkv, kc, vc, ws.block_tables,
+            attention.decode_attention(b, stream, ws.attn_out, ws.qkv, kc, vc, tables,
                                        ws.kv_lens, n_seqs, H, KV, D, model._block_size,
                                        ws.max_blocks_per_seq, model._attn_scale, ws.decode_ws,
                                        ws.max_splits, window, var.attn_softcap, L.sinks)
         else:
             # tensor cores for the head dims that have an instance (attention_tc.py)
             attention_tc.prefill_attention_auto(b, stream, ws.attn_out, ws.qkv, kc, vc,
-                                                ws.block_tables, ws.kv_lens, ws.qo_indptr,
+                                                tables, ws.kv_lens, ws.qo_indptr,
                                                 n_seqs, n, max_q_len, H, KV, D,
                                                 model._block_size, ws.max_blocks_per_seq,
                                                 model._attn_scale, window, var.attn_softcap,

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from ..errors import OutOfMemory
 from ..formats import expected_tensors
+from .kv_groups import group_layers, window_blocks
 from .workspace import Workspace
 
 _CPU_DEFAULT_CONTEXT = 2048     # tokens per batch row the CPU pool is sized for by default
@@ -64,19 +65,30 @@ def plan_memory(backend, meta, *, kv_blocks, block_size, max_rows, max_tokens, m
     # the checkpoint's context (max_position_embeddings; yarn: its scaled length)
     context = meta.context_length or meta.max_position_embeddings
     limit = context if max_seq_len is None else min(max_seq_len, context)
-    per_block = meta.num_layers * 2 * block_size * meta.num_kv_heads * meta.head_dim * 2
+    layer_block = 2 * block_size * meta.num_kv_heads * meta.head_dim * 2
+    per_block = meta.num_layers * layer_block
     free = backend.free_memory()
+    # a sliding-window group beside full layers has a pool of its own (kv_groups.py)
+    groups = group_layers(meta)
+    win_layers, window = (groups[1][1], groups[1][0]) if len(groups) > 1 else ((), 0)
+
+    def win_blocks(nb):
+        return window_blocks(nb, window, block_size, max_rows, max_tokens) if window else 0
 
     def ws_bytes(nb, seq_len):
         return extra_bytes + Workspace.estimate_bytes(
             meta, max_tokens=max_tokens, max_rows=max_rows, num_blocks=nb,
             block_size=block_size, max_blocks_per_seq=-(-seq_len // block_size),
-            fp32_logits=fp32_logits)
+            fp32_logits=fp32_logits, window_layers=win_layers, window_blocks=win_blocks(nb))
 
     if kv_blocks is None:
         if backend.name.startswith("cuda"):
             budget = int(free * _GPU_MEMORY_FRACTION) - _GPU_MARGIN - w - ws_bytes(0, limit)
             kv_blocks = max(budget // (per_block + 4 * max_rows), 0)
+            if win_layers:   # the window layers hold a bounded pool: the rest goes to the
+                full = (meta.num_layers - len(win_layers)) * layer_block   # full layers
+                fixed = win_blocks(1 << 40) * len(win_layers) * layer_block
+                kv_blocks = max(kv_blocks, (budget - fixed) // (full + 4 * max_rows))
         else:
             kv_blocks = -(-max_rows * min(limit, _CPU_DEFAULT_CONTEXT) // block_size)
             kv_blocks = min(kv_blocks, max(free // 4 // per_block, 1))

@@ -30,6 +30,7 @@ from .draft import TransformerDraft
 from .forward import ModelForward
 from .gguf_weights import keeps_packed
 from .guard import CallGuard, exclusive
+from .kv_groups import KvGroup, group_layers, window_blocks
 from .lifecycle import ModelLifecycle
 from .logits import ModelLogits
 from .passes import DecoderPasses
@@ -106,6 +107,12 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
             plan = _shard.agree_plan(plan, block_size)
         self._max_seq_len = plan.max_seq_len
         self._max_positions = plan.max_seq_len
+        # KV groups (kv_groups.py): the primary pool, and a bounded one for sliding-window
+        # layers beside full ones
+        groups = group_layers(meta)
+        win_layers = groups[1][1] if len(groups) > 1 else ()
+        win_blocks = window_blocks(plan.num_blocks, groups[-1][0], block_size, max_rows,
+                                   max_prefill_tokens) if win_layers else 0
         try:
             self._weights = (DecoderWeights(backend, source, meta, progress=progress,
                                             packed=packed)
@@ -115,7 +122,8 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
                                  max_rows=max_rows, num_blocks=plan.num_blocks,
                                  block_size=block_size,
                                  max_blocks_per_seq=plan.max_blocks_per_seq,
-                                 fp32_logits=self.use_fp32_logits)
+                                 fp32_logits=self.use_fp32_logits,
+                                 window_layers=win_layers, window_blocks=win_blocks)
             if _shard is not None:
                 self._tp = _shard.runtime(backend, meta, self._ws, self.use_fp32_logits)
             self._upload_rope_tables(meta)
@@ -123,6 +131,15 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
             self._release_device()
             raise
         self._pool = BlockPool(plan.num_blocks, block_size)
+        self._kv_groups = [KvGroup(self._pool, "block_table", "reserved_blocks", groups[0][0],
+                                   groups[0][1])]
+        if win_layers:
+            self._kv_groups.append(KvGroup(BlockPool(win_blocks, block_size), "window_table",
+                                           "window_reserved", groups[1][0], win_layers))
+        # per layer: its group (0 primary, 1 the sliding-window pool)
+        self._layer_group = [0] * meta.num_layers
+        for i in win_layers:
+            self._layer_group[i] = 1
         self.source_description = source.description
 
     def metadata(self):
@@ -220,9 +237,9 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
         # rows of every table: max_positions, twice that for LongRoPE (its second half)
         self._rope_rows = table.shape[0]
 
-    def _copy_kv_block(self, src: int, dst: int, stream: int) -> None:
+    def _copy_kv_block(self, src: int, dst: int, stream: int, group: int = 0) -> None:
         ws = self._ws
-        for layer in range(self._meta.num_layers):
+        for layer in self._kv_groups[group].layers:
             for base in (ws.k_cache(layer), ws.v_cache(layer)):
                 self.backend.copy_d2d_async(base.offset(src * ws.block_bytes),
                                             base.offset(dst * ws.block_bytes),
