@@ -154,6 +154,9 @@ def bench_activation(B, S):
     gu, out = B.buf(T * 2 * I * 2), B.buf(T * I * 2)
     B.run("activation", "act_mul", dict(n_rows=T, intermediate=I),
           lambda s: activation.act_mul(B.be, s, out, gu, T, I), nbytes=3 * T * I * 2)
+    B.run("activation", "act_mul swiglu_clamp", dict(n_rows=T, intermediate=I),
+          lambda s: activation.act_mul(B.be, s, out, gu, T, I, "swiglu_clamp", 1.702, 7.0),
+          nbytes=3 * T * I * 2)
     n = T * I
     B.run("activation", "gelu", dict(n=n),
           lambda s: activation.gelu(B.be, s, out, out, n, "none"), nbytes=2 * n * 2)
@@ -579,6 +582,11 @@ def bench_moe_router(B, S):
         B.run("moe_router", "moe_topk_softmax", dict(n_tokens=n, num_experts=E, top_k=k),
               lambda s, n=n, logits=logits, ids=ids, w=w: moe_router.moe_topk_softmax(
                   B.be, s, ids, w, logits, n, E, k, True), nbytes=n * E * 4 + n * k * 8)
+        bias = B.buf(E * 2)   # gpt-oss's router bias
+        B.run("moe_router", "moe_topk_softmax+bias", dict(n_tokens=n, num_experts=E, top_k=k),
+              lambda s, n=n, logits=logits, ids=ids, w=w, bias=bias:
+              moe_router.moe_topk_softmax(B.be, s, ids, w, logits, n, E, k, True, bias),
+              nbytes=n * E * 4 + n * k * 8 + E * 2)
         *_, routed = _moe_routing(B, n, E, k)
         idp = B.upload(routed)
         sp, op, tp = B.buf(n * k * 4), B.buf((E + 1) * 4), B.buf((E + 1) * 4)
@@ -607,6 +615,25 @@ def bench_moe_gemm(B, S):
                   moe_gemm.moe_gemm(B.be, s, yp, xp, w, sp, op, tp, pairs, E, w_rows, w_k, div,
                                     fp32, tile.name),
                   nbytes=hit * w_rows * w_k * 2 + pairs * (w_k * 2 + w_rows * out_b),
+                  flops=2 * pairs * w_rows * w_k, bound="compute" if n >= 256 else "memory")
+            # gpt-oss: the experts' biases, and their MXFP4 form (4.25 bits a weight)
+            bias = B.buf(E * w_rows * 2)
+            B.run("moe_gemm", f"moe_gemm {name}+bias {tile.name}",
+                  dict(tokens=n, top_k=k, experts=E, n=w_rows, k=w_k),
+                  lambda s, w=w, w_rows=w_rows, w_k=w_k, xp=xp, yp=yp, div=div, fp32=fp32,
+                  bias=bias: moe_gemm.moe_gemm(B.be, s, yp, xp, w, sp, op, tp, pairs, E,
+                                               w_rows, w_k, div, fp32, tile.name, bias),
+                  nbytes=hit * w_rows * (w_k * 2 + 2) + pairs * (w_k * 2 + w_rows * out_b),
+                  flops=2 * pairs * w_rows * w_k, bound="compute" if n >= 256 else "memory")
+            blocks = B.buf(E * w_rows * w_k // 2, fill=0x11)
+            scales = B.buf(E * w_rows * w_k // 32, fill=0x7C)   # 2^-3: valid e8m0 scales
+            B.run("moe_gemm", f"moe_gemm_mxfp4 {name} {tile.name}",
+                  dict(tokens=n, top_k=k, experts=E, n=w_rows, k=w_k),
+                  lambda s, w_rows=w_rows, w_k=w_k, xp=xp, yp=yp, div=div, fp32=fp32,
+                  blocks=blocks, scales=scales: moe_gemm.moe_gemm_mxfp4(
+                      B.be, s, yp, xp, blocks, scales, sp, op, tp, pairs, E, w_rows, w_k, div,
+                      fp32, tile.name),
+                  nbytes=hit * w_rows * w_k * 17 // 32 + pairs * (w_k * 2 + w_rows * out_b),
                   flops=2 * pairs * w_rows * w_k, bound="compute" if n >= 256 else "memory")
 
 
@@ -648,7 +675,8 @@ NOT_KERNELS = {"bf16", "registry", "checks", "attention_tile", "attention_native
                "gguf_planes",   # the GGUF planes' layout and formula (gemm_gguf runs them)
                # attention's split-K decode and shared checks (its kernels are attention's
                # rows) and rope's host-side table
-               "attention_decode", "attention_common", "rope_table"}
+               "attention_decode", "attention_common", "rope_table",
+               "mxfp4"}   # MXFP4's formula (moe_gemm's mxfp4 entries run it)
 
 
 def ops_modules() -> list[str]:

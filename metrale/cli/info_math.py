@@ -88,6 +88,13 @@ def experts_text(meta) -> str:
     if moe.shared_expert_intermediate_size:
         text += (f", plus a shared expert of width {moe.shared_expert_intermediate_size} "
                  "times sigmoid(shared_expert_gate)")
+    if moe.oss is not None:   # gpt-oss
+        o = moe.oss
+        text += (f" (a softmax over the top-{moe.top_k} biased router logits, the same "
+                 f"weights), expert biases, clamped SwiGLU alpha {o.swiglu_alpha:g} limit "
+                 f"{o.swiglu_limit:g}" + ("; MXFP4 experts kept at their bytes (4.25 bits a "
+                                         "weight, 0.27x of BF16), dequantized in the "
+                                         "grouped GEMM's tiles" if o.mxfp4 else ""))
     text += f"; sparse on {len(sparse)} of {len(moe.sparse_layers)} layers"
     if dense:
         text += f" (dense MLP {meta.intermediate_size} on layers {dense})"
@@ -113,8 +120,10 @@ def dtype_text(meta, source) -> str:
     if getattr(meta, "quantization", None) is not None:
         return (f"{meta.dtype} in config.json; tensors: {kinds}; the quantized linears stay "
                 "packed on the device (quantization), the rest bfloat16")
-    lossy = sorted(dt for dt in stored if dt != "BF16")
+    lossy = sorted(dt for dt in stored if dt not in ("BF16", "U8"))
     how = "exact" if not lossy else (f"{'/'.join(lossy)} rounded to nearest even BF16")
+    if "U8" in stored:   # gpt-oss's MXFP4 experts
+        how += "; U8: MXFP4 expert blocks and scales, kept packed"
     if hasattr(source, "stored_types"):   # a GGUF file: no config.json
         return f"GGUF {source.stored_types()}; {gguf_held_text(meta, source)}"
     return f"{meta.dtype} in config.json; tensors: {kinds} -> bfloat16 on the device ({how})"
@@ -148,7 +157,10 @@ def math_fields(meta, source, head_stored: bool) -> dict[str, str]:
     out = {"rope": rope_text(meta)}
     if meta.architecture != "whisper":
         out["attention"] = _runs(meta.layer_windows or (0,) * meta.num_layers)
-        out["activation"] = f"{meta.hidden_act} (gated MLP: act(gate) * up)"
+        out["activation"] = (f"{meta.hidden_act} (gated MLP: act(gate) * up)" if meta.moe is None
+                             or meta.moe.oss is None else "the experts' clamped SwiGLU "
+                             "(clamp(up) + 1) * gate' * sigmoid(alpha * gate'), gate' = "
+                             "min(gate, limit)")
         out["qk_norm"] = ("none" if not meta.qk_norm else "RMSNorm on each q/k head "
                           + ("(gemma: 1 + w)" if meta.variant.norm_mode == "gemma"
                              else "(qwen3)"))

@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 from ..errors import FormatError, Unsupported
 from . import gemma_config as gemma
+from . import gpt_oss_config as oss
 from . import moe_config as moe
 from . import phi3_config as phi3
 from .config_fields import KERNEL_MAX_HEAD_DIM, _Cfg
@@ -17,7 +18,7 @@ from .field_table import HF_ACTIVATIONS
 KV_HEADS_DEFAULT = {"llama": None, "mistral": 8, "qwen2": 32, "qwen3": 32,  # None: = heads
                     "phi3": None}
 MAX_POSITIONS_DEFAULT = {"llama": 2048, "mistral": 131072, "qwen2": 32768, "qwen3": 32768,
-                         "phi3": 4096,
+                         "phi3": 4096, "gpt_oss": oss.DEFAULTS["max_position_embeddings"],
                          **moe.MAX_POSITIONS_DEFAULT,
                          **{a: d["max_position_embeddings"]
                             for a, d in gemma.CLASS_DEFAULTS.items()}}
@@ -41,7 +42,8 @@ def size(c: _Cfg, arch: str, key: str) -> int:
     """A size every decoder needs (vocab_size, hidden_size, ...): required, unless the
     family's HF class has a default for it (Gemma: a `gemma3` text_config holds only the
     values that differ from the defaults)."""
-    default = gemma.CLASS_DEFAULTS.get(arch, {}).get(key)
+    default = (oss.DEFAULTS if arch == "gpt_oss" else gemma.CLASS_DEFAULTS.get(arch, {})
+               ).get(key)
     return c.int(key, default, required=default is None)
 
 
@@ -49,6 +51,10 @@ def kv_heads(c: _Cfg, arch: str, heads: int) -> int:
     """num_key_value_heads: absent -> the family's class default; null -> heads."""
     if arch in moe.MOE_ARCHS:
         return moe.kv_heads(c, arch)
+    if arch == "gpt_oss":   # GptOssConfig: null means num_attention_heads
+        if _present(c.d, "num_key_value_heads") and c.d["num_key_value_heads"] is None:
+            return heads
+        return c.int("num_key_value_heads", oss.DEFAULTS["num_key_value_heads"])
     if arch in gemma.GEMMA_ARCHS:
         if _present(c.d, "num_key_value_heads") and c.d["num_key_value_heads"] is None:
             raise FormatError(f"{c.source}: num_key_value_heads is null ({arch}: transformers "
@@ -68,7 +74,8 @@ def head_dim(c: _Cfg, arch: str, hidden: int, heads: int) -> int:
                           "it either)")
     # the MoE families' defaults: moe_config.py; the checks below apply to them too
     d = moe.head_dim(c, arch, hidden, heads) if arch in moe.MOE_ARCHS else c.int(
-        "head_dim", gemma.CLASS_DEFAULTS.get(arch, {}).get("head_dim"))
+        "head_dim", (oss.DEFAULTS if arch == "gpt_oss" and not _present(c.d, "head_dim")
+                     else gemma.CLASS_DEFAULTS.get(arch, {})).get("head_dim"))
     if d is None and arch == "qwen3":
         d = QWEN3_HEAD_DIM_DEFAULT
     elif d is None:
@@ -97,6 +104,9 @@ def biases(c: _Cfg, arch: str) -> Biases:
         return Biases(True, False, False)
     if arch in ("mistral", "phi3"):
         return Biases(False, False, False)
+    if arch == "gpt_oss":   # attention_bias defaults to true there
+        att = c.bool("attention_bias", True)
+        return Biases(att, att, False)
     att = c.bool("attention_bias", False)
     return Biases(att, att, c.bool("mlp_bias", False) if arch == "llama" else False)
 
@@ -104,6 +114,8 @@ def biases(c: _Cfg, arch: str) -> Biases:
 def activation(c: _Cfg, arch: str = "llama") -> str:
     """The kernel activation of `hidden_act` (HF default silu; Gemma: `hidden_activation`,
     default gelu_pytorch_tanh); others are refused."""
+    if arch == "gpt_oss":   # its experts' clamped SwiGLU; hidden_act is not read
+        return "silu"
     key, default = (("hidden_activation", "gelu_pytorch_tanh") if arch in gemma.GEMMA_ARCHS
                     else ("hidden_act", "silu"))
     act = c.d.get(key, default)
@@ -128,6 +140,8 @@ def layer_windows(c: _Cfg, arch: str, n_layers: int) -> tuple[int | None, tuple[
         return gemma.layer_windows(c, arch, n_layers)
     if arch == "phi3":
         return phi3.layer_windows(c, n_layers)
+    if arch == "gpt_oss":
+        return oss.layer_windows(c, n_layers)
     if arch == "llama":
         return None, (0,) * n_layers
     if arch == "mistral":

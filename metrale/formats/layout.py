@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from .gpt_oss_config import oss_layer_tensors
 from .moe_config import moe_layer_tensors
 
 if TYPE_CHECKING:
@@ -47,7 +48,8 @@ def decoder_tensors(m: "ModelMetadata", prefix: str = "") -> dict[str, tuple[int
             t[p + "pre_feedforward_layernorm.weight"] = (h,)
             t[p + "post_feedforward_layernorm.weight"] = (h,)
         if m.moe is not None and m.moe.sparse_layers[n]:   # a MoE block instead of the MLP
-            t.update(moe_layer_tensors(m, p))
+            t.update(moe_layer_tensors(m, p) if m.moe.oss is None else
+                     oss_layer_tensors(m, p))   # gpt-oss's own layout
             continue
         if var.fused_projections:
             t[p + "mlp.gate_up_proj.weight"] = (2 * i, h)

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 from ..errors import FormatError, Unsupported
 from . import decoder_fields as df
 from . import gemma_config as gemma
+from . import gpt_oss_config as oss
 from . import phi3_config as phi3
 from .config_fields import _Cfg, _pick, _token_ids
 from .decoder_variant import DecoderVariant
@@ -32,7 +33,7 @@ __all__ = ["ModelMetadata", "RopeScaling", "parse_rope", "ARCHITECTURES", "DECOD
 DENSE_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 # mixture-of-experts: moe_config.py; gemma: gemma_config.py ("gemma3": its text model);
 # phi3: phi3_config.py
-DECODER_ARCHS = DENSE_ARCHS + MOE_ARCHS + gemma.GEMMA_ARCHS + ("gemma3", "phi3")
+DECODER_ARCHS = DENSE_ARCHS + MOE_ARCHS + gemma.GEMMA_ARCHS + ("gemma3", "phi3", "gpt_oss")
 ARCHITECTURES = DECODER_ARCHS + ("whisper", "llava")
 _DTYPES = ("bfloat16", "float16", "float32")
 
@@ -113,7 +114,12 @@ def _decoder(config: dict, gen: dict | None, source: str, arch: str) -> ModelMet
         refuse_moe_quantized(config, arch, source)
     if arch in gemma.GEMMA_ARCHS + ("phi3",):   # quant/'s layouts are the Llama block's
         df.refuse_quantized(config, source)
-    quantization = parse_quantization(config, source)
+    mxfp4 = False
+    if arch == "gpt_oss":   # BF16 experts, or MXFP4 ones (formats/quant/mxfp4.py)
+        from .quant.mxfp4 import gpt_oss_mxfp4
+        mxfp4 = gpt_oss_mxfp4(config, source)
+        config = oss.rope_config(config)
+    quantization = None if arch == "gpt_oss" else parse_quantization(config, source)
     hidden = df.size(c, arch, "hidden_size")
     heads = df.size(c, arch, "num_attention_heads")
     kv = df.kv_heads(c, arch, heads)
@@ -126,6 +132,9 @@ def _decoder(config: dict, gen: dict | None, source: str, arch: str) -> ModelMet
     variant = DecoderVariant()
     if arch == "gemma3_text":   # full layers: the model's rope; sliding ones: the local one
         (theta, scaling), local = gemma.gemma3_rope(config, source, max_pos, head_dim)
+    elif arch == "gpt_oss":
+        theta, scaling = parse_rope(config, source, max_pos, head_dim)
+        variant = oss.variant()
     elif arch == "phi3":        # longrope, a partial rotary dim, the fused projections
         theta, scaling, rot = phi3.phi3_rope(config, source, max_pos, head_dim, hidden, heads)
         variant = DecoderVariant(rotary_dim=rot if rot < head_dim else 0,
@@ -147,8 +156,8 @@ def _decoder(config: dict, gen: dict | None, source: str, arch: str) -> ModelMet
         num_layers=layers,
         num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
         rope_theta=theta, rope_scaling=scaling,
-        rms_norm_eps=c.float("rms_norm_eps", phi3.RMS_NORM_EPS_DEFAULT if arch == "phi3" else
-                             1e-6, ge=0, f32=True),   # rsqrt(mean(x^2) + eps)
+        rms_norm_eps=c.float("rms_norm_eps", phi3.RMS_NORM_EPS_DEFAULT if arch in (
+            "phi3", "gpt_oss") else 1e-6, ge=0, f32=True),   # rsqrt(mean(x^2) + eps)
         attention_bias=bias.qkv, o_proj_bias=bias.o, mlp_bias=bias.mlp,
         hidden_act=df.activation(c, arch),
         qk_norm=arch in ("qwen3", "qwen3_moe", "gemma3_text"),
@@ -161,7 +170,8 @@ def _decoder(config: dict, gen: dict | None, source: str, arch: str) -> ModelMet
         dtype=_dtype(config, source),
         quantization=quantization,
         moe=(moe_config(c, arch, layers, c.int("intermediate_size", required=True))
-             if arch in MOE_ARCHS else None),
+             if arch in MOE_ARCHS else oss.moe(c, layers, mxfp4) if arch == "gpt_oss"
+             else None),
         variant=variant,
     )
 

@@ -37,9 +37,10 @@ def weight_bytes(meta, packed_source=None) -> int:
 
 
 def held_bytes_of(name: str, shape) -> int:
-    """Device bytes of one float checkpoint tensor: BF16, except gpt-oss's attention sinks,
-    which the attention kernels read as FP32."""
-    n = 4 if name.endswith(".sinks") else 2
+    """Device bytes of one checkpoint tensor as held: BF16, except gpt-oss's attention sinks
+    (FP32, as the attention kernels read them) and MXFP4 experts' blocks and scales (their
+    stored bytes)."""
+    n = 4 if name.endswith(".sinks") else 1 if name.endswith(("_blocks", "_scales")) else 2
     for s in shape:
         n *= int(s)
     return n
@@ -48,8 +49,9 @@ def held_bytes_of(name: str, shape) -> int:
 def active_weight_bytes(meta, packed_source=None) -> int:
     """Weight bytes one token's forward pass reads: all of them for a dense model; for a
     mixture of experts all but the routed experts it did not choose."""
-    from ..formats.moe_config import inactive_parameters
-    return weight_bytes(meta, packed_source) - 2 * inactive_parameters(meta, 1)
+    from ..formats.moe_config import expert_param_bytes, inactive_parameters
+    return weight_bytes(meta, packed_source) - int(expert_param_bytes(meta) *
+                                                   inactive_parameters(meta, 1))
 
 
 def plan_memory(backend, meta, *, kv_blocks, block_size, max_rows, max_tokens, max_seq_len,

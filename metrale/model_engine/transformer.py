@@ -46,7 +46,7 @@ from .weights import DecoderWeights, check_checkpoint
 from .workspace import Workspace
 
 DECODER_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe",
-                         "mixtral", "gemma2", "gemma3_text", "gemma3", "phi3")
+                         "mixtral", "gemma2", "gemma3_text", "gemma3", "phi3", "gpt_oss")
 MAX_VERIFY_ROWS = 16
 
 

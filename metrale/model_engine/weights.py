@@ -13,6 +13,7 @@ import numpy as np
 
 from ..formats import check_tensors, expected_tensors
 from ..formats.quant.checkpoint import check_quantized
+from ..formats.quant.mxfp4_check import check_mxfp4
 from ..formats.upload import WeightUploader
 from ..gpu_runtime.types import NULL, DevicePtr
 from .gguf_weights import EMBED, held_bytes, packed_runs, upload_packed
@@ -57,6 +58,10 @@ def check_checkpoint(source, meta) -> dict[str, tuple[int, ...]]:
     """Check every tensor of a decoder checkpoint (presence, shape, dtype) against its
     metadata; returns the float tensors (name -> shape) uploaded as BF16. FormatError
     naming the file and the tensor."""
+    if meta.moe is not None and meta.moe.oss is not None and meta.moe.oss.mxfp4:
+        expected = expected_tensors(meta, source.tensor_names())
+        check_mxfp4(source, expected)   # gpt-oss's packed experts
+        return expected
     if meta.quantization is None:
         expected = expected_tensors(meta, source.tensor_names())
         check_tensors(source, expected)

@@ -19,6 +19,7 @@ from metrale.formats.gemma_config import embed_scale
 from metrale.formats.metadata import ModelMetadata
 from metrale.generative import to_numpy
 from metrale.gpu_runtime import HostBackend
+from metrale.gpu_runtime.types import NULL
 from metrale.ops import rope
 from tests.formats.st_util import tensors_bytes
 from tests.model.common import (FAMILY_FIXTURES, FIXTURES, assert_matches_golden, golden, load,
@@ -52,6 +53,19 @@ def _neutralise(m, feature):
     elif feature == "local rope":   # every layer on the full layers' table
         full = m._layer_rope[m._meta.layer_windows.index(0)]
         m._layer_rope = [full] * len(m._layer_rope)
+    elif feature in ("sinks", "router bias", "gate_up bias", "down bias", "attention biases"):
+        for L in m._weights.layers:
+            if feature == "sinks":
+                L.sinks = NULL
+            elif feature == "attention biases":
+                L.qkv_bias = L.o_bias = NULL
+            else:
+                setattr(L.moe, feature.replace(" ", "_"), NULL)
+    elif feature in ("swiglu limit", "swiglu alpha"):
+        moe = m._meta.moe
+        oss = replace(moe.oss, **({"swiglu_limit": 1e30} if feature == "swiglu limit"
+                                  else {"swiglu_alpha": 1.0}))
+        m._meta = m._layer_meta = replace(m._meta, moe=replace(moe, oss=oss))
     elif feature == "partial rotary":   # the whole head rotated
         meta = m._meta
         table = rope.rope_table(meta.head_dim, m._max_positions, meta.rope_theta, None)
@@ -68,6 +82,8 @@ FEATURES = {
     "gemma3_text": GEMMA + ["final_softcap", "local rope"],
     "gemma3": GEMMA + ["local rope"],
     "phi3": ["windows", "partial rotary"],
+    "gpt_oss": ["windows", "sinks", "router bias", "gate_up bias", "down bias",
+                "attention biases", "swiglu limit", "swiglu alpha"],
 }
 
 
