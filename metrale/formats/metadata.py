@@ -22,6 +22,8 @@ from . import gpt_oss_config as oss
 from . import phi3_config as phi3
 from .config_fields import _Cfg, _pick, _token_ids
 from .decoder_variant import DecoderVariant
+from .gemma4_config import GEMMA4_ARCHS
+from .gemma4_config import refuse as refuse_gemma4
 from .moe_config import MOE_ARCHS, MoeConfig, moe_config, rope_theta
 from .moe_config import refuse_quantized as refuse_moe_quantized
 from .multimodal import VisionConfig, WhisperConfig, vision_config, whisper_config
@@ -90,6 +92,8 @@ class ModelMetadata:
         arch = config.get("model_type")
         if arch is None:
             raise FormatError(f"{source}: missing key 'model_type'")
+        if arch in GEMMA4_ARCHS:   # named, with every piece metrale lacks (gemma4_config.py)
+            refuse_gemma4(config, source)
         if arch not in ARCHITECTURES:
             raise Unsupported(f"{source}: model_type {arch!r} is not supported "
                               f"(supported: {', '.join(ARCHITECTURES)})")

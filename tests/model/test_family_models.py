@@ -220,3 +220,26 @@ def test_hidden_act_and_attn_softcap_of_gemma3_change_nothing():
     other = ModelMetadata.from_config(_cfg("gemma3_text", hidden_act="relu",
                                            attn_logit_softcapping=3.0))
     assert other.variant == base.variant and other.hidden_act == base.hidden_act
+
+
+@pytest.mark.parametrize("config,named", [
+    ({"model_type": "gemma4_text"},   # the class defaults: Gemma 4 E2B-like
+     ["v_norm", "layer_scalar", "hidden_size_per_layer_input=256", "global_head_dim=512",
+      "'proportional'"]),
+    ({"model_type": "gemma4", "text_config": {
+        "hidden_size_per_layer_input": 0, "global_head_dim": 256, "num_kv_shared_layers": 4,
+        "attention_k_eq_v": True, "use_double_wide_mlp": True, "enable_moe_block": True,
+        "use_bidirectional_attention": "vision",
+        "rope_parameters": {"full_attention": {"rope_type": "default"}}}},
+     ["v_norm", "layer_scalar", "num_kv_shared_layers=4", "attention_k_eq_v=True",
+      "use_double_wide_mlp=True", "enable_moe_block=True",
+      "use_bidirectional_attention='vision'"]),
+])
+def test_gemma4_is_refused_naming_every_piece_it_lacks(config, named):
+    with pytest.raises(Unsupported, match="Gemma 4") as e:
+        ModelMetadata.from_config(config, source="config.json")
+    for piece in named:
+        assert piece in str(e.value), piece
+    if "text_config" in config:   # what is neutral is not named
+        assert "hidden_size_per_layer_input" not in str(e.value)
+        assert "global_head_dim" not in str(e.value)
