@@ -145,6 +145,12 @@ def bench_rmsnorm(B, S):
     B.run("rmsnorm", "rmsnorm+residual", dict(n_rows=T, hidden=hid),
           lambda s: rmsnorm.rmsnorm(B.be, s, out, x, w, T, hid, 1e-5, residual_ptr=res),
           nbytes=4 * T * hid * 2)
+    # Gemma's (1 + w) and gpt-oss's one-rounding weight modes (issue 40)
+    for mode in ("gemma", "once"):
+        B.run("rmsnorm", f"rmsnorm {mode}", dict(n_rows=T, hidden=hid),
+              lambda s, mode=mode: rmsnorm.rmsnorm(B.be, s, out, x, w, T, hid, 1e-5,
+                                                   weight_mode=mode),
+              nbytes=2 * T * hid * 2)
     B.run("rmsnorm", "layernorm", dict(n_rows=T, hidden=hid),
           lambda s: rmsnorm.layernorm(B.be, s, out, x, w, bias, T, hid, 1e-5),
           nbytes=2 * T * hid * 2)
@@ -156,6 +162,9 @@ def bench_activation(B, S):
     gu, out = B.buf(T * 2 * I * 2), B.buf(T * I * 2)
     B.run("activation", "act_mul", dict(n_rows=T, intermediate=I),
           lambda s: activation.act_mul(B.be, s, out, gu, T, I), nbytes=3 * T * I * 2)
+    B.run("activation", "act_mul swiglu_clamp", dict(n_rows=T, intermediate=I),
+          lambda s: activation.act_mul(B.be, s, out, gu, T, I, "swiglu_clamp", 1.702, 7.0),
+          nbytes=3 * T * I * 2)
     n = T * I
     B.run("activation", "gelu", dict(n=n),
           lambda s: activation.gelu(B.be, s, out, out, n, "none"), nbytes=2 * n * 2)
@@ -181,6 +190,17 @@ def bench_elementwise(B, S):
     n = T * hid
     B.run("elementwise", "add_inplace", dict(n=n),
           lambda s: elementwise.add_inplace(B.be, s, a, b, n), nbytes=3 * n * 2)
+    # Gemma: the embedding normalizer over a prefill's rows, the final logit cap over a
+    # decode batch's logits (BF16 and FP32)
+    B.run("elementwise", "scale_inplace", dict(n=n),
+          lambda s: elementwise.scale_inplace(B.be, s, a, 48.0, n), nbytes=2 * n * 2)
+    R, V = S["rows"][-1], S["vocab"]
+    logits = B.buf(R * V * 4)
+    for fp32 in (False, True):
+        B.run("elementwise", f"softcap_inplace {'fp32' if fp32 else 'bf16'}", dict(n=R * V),
+              lambda s, fp32=fp32: elementwise.softcap_inplace(B.be, s, logits, 30.0, R * V,
+                                                               fp32),
+              nbytes=2 * R * V * (4 if fp32 else 2))
 
 
 def bench_tensor_parallel(B, S):
@@ -383,6 +403,17 @@ def bench_rope(B, S):
     B.run("rope", "apply_rope+qk_norm", dict(n_tokens=T, heads=H, kv_heads=KV, head_dim=D),
           lambda s: rope.apply_rope(B.be, s, qkv, pos, table, T, H, KV, D, maxp, qn, kn, 1e-6),
           nbytes=2 * T * (H + KV) * D * 2 + T * D * 4 + T * 4)
+    # Gemma 3's q/k norm with (1 + w); a partial rotary embedding (Phi-4-mini: 3/4 of D)
+    B.run("rope", "apply_rope+gemma_qk_norm", dict(n_tokens=T, heads=H, kv_heads=KV, head_dim=D),
+          lambda s: rope.apply_rope(B.be, s, qkv, pos, table, T, H, KV, D, maxp, qn, kn, 1e-6,
+                                    gemma_norm=True),
+          nbytes=2 * T * (H + KV) * D * 2 + T * D * 4 + T * 4)
+    rd = D * 3 // 4
+    part = B.upload(rope.rope_table(rd, maxp, 10000.0, None))
+    B.run("rope", "apply_rope partial", dict(n_tokens=T, heads=H, kv_heads=KV, head_dim=D,
+                                            rotary_dim=rd),
+          lambda s: rope.apply_rope(B.be, s, qkv, pos, part, T, H, KV, D, maxp, rotary_dim=rd),
+          nbytes=2 * T * (H + KV) * D * 2 + T * rd * 4 + T * 4)
     # the model's launch: rope and the k/v cache write together (bytes: rope's, the v heads
     # read, k and v written to the cache, the slots)
     kc, vc, _, _ = _paged(B, S, 1, T)
@@ -427,6 +458,15 @@ def bench_attention(B, S):
           lambda s: attention.prefill_attention(B.be, s, out, qkv, kc, vc, tables, lens, indptr,
                                                 1, T, T, H, KV, D, bs, mb, scale),
           flops=4 * H * D * (T * (T + 1) // 2), bound="compute")
+    # issue 40's options: Gemma 2's soft-capping (a tanh per score), gpt-oss's sinks
+    sinks = B.upload(np.linspace(-1.0, 1.0, H).astype(np.float32))
+    for name, opts in (("softcap", dict(softcap=50.0)), ("sinks", dict(sinks_ptr=sinks))):
+        B.run("attention", f"prefill_attention {name}",
+              dict(n_tokens=T, heads=H, kv_heads=KV, head_dim=D),
+              lambda s, opts=opts: attention.prefill_attention(
+                  B.be, s, out, qkv, kc, vc, tables, lens, indptr, 1, T, T, H, KV, D, bs, mb,
+                  scale, **opts),
+              flops=4 * H * D * (T * (T + 1) // 2), bound="compute")
     L = S["kv_len"]
     for n in S["rows"]:
         kc, vc, tables, mb = _paged(B, S, n, L)
@@ -438,6 +478,12 @@ def bench_attention(B, S):
               lambda s, kc=kc, vc=vc, tables=tables, lens=lens, mb=mb, ws=ws, n=n, sp=splits:
               attention.decode_attention(B.be, s, out, qkv, kc, vc, tables, lens, n, H, KV, D,
                                          bs, mb, scale, ws, sp),
+              nbytes=n * L * 2 * KV * D * 2 + 2 * n * H * D * 2, flops=4 * n * H * D * L)
+        B.run("attention", "decode_attention softcap+sinks",
+              dict(n_seqs=n, kv_len=L, heads=H, kv_heads=KV, head_dim=D),
+              lambda s, kc=kc, vc=vc, tables=tables, lens=lens, mb=mb, ws=ws, n=n, sp=splits:
+              attention.decode_attention(B.be, s, out, qkv, kc, vc, tables, lens, n, H, KV, D,
+                                         bs, mb, scale, ws, sp, softcap=50.0, sinks_ptr=sinks),
               nbytes=n * L * 2 * KV * D * 2 + 2 * n * H * D * 2, flops=4 * n * H * D * L)
         for p in (kc, vc, ws):
             B.be.free(p)
@@ -461,6 +507,12 @@ def bench_attention_tc(B, S):
     B.run("attention_tc", "prefill_attention_tc", shape,
           lambda s: attention_tc.prefill_attention_tc(B.be, s, out, qkv, kc, vc, tables, lens,
                                                       whole, 1, T, T, H, KV, D, bs, mb, scale),
+          flops=4 * H * D * (T * (T + 1) // 2), bound="compute")
+    sinks = B.upload(np.linspace(-1.0, 1.0, H).astype(np.float32))
+    B.run("attention_tc", "prefill_attention_tc softcap+sinks", shape,
+          lambda s: attention_tc.prefill_attention_tc(B.be, s, out, qkv, kc, vc, tables, lens,
+                                                      whole, 1, T, T, H, KV, D, bs, mb, scale,
+                                                      softcap=50.0, sinks_ptr=sinks),
           flops=4 * H * D * (T * (T + 1) // 2), bound="compute")
     n = T // 8
     indptr = B.upload(np.array([0, n], np.int32))
@@ -576,6 +628,11 @@ def bench_moe_router(B, S):
         B.run("moe_router", "moe_topk_softmax", dict(n_tokens=n, num_experts=E, top_k=k),
               lambda s, n=n, logits=logits, ids=ids, w=w: moe_router.moe_topk_softmax(
                   B.be, s, ids, w, logits, n, E, k, True), nbytes=n * E * 4 + n * k * 8)
+        bias = B.buf(E * 2)   # gpt-oss's router bias
+        B.run("moe_router", "moe_topk_softmax+bias", dict(n_tokens=n, num_experts=E, top_k=k),
+              lambda s, n=n, logits=logits, ids=ids, w=w, bias=bias:
+              moe_router.moe_topk_softmax(B.be, s, ids, w, logits, n, E, k, True, bias),
+              nbytes=n * E * 4 + n * k * 8 + E * 2)
         *_, routed = _moe_routing(B, n, E, k)
         idp = B.upload(routed)
         sp, op, tp = B.buf(n * k * 4), B.buf((E + 1) * 4), B.buf((E + 1) * 4)
@@ -604,6 +661,25 @@ def bench_moe_gemm(B, S):
                   moe_gemm.moe_gemm(B.be, s, yp, xp, w, sp, op, tp, pairs, E, w_rows, w_k, div,
                                     fp32, tile.name),
                   nbytes=hit * w_rows * w_k * 2 + pairs * (w_k * 2 + w_rows * out_b),
+                  flops=2 * pairs * w_rows * w_k, bound="compute" if n >= 256 else "memory")
+            # gpt-oss: the experts' biases, and their MXFP4 form (4.25 bits a weight)
+            bias = B.buf(E * w_rows * 2)
+            B.run("moe_gemm", f"moe_gemm {name}+bias {tile.name}",
+                  dict(tokens=n, top_k=k, experts=E, n=w_rows, k=w_k),
+                  lambda s, w=w, w_rows=w_rows, w_k=w_k, xp=xp, yp=yp, div=div, fp32=fp32,
+                  bias=bias: moe_gemm.moe_gemm(B.be, s, yp, xp, w, sp, op, tp, pairs, E,
+                                               w_rows, w_k, div, fp32, tile.name, bias),
+                  nbytes=hit * w_rows * (w_k * 2 + 2) + pairs * (w_k * 2 + w_rows * out_b),
+                  flops=2 * pairs * w_rows * w_k, bound="compute" if n >= 256 else "memory")
+            blocks = B.buf(E * w_rows * w_k // 2, fill=0x11)
+            scales = B.buf(E * w_rows * w_k // 32, fill=0x7C)   # 2^-3: valid e8m0 scales
+            B.run("moe_gemm", f"moe_gemm_mxfp4 {name} {tile.name}",
+                  dict(tokens=n, top_k=k, experts=E, n=w_rows, k=w_k),
+                  lambda s, w_rows=w_rows, w_k=w_k, xp=xp, yp=yp, div=div, fp32=fp32,
+                  blocks=blocks, scales=scales: moe_gemm.moe_gemm_mxfp4(
+                      B.be, s, yp, xp, blocks, scales, sp, op, tp, pairs, E, w_rows, w_k, div,
+                      fp32, tile.name),
+                  nbytes=hit * w_rows * w_k * 17 // 32 + pairs * (w_k * 2 + w_rows * out_b),
                   flops=2 * pairs * w_rows * w_k, bound="compute" if n >= 256 else "memory")
 
 
@@ -788,7 +864,12 @@ FAMILIES = {
 # the GGUF plane layout and its dequantization, timed through gemm_gguf's rows; lora_native:
 # the LoRA twins' native path, timed through lora's rows)
 NOT_KERNELS = {"bf16", "registry", "checks", "attention_tile", "attention_native",
-               "gguf_planes", "lora_native"}
+               "gguf_planes",   # the GGUF planes' layout and formula (gemm_gguf runs them)
+               # attention's split-K decode and shared checks (its kernels are attention's
+               # rows) and rope's host-side table
+               "attention_decode", "attention_common", "rope_table",
+               "mxfp4",   # MXFP4's formula (moe_gemm's mxfp4 entries run it)
+               "lora_native"}
 
 
 def ops_modules() -> list[str]:

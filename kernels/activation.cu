@@ -5,7 +5,10 @@
 //             up), out [n_rows, I]. act by `act` (the ACT_* codes below, ops/activation.py):
 //             0 silu g / (1 + exp(-g)); 1 gelu (erf) 0.5 g (1 + erf(g/sqrt2));
 //             2 gelu tanh 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))); 3 relu (g < 0 ? 0 : g);
-//             4 quick_gelu g * sigmoid(1.702 g). An unknown code gives NaN rows.
+//             4 quick_gelu g * sigmoid(1.702 g); 5 swiglu_clamp (gpt-oss's experts, with
+//             alpha and limit): g' = min(g, limit), u' = clamp(u, -limit, limit),
+//             out = bf16((u' + 1) * (g' * sigmoid(alpha * g'))), sigmoid = 1 / (1 + exp(-x)).
+//             An unknown code gives NaN rows. alpha and limit are read by code 5 only.
 //   gelu:     out[i] = bf16( gelu(x[i]) ),  x, out [n]; mode 0 "none": 0.5 x (1 + erf(x/sqrt2)),
 //             1 "tanh": 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
 //             2 "quick": x * sigmoid(1.702 x)  (CLIP's quick_gelu).
@@ -30,7 +33,8 @@
 #define ACT_THREADS 256
 
 extern "C" __global__ void __launch_bounds__(ACT_THREADS)
-act_mul(bf16 *out, const bf16 *gate_up, int n_rows, int intermediate, int act) {
+act_mul(bf16 *out, const bf16 *gate_up, int n_rows, int intermediate, int act, float alpha,
+        float limit) {
     const int r = blockIdx.x;
     if (r >= n_rows) return;
     const bf16 *g = gate_up + (long long)r * 2 * intermediate;
@@ -40,6 +44,14 @@ act_mul(bf16 *out, const bf16 *gate_up, int n_rows, int intermediate, int act) {
     const bf16x8 *uv = reinterpret_cast<const bf16x8 *>(u);
     bf16x8 *ov = reinterpret_cast<bf16x8 *>(o);
     const int first = blockIdx.y * ACT_THREADS + threadIdx.x, step = gridDim.y * ACT_THREADS;
+    if (act == ACT_SWIGLU_CLAMP) {   // the up branch enters the formula: its own path
+        for (int c = first; c < intermediate; c += step) {
+            const float gc = fminf(bf2f(g[c]), limit);
+            const float uc = fminf(fmaxf(bf2f(u[c]), -limit), limit);
+            o[c] = f2bf((uc + 1.0f) * (gc / (1.0f + expf(-alpha * gc))));
+        }
+        return;
+    }
     if ((intermediate & 7) == 0 && aligned16(g) && aligned16(o)) {
         for (int c = first; c < (intermediate >> 3); c += step)
             ov[c] = map8(gv[c], uv[c], [&](float g, float u) { return gated_act_f(g, act) * u; });

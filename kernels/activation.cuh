@@ -10,6 +10,7 @@
 #define ACT_GELU_TANH 2
 #define ACT_RELU 3
 #define ACT_QUICK_GELU 4
+#define ACT_SWIGLU_CLAMP 5   // act_mul only (activation.cu): gpt-oss's clamped SwiGLU
 
 __device__ __forceinline__ float silu_f(float g) { return g / (1.0f + expf(-g)); }
 

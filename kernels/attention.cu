@@ -46,6 +46,17 @@
 //   kv_len <= 0 gives a zero row (padding rows of a captured batch); kv_len beyond
 //   max_blocks_per_seq*block_size or max_splits*256 gives a NaN row.
 //
+// ---- options (every entry point; off at softcap = 0, sinks = NULL) ----------------------
+//   softcap > 0 (Gemma 2's attn_logit_softcapping): each score becomes
+//     cap * tanh((q.k) * scale / cap) before the softmax (base 2: times log2 e); prefill
+//     through attention_tile.cuh's att_logit2, decode by pre-scaling q by scale / cap and
+//     taking cap * log2(e) * tanh of each dot product.
+//   sinks [H] fp32 (gpt-oss's learned attention sinks): head h's softmax denominator gains
+//     exp(sinks[h]) (the sink is a logit whose value row is zero): with M = max(m, s2),
+//     s2 = sinks[h] * log2 e, out = acc 2^(m-M) / (l 2^(m-M) + 2^(s2-M)); decode adds it
+//     where the output is written (the split kernel for one split, else the combine, after
+//     the splits' M and sum: L = sum_i 2^(m_i-M) l_i + 2^(s2-M)).
+//
 // Restrictions (checked by the launchers): D even, 2 <= D <= 256; H % KV == 0; pointers to
 // bf16 data 4-byte aligned.
 #include "attention_tile.cuh"
@@ -66,7 +77,7 @@ __device__ __forceinline__ void prefill_impl(
     const bf16 *__restrict__ v_cache, const int *__restrict__ block_tables,
     const int *__restrict__ kv_lens, const int *__restrict__ qo_indptr, int n_seqs,
     int n_tokens, int max_q_len, int H, int KV, int D, int bs, int max_blocks, float scale,
-    int window) {
+    int window, float softcap, const float *__restrict__ sinks) {
     constexpr int RT = tile_rows<MAXP>();  // query rows per warp
     constexpr int BQ = RT * ATT_WARPS;
     extern __shared__ float smem[];
@@ -104,6 +115,9 @@ __device__ __forceinline__ void prefill_impl(
     const long long qkv_row = (long long)(H + 2 * KV) * D;
     const long long cache_row = (long long)KV * D;
     const float sl2 = scale * ATT_LOG2E;
+    const float cap_in = softcap > 0.f ? scale / softcap : 0.f;
+    const float cap_l2 = softcap > 0.f ? softcap * ATT_LOG2E : 0.f;
+    const float sink2 = sinks != nullptr ? __ldg(sinks + h) * ATT_LOG2E : NEG_INF;
 
     // Q tile -> shared memory (fp32, unscaled); rows past q_len are zero.
     tile_load_q_pairs<BQ>(sQ, D, rows_here, [&](int r) {
@@ -130,15 +144,19 @@ __device__ __forceinline__ void prefill_impl(
                 return ((long long)blk * bs + kp % bs) * cache_row + (long long)kvh * D;
             });
         __syncthreads();
-        tile_attend(rows, sQ, sK, sV, D, lane, wr0, kt, sl2, [&](int i, int kp) {
-            return kp <= qpos[i] && (window <= 0 || kp > qpos[i] - window);
-        });
+        tile_attend(
+            rows, sQ, sK, sV, D, lane, wr0, kt, sl2,
+            [&](int i, int kp) { return kp <= qpos[i] && (window <= 0 || kp > qpos[i] - window); },
+            cap_in, cap_l2);
     }
 
-    tile_store(rows, D, lane, wr0, rows_here, [&](int r) {
-        return reinterpret_cast<unsigned int *>(
-            out + (long long)(q_start + r0 + r) * out_row + (long long)h * D);
-    });
+    tile_store(
+        rows, D, lane, wr0, rows_here,
+        [&](int r) {
+            return reinterpret_cast<unsigned int *>(
+                out + (long long)(q_start + r0 + r) * out_row + (long long)h * D);
+        },
+        sink2);
 }
 
 #define PREFILL_ENTRY(NAME, MAXP)                                                           \
@@ -146,10 +164,12 @@ __device__ __forceinline__ void prefill_impl(
     NAME(bf16 *out, const bf16 *qkv, const bf16 *k_cache, const bf16 *v_cache,              \
          const int *block_tables, const int *kv_lens, const int *qo_indptr, int n_seqs,     \
          int n_tokens, int max_q_len, int num_heads, int num_kv_heads, int head_dim,        \
-         int block_size, int max_blocks_per_seq, float scale, int sliding_window) {         \
+         int block_size, int max_blocks_per_seq, float scale, int sliding_window,           \
+         float softcap, const float *sinks) {                                               \
         prefill_impl<MAXP>(out, qkv, k_cache, v_cache, block_tables, kv_lens, qo_indptr,    \
                            n_seqs, n_tokens, max_q_len, num_heads, num_kv_heads, head_dim,  \
-                           block_size, max_blocks_per_seq, scale, sliding_window);          \
+                           block_size, max_blocks_per_seq, scale, sliding_window, softcap,  \
+                           sinks);                                                          \
     }
 
 PREFILL_ENTRY(prefill_attention_p1, 1)
@@ -198,7 +218,8 @@ __device__ __forceinline__ void decode_split_impl(
     bf16 *__restrict__ out, float *__restrict__ ws, const bf16 *__restrict__ qkv,
     const bf16 *__restrict__ k_cache, const bf16 *__restrict__ v_cache,
     const int *__restrict__ block_tables, const int *__restrict__ kv_lens, int n_seqs, int H,
-    int KV, int D, int bs, int max_blocks, int max_splits, float scale, int window) {
+    int KV, int D, int bs, int max_blocks, int max_splits, float scale, int window,
+    float softcap, const float *__restrict__ sinks) {
     typedef typename RawVec<VEC>::T raw_t;
     constexpr int S = DECODE_SPLIT_TOKENS;
     constexpr int CV = MAXC * VEC;  // values per lane per head
@@ -245,8 +266,10 @@ __device__ __forceinline__ void decode_split_impl(
     const long long cache_row = (long long)KV * D;
     const long long kv_off = (long long)kvh * D;
 
-    // this lane's slices of the GT query vectors, pre-scaled by scale*log2(e)
-    const float sl2 = scale * ATT_LOG2E;
+    // this lane's slices of the GT query vectors, pre-scaled by scale*log2(e) (soft-capped:
+    // by scale/cap, the dot product then going through cap*log2(e)*tanh)
+    const float sl2 = softcap > 0.f ? scale / softcap : scale * ATT_LOG2E;
+    const float cap_l2 = softcap > 0.f ? softcap * ATT_LOG2E : 0.f;
     const bf16 *qrow = qkv + (long long)s * (H + 2 * KV) * D + (long long)h0 * D;
     float qv[GT][CV];
 #pragma unroll
@@ -301,6 +324,7 @@ __device__ __forceinline__ void decode_split_impl(
 #pragma unroll
                 for (int i = 0; i < CV; ++i) a = fmaf(qv[g][i], kf[i], a);
                 for (int o = L >> 1; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+                if (cap_l2 > 0.f) a = cap_l2 * tanhf(a);
                 if (sl == 0 && tt < n && g < ng) s_logit[g * S + tt] = a;
             }
         }
@@ -380,7 +404,11 @@ __device__ __forceinline__ void decode_split_impl(
         float a = s_red[g * DP + dp];
 #pragma unroll
         for (int w = 1; w < ATT_WARPS; ++w) a += s_red[(w * GT + g) * DP + dp];
-        if (direct) {
+        if (direct && sinks != nullptr) {
+            const float s2 = __ldg(sinks + h0 + g) * ATT_LOG2E;
+            const float M = fmaxf(s_m[g], s2), e = exp2f(s_m[g] - M);
+            orow[i] = f2bf(a * e / (s_l[g] * e + exp2f(s2 - M)));
+        } else if (direct) {
             orow[i] = f2bf(a / s_l[g]);
         } else {
             const long long e = ws_base + (long long)g * max_splits;
@@ -395,12 +423,13 @@ __device__ __forceinline__ void decode_split_impl(
     NAME(bf16 *out, float *workspace, const bf16 *qkv, const bf16 *k_cache,                 \
          const bf16 *v_cache, const int *block_tables, const int *kv_lens, int n_seqs,      \
          int num_heads, int num_kv_heads, int head_dim, int block_size,                     \
-         int max_blocks_per_seq, int max_splits, float scale, int sliding_window) {         \
+         int max_blocks_per_seq, int max_splits, float scale, int sliding_window,           \
+         float softcap, const float *sinks) {                                               \
         decode_split_impl<VEC, MAXC, GT>(out, workspace, qkv, k_cache, v_cache,             \
                                          block_tables, kv_lens, n_seqs, num_heads,          \
                                          num_kv_heads, head_dim, block_size,                \
                                          max_blocks_per_seq, max_splits, scale,             \
-                                         sliding_window);                                   \
+                                         sliding_window, softcap, sinks);                   \
     }
 
 DECODE_ENTRY(decode_attention_v8_g1, 8, 1, 1)
@@ -415,7 +444,7 @@ DECODE_ENTRY(decode_attention_v2_g8, 2, 4, 8)
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 decode_attention_combine(bf16 *out, const float *workspace, const int *kv_lens, int n_seqs,
                          int num_heads, int head_dim, int block_size, int max_blocks_per_seq,
-                         int max_splits, int sliding_window) {
+                         int max_splits, int sliding_window, const float *sinks) {
     const int s = blockIdx.x, h = blockIdx.y;
     if (s >= n_seqs || h >= num_heads) return;
     const DecodeSeq q = decode_seq(kv_lens[s], block_size, max_blocks_per_seq, max_splits,
@@ -426,9 +455,12 @@ decode_attention_combine(bf16 *out, const float *workspace, const int *kv_lens, 
     const float *ml = workspace + (long long)n_seqs * num_heads * max_splits * D;
     float M = NEG_INF;
     for (int i = q.first; i < q.n_splits; ++i) M = fmaxf(M, ml[2 * (base + i)]);
+    const float s2 = sinks != nullptr ? __ldg(sinks + h) * ATT_LOG2E : NEG_INF;
+    M = fmaxf(M, s2);
     float Lsum = 0.f;
     for (int i = q.first; i < q.n_splits; ++i)
         Lsum += exp2f(ml[2 * (base + i)] - M) * ml[2 * (base + i) + 1];
+    if (sinks != nullptr) Lsum += exp2f(s2 - M);
     const float inv = 1.f / Lsum;
     bf16 *o = out + (long long)s * num_heads * D + (long long)h * D;
     for (int d = threadIdx.x; d < D; d += ATT_THREADS) {

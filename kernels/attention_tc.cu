@@ -22,6 +22,11 @@
 //   Closed form (the twin, metrale/ops/attention_tile.py `attend_base2_bf16p`):
 //   out = sum_p w_p v_p / sum_p w_p with w_p = bf16(exp2(s_p - M_{t(p)})) * 2^(M_{t(p)} - M_last).
 //
+//   Options (as attention.cu): softcap > 0 replaces s_p by cap * log2(e) * tanh(q.k * scale /
+//   cap) (Gemma 2); sinks [H] fp32 add head h's 2^(s2 - M) to the final denominator,
+//   s2 = sinks[h] * log2 e, M = max(M_last, s2): out = acc 2^(M_last-M) / (l 2^(M_last-M) +
+//   2^(s2-M)) (gpt-oss). Off at softcap = 0 and sinks = NULL.
+//
 // ---- launch geometry ---------------------------------------------------------------------
 //   Entry prefill_attention_tc_d{D} per supported head dim with its key tile BN:
 //   D = 16, 32, 64, 80, 96, 128 -> BN = 64; D = 256 -> BN = 16 (other D: attention.cu).
@@ -88,7 +93,7 @@ __device__ __forceinline__ void prefill_tc_impl(
     const bf16 *__restrict__ v_cache, const int *__restrict__ block_tables,
     const int *__restrict__ kv_lens, const int *__restrict__ qo_indptr, int n_seqs,
     int n_tokens, int max_q_len, int H, int KV, int head_dim, int bs, int max_blocks,
-    float scale, int window) {
+    float scale, int window, float softcap, const float *__restrict__ sinks) {
     constexpr int CH = D / 8;        // 16-byte chunks per row
     constexpr int KC = D / 16;       // k steps of Q K^T
     constexpr int NT = BN / 8;       // n8 key tiles of S
@@ -175,6 +180,8 @@ __device__ __forceinline__ void prefill_tc_impl(
     }
     const int pos_lo = pos_base + t_first, pos_hi = pos_base + t_last;
     const float sl2 = scale * TC_LOG2E;
+    const float cap_in = softcap > 0.f ? scale / softcap : 0.f;
+    const float cap_l2 = softcap > 0.f ? softcap * TC_LOG2E : 0.f;
 
     unsigned int qf[Q_IN_REGS ? KC : 1][4];
     const int q_row = warp * 16 + (lane & 15), q_chunk = lane >> 4;
@@ -237,7 +244,8 @@ __device__ __forceinline__ void prefill_tc_impl(
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const int kp = kt + 8 * j + 2 * tig + e;
-                    float v = sc[j][2 * r + e] * sl2;
+                    float v = cap_l2 > 0.f ? cap_l2 * tanhf(sc[j][2 * r + e] * cap_in)
+                                           : sc[j][2 * r + e] * sl2;
                     if (!full && !(kp <= qpos[r] && (window <= 0 || kp > qpos[r] - window)))
                         v = NEG_INF;
                     sc[j][2 * r + e] = v;
@@ -291,7 +299,12 @@ __device__ __forceinline__ void prefill_tc_impl(
         float lt = l[r] + __shfl_xor_sync(0xffffffffu, l[r], 1);
         lt = lt + __shfl_xor_sync(0xffffffffu, lt, 2);
         if (qpos[r] >= 0) {
-            const float inv = lt > 0.f ? 1.f / lt : 0.f;
+            float inv = lt > 0.f ? 1.f / lt : 0.f;
+            if (sinks != nullptr) {   // m[r] is -inf only for a row that saw no key: 0
+                const float s2 = __ldg(sinks + qhead[r]) * TC_LOG2E;
+                const float M = fmaxf(m[r], s2), a = exp2f(m[r] - M);
+                inv = m[r] == NEG_INF ? 0.f : a / (lt * a + exp2f(s2 - M));
+            }
             bf16 *orow = out + (long long)(q_start + qtok[r]) * out_row + (long long)qhead[r] * D;
 #pragma unroll
             for (int jd = 0; jd < DT; ++jd)
@@ -306,11 +319,12 @@ __device__ __forceinline__ void prefill_tc_impl(
         bf16 *out, const bf16 *qkv, const bf16 *k_cache, const bf16 *v_cache,              \
         const int *block_tables, const int *kv_lens, const int *qo_indptr, int n_seqs,     \
         int n_tokens, int max_q_len, int num_heads, int num_kv_heads, int head_dim,        \
-        int block_size, int max_blocks_per_seq, float scale, int sliding_window) {         \
+        int block_size, int max_blocks_per_seq, float scale, int sliding_window,           \
+        float softcap, const float *sinks) {                                               \
         prefill_tc_impl<D, BN>(out, qkv, k_cache, v_cache, block_tables, kv_lens,          \
                                qo_indptr, n_seqs, n_tokens, max_q_len, num_heads,          \
                                num_kv_heads, head_dim, block_size, max_blocks_per_seq,     \
-                               scale, sliding_window);                                     \
+                               scale, sliding_window, softcap, sinks);                     \
     }
 
 PREFILL_TC_ENTRY(16, 64)

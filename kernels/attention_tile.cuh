@@ -19,6 +19,14 @@
 // masked row keeps m = -inf and uses 0 as the reference (no NaN). Then acc += p_j * v_j over
 // the 32 keys, lane l owning output pairs l, l + 32, ... tile_store: out = acc / warp_sum(l)
 // rounded once to bf16 (0 for a row with no visible key).
+// Options of the paged prefill (attention.cu; dense_attention.cu leaves them off):
+//   soft-capping (Gemma 2): the base-2 score is cap_l2 * tanh(s_raw * cap_in) with
+//     cap_in = scale / cap, cap_l2 = cap * log2 e (cap * tanh(s_raw * scale / cap), base 2)
+//     instead of s_raw * sl2; on when cap_l2 > 0.
+//   a learned sink (gpt-oss): a per-head logit s (base 2: sink2 = s * log2 e) that joins
+//     the softmax's denominator only: with M = max(m, sink2),
+//     out = acc 2^(m-M) / (l 2^(m-M) + 2^(sink2-M)); off when sink2 = -inf.
+// Twin of both: metrale/ops/attention_tile.py (`softcap_base2`, `attend_base2`'s sink).
 // Twin: metrale/ops/attention_tile.py (`attend_base2`, the closed form these tiles compute).
 #pragma once
 #include "common.cuh"
@@ -96,13 +104,30 @@ __device__ __forceinline__ void tile_rows_init(TileRows<RT, MAXP> &t) {
     }
 }
 
+// A raw score q.k as a base-2 logit: s * sl2, or soft-capped cap_l2 * tanh(s * cap_in)
+// when cap_l2 > 0 (see the header).
+__device__ __forceinline__ float att_logit2(float s, float sl2, float cap_in, float cap_l2) {
+    return cap_l2 > 0.f ? cap_l2 * tanhf(s * cap_in) : s * sl2;
+}
+
+// 1 / denominator of a finished row: row max m, lane-summed l, the sink's base-2 logit
+// sink2 (-inf: none); the factor to multiply acc by (0 for a row with no visible key).
+__device__ __forceinline__ float att_out_scale(float m, float lt, float sink2) {
+    if (sink2 == NEG_INF) return lt > 0.f ? 1.f / lt : 0.f;
+    if (m == NEG_INF) return 0.f;
+    const float M = fmaxf(m, sink2), a = exp2f(m - M);
+    return a / (lt * a + exp2f(sink2 - M));
+}
+
 // One 32-key tile (sK / sV filled, keys kt .. kt+31) for the warp's rows wr0 .. wr0+RT-1.
-// visible(i, kp): whether row wr0 + i sees key kp. sl2 = scale * log2(e).
+// visible(i, kp): whether row wr0 + i sees key kp. sl2 = scale * log2(e); cap_in / cap_l2:
+// soft-capping (cap_l2 <= 0: off; see the header).
 template <int RT, int MAXP, class Visible>
 __device__ __forceinline__ void tile_attend(TileRows<RT, MAXP> &t, const float *sQ,
                                             const unsigned int *sK, const unsigned int *sV,
                                             int D, int lane, int wr0, int kt, float sl2,
-                                            Visible visible) {
+                                            Visible visible, float cap_in = 0.f,
+                                            float cap_l2 = 0.f) {
     const int DP = D >> 1;
     // scores: lane = key kt + lane, RT rows of this warp
     float sc[RT];
@@ -123,7 +148,7 @@ __device__ __forceinline__ void tile_attend(TileRows<RT, MAXP> &t, const float *
     float pr[RT];
 #pragma unroll
     for (int i = 0; i < RT; ++i) {
-        const float sv = visible(i, kp) ? sc[i] * sl2 : NEG_INF;
+        const float sv = visible(i, kp) ? att_logit2(sc[i], sl2, cap_in, cap_l2) : NEG_INF;
         const float mn = fmaxf(t.m[i], warp_max(sv));
         const float mu = (mn == NEG_INF) ? 0.f : mn;
         const float alpha = exp2f(t.m[i] - mu);
@@ -158,16 +183,18 @@ __device__ __forceinline__ void tile_attend(TileRows<RT, MAXP> &t, const float *
 
 // out row wr0 + i (< rows_here) = acc / sum over lanes of l, as bf16 pairs at out_row(r)
 // (an `unsigned int *` to the row's pairs of this head). Every lane of the warp must call it.
+// sink2: the head's sink logit in base 2 (-inf: none; see the header).
 template <int RT, int MAXP, class OutRow>
 __device__ __forceinline__ void tile_store(const TileRows<RT, MAXP> &t, int D, int lane, int wr0,
-                                           int rows_here, OutRow out_row) {
+                                           int rows_here, OutRow out_row,
+                                           float sink2 = NEG_INF) {
     const int DP = D >> 1;
 #pragma unroll
     for (int i = 0; i < RT; ++i) {
         const float lt = warp_sum(t.l[i]);
         const int r = wr0 + i;
         if (r < rows_here) {
-            const float inv = lt > 0.f ? 1.f / lt : 0.f;
+            const float inv = att_out_scale(t.m[i], lt, sink2);
             unsigned int *o = out_row(r);
 #pragma unroll
             for (int p = 0; p < MAXP; ++p) {

@@ -123,7 +123,15 @@ struct BF16Rows {
     __device__ __forceinline__ void dequant(bf16 *, const Ring *, int, int) {}
 };
 
-// The CTA's `rows` (<= BM) tile rows r: X row x_row(r) in, Y row y_row(r) out.
+// The CTA's `rows` (<= BM) tile rows r: X row x_row(r) in, Y row y_row(r) out. A row policy
+// with `kBias = true` (moe_gemm.cu's ExpertRows) holds a bias row `bias` [n] (or NULL) that
+// the epilogue adds to the FP32 accumulator before the one rounding: y = bf16(acc + bias[c]);
+// a policy without the member has none (RowBias).
+template <class R, class = void>
+struct RowBias { static constexpr bool value = false; };
+template <class R>
+struct RowBias<R, decltype((void)R::kBias, void())> { static constexpr bool value = R::kBias; };
+
 struct DenseRows {
     int row0, rows;
     __device__ __forceinline__ long long x_row(int r) const { return row0 + r; }
@@ -302,6 +310,12 @@ __device__ __forceinline__ void gemm_tc_tile_rows(bf16 *sa, typename W::Ring *sw
                 const int c = col0 + wc0 + nt * 8 + 2 * t;
                 float v0 = acc[mt][nt][2 * h], v1 = acc[mt][nt][2 * h + 1];
                 const long long o = yrow + c;
+                if constexpr (RowBias<R>::value) {   // y = bf16(acc + bias[c]) (FP32: the sum)
+                    if (rmap.bias) {
+                        v0 = c < n ? v0 + bf2f(rmap.bias[c]) : v0;
+                        v1 = c + 1 < n ? v1 + bf2f(rmap.bias[c + 1]) : v1;
+                    }
+                }
                 if constexpr (XF != XF_NONE) {   // y = bf16(bf16(acc) + bias[c])
                     if (xf.bias) {
                         v0 = c < n ? bf2f(f2bf(v0)) + bf2f(xf.bias[c]) : v0;

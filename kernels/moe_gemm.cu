@@ -30,12 +30,24 @@
 // gathered through sorted_pairs, W = expert e's slice (BF16Rows), output row p of y (pairs
 // never collide: no atomics).
 //
+// Option bias (bf16 [num_experts, n], gpt-oss's expert biases; NULL: none): y[p, j] =
+// acc + bias[e, j] before the one rounding (FP32 y: the sum), in the epilogue.
+//
+// MXFP4 experts (moe_gemm_mxfp4_{bf16,fp32}_*, gpt-oss as released; ops/mxfp4.py): W given as
+// blocks uint8 [num_experts, n, k / 2] (two e2m1 codes a byte, value 2j in the low nibble of
+// byte j) and scales uint8 [num_experts, n, k / 32] (e8m0: 2^(s - 127) for 32 values, s in
+// [2, 252], checked at load); k % 32 == 0. The tile loads the packed bytes (gemm_q_rows.cuh
+// QuantRows, as gemm_q's 4-bit path) and dequantizes each value to code * 2^(s - 127), exact
+// in FP32 and in BF16 (three significant bits, normal exponents), into the BF16 stage the
+// MMAs read: the bits of this GEMM run on the dequantized BF16 weights.
+//
 // BATCH INVARIANCE: y[p, j] is the FP32 accumulator of ceil(k / 16) mma.sync.m16n8k16 steps
 // in ascending k order from +0.0f over x[p / row_div, :] and w[e, j, :] -- exactly
 // gemm_tc's element (its header has the argument): the same bits as gemm_tc of that x row
 // against W_e, for every tile, every row position in the tile and every other token in the
 // launch. Which tokens share an expert changes only which CTA computes a row, never its
 // value. The twin is therefore gemm_tc's (ops/gemm_tc.dot_f32 per expert).
+#include "gemm_q_rows.cuh"
 #include "gemm_tc_tile.cuh"
 
 // gemm_tc.cu's three tiles (same sizes and stages: ops/moe_gemm.py TILES = gemm_tc.TILES)
@@ -46,8 +58,10 @@ typedef TcTile<128, 128, 32, 2, 4, 3> MoeTile128x128;
 // One row tile of an expert's list: tile row r is pair p = pairs[r], which reads X row
 // p / row_div (its token for gate_up, itself for down) and writes Y row p.
 struct ExpertRows {
+    static constexpr bool kBias = true;
     const int *pairs;
     int rows, row_div;
+    const bf16 *bias;   // expert e's bias row [n], or NULL
     __device__ __forceinline__ long long x_row(int r) const { return pairs[r] / row_div; }
     __device__ __forceinline__ long long y_row(int r) const { return pairs[r]; }
 };
@@ -69,12 +83,13 @@ __device__ __forceinline__ void moe_gemm_tile(bf16 *sa, bf16 *sb, bf16 *yb, floa
                                               const int *sorted_pairs,
                                               const int *expert_offsets,
                                               const int *tile_offsets, int num_experts, int n,
-                                              int k, int row_div) {
+                                              int k, int row_div, const bf16 *bias) {
     const int t = blockIdx.x;
     if (t >= tile_offsets[num_experts]) return;  // CTA-uniform: past the last row tile
     const int e = tile_expert(tile_offsets, num_experts, t);
     const int r0 = expert_offsets[e] + (t - tile_offsets[e]) * T::BM;
-    const ExpertRows rows{sorted_pairs + r0, min(T::BM, expert_offsets[e + 1] - r0), row_div};
+    const ExpertRows rows{sorted_pairs + r0, min(T::BM, expert_offsets[e + 1] - r0), row_div,
+                          bias ? bias + (long long)e * n : nullptr};
     BF16Rows<T> src{w + (long long)e * n * k};
     gemm_tc_tile_rows<T>(sa, sb, nullptr, yb, yf, x, src, rows, n, k, n);
 }
@@ -85,22 +100,100 @@ __device__ __forceinline__ void moe_gemm_tile(bf16 *sa, bf16 *sb, bf16 *yb, floa
 
 #define MOE_GEMM_ARGS                                                                         \
     const bf16 *x, const bf16 *w, const int *sorted_pairs, const int *expert_offsets,         \
-        const int *tile_offsets, int num_experts, int n, int k, int row_div
+        const int *tile_offsets, int num_experts, int n, int k, int row_div, const bf16 *bias
 
 #define MOE_GEMM_ENTRY(NAME, TILE, MIN_BLOCKS)                                                \
     extern "C" __global__ void __launch_bounds__(TILE::THREADS, MIN_BLOCKS)                    \
         moe_gemm_bf16_##NAME(bf16 *y, MOE_GEMM_ARGS) {                                        \
         MOE_GEMM_SMEM(TILE);                                                                  \
         moe_gemm_tile<TILE>(sa, sb, y, nullptr, x, w, sorted_pairs, expert_offsets,           \
-                            tile_offsets, num_experts, n, k, row_div);                        \
+                            tile_offsets, num_experts, n, k, row_div, bias);                  \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(TILE::THREADS, MIN_BLOCKS)                    \
         moe_gemm_fp32_##NAME(float *y, MOE_GEMM_ARGS) {                                       \
         MOE_GEMM_SMEM(TILE);                                                                  \
         moe_gemm_tile<TILE>(sa, sb, nullptr, y, x, w, sorted_pairs, expert_offsets,           \
-                            tile_offsets, num_experts, n, k, row_div);                        \
+                            tile_offsets, num_experts, n, k, row_div, bias);                  \
     }
 
 MOE_GEMM_ENTRY(16x16, MoeTile16x16, 1)
 MOE_GEMM_ENTRY(64x32, MoeTile64x32, 1)
 MOE_GEMM_ENTRY(128x128, MoeTile128x128, 2)
+
+// ---- MXFP4 experts ----------------------------------------------------------------------
+// e2m1 code c (sign, 2 exponent bits, 1 mantissa bit) as a float: +-{0, 0.5, 1, 1.5, 2, 3,
+// 4, 6}; code 8 is -0.0, as transformers' table.
+__device__ __forceinline__ float e2m1_f(unsigned int c) {
+    const unsigned int e = (c >> 1) & 3u, m = c & 1u;
+    const unsigned int mag = e ? ((e + 126u) << 23) | (m << 22) : (m ? 0x3F000000u : 0u);
+    return __uint_as_float(mag | ((c & 8u) << 28));
+}
+
+// One expert's MXFP4 W [n, k] for QuantRows: row j's k / 2 bytes at q + j * row_bytes, its
+// k / 32 scales at scales + j * (k / 32).
+struct Mxfp4Format {
+    static constexpr int BITS = 4;
+    const unsigned char *q, *scales;
+    int row_bytes, k;
+    struct Row {
+        int j;
+    };
+    __device__ __forceinline__ const unsigned char *row_bytes_at(int j) const {
+        return q + (long long)j * row_bytes;
+    }
+    __device__ __forceinline__ Row row(int j) const { return {j}; }
+    __device__ __forceinline__ uint4 dequant8(const unsigned char *raw, const Row &r, int k0,
+                                              int) const {  // k % 32 == 0: whole chunks
+        const unsigned int w = *reinterpret_cast<const unsigned int *>(raw);
+        const unsigned int s = __ldg(scales + (long long)r.j * (k >> 5) + (k0 >> 5));
+        const float scale = __uint_as_float(s << 23);   // 2^(s - 127), a normal float
+        float v[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = __fmul_rn(e2m1_f((w >> (4 * e)) & 15u), scale);
+        return make_uint4(pack_bf2(v[0], v[1]), pack_bf2(v[2], v[3]), pack_bf2(v[4], v[5]),
+                          pack_bf2(v[6], v[7]));
+    }
+};
+
+template <class T>
+__device__ __forceinline__ void moe_mxfp4_tile(unsigned char *sw, bf16 *sa, bf16 *sd, bf16 *yb,
+                                               float *yf, const bf16 *x,
+                                               const unsigned char *blocks,
+                                               const unsigned char *scales,
+                                               const int *sorted_pairs,
+                                               const int *expert_offsets,
+                                               const int *tile_offsets, int num_experts, int n,
+                                               int k, int row_div, const bf16 *bias) {
+    const int t = blockIdx.x;
+    if (t >= tile_offsets[num_experts]) return;  // CTA-uniform: past the last row tile
+    const int e = tile_expert(tile_offsets, num_experts, t);
+    const int r0 = expert_offsets[e] + (t - tile_offsets[e]) * T::BM;
+    const ExpertRows rows{sorted_pairs + r0, min(T::BM, expert_offsets[e + 1] - r0), row_div,
+                          bias ? bias + (long long)e * n : nullptr};
+    QuantRows<T, Mxfp4Format> src;
+    src.f = Mxfp4Format{blocks + (long long)e * n * (k >> 1),
+                        scales + (long long)e * n * (k >> 5), k >> 1, k};
+    gemm_tc_tile_rows<T>(sa, sw, sd, yb, yf, x, src, rows, n, k);
+}
+
+#define MOE_MXFP4_ENTRY(OUT, YT, YB, YF, NAME, TILE, MIN_BLOCKS)                              \
+    extern "C" __global__ void __launch_bounds__(TILE::THREADS, MIN_BLOCKS)                    \
+        moe_gemm_mxfp4_##OUT##_##NAME(YT *y, const bf16 *x, const unsigned char *blocks,      \
+                                      const unsigned char *scales, const int *sorted_pairs,   \
+                                      const int *expert_offsets, const int *tile_offsets,     \
+                                      int num_experts, int n, int k, int row_div,             \
+                                      const bf16 *bias) {                                     \
+        typedef QuantRows<TILE, Mxfp4Format> Src;                                             \
+        __shared__ __align__(128) bf16 sa[TILE::STAGES * TILE::BM * TILE::BK];                \
+        __shared__ __align__(128) unsigned char sw[TILE::STAGES * Src::STAGE_ELEMS];          \
+        __shared__ __align__(128) bf16 sd[TILE::BN * TILE::BK];                               \
+        moe_mxfp4_tile<TILE>(sw, sa, sd, YB, YF, x, blocks, scales, sorted_pairs,             \
+                             expert_offsets, tile_offsets, num_experts, n, k, row_div, bias); \
+    }
+
+MOE_MXFP4_ENTRY(bf16, bf16, y, nullptr, 16x16, MoeTile16x16, 1)
+MOE_MXFP4_ENTRY(bf16, bf16, y, nullptr, 64x32, MoeTile64x32, 1)
+MOE_MXFP4_ENTRY(bf16, bf16, y, nullptr, 128x128, MoeTile128x128, 2)
+MOE_MXFP4_ENTRY(fp32, float, nullptr, y, 16x16, MoeTile16x16, 1)
+MOE_MXFP4_ENTRY(fp32, float, nullptr, y, 64x32, MoeTile64x32, 1)
+MOE_MXFP4_ENTRY(fp32, float, nullptr, y, 128x128, MoeTile128x128, 2)

@@ -7,6 +7,8 @@
 //   the lower expert index first; NaN above every number, as torch.topk puts it), i.e. by p
 //   (exp is monotone) with ties of p broken by l, then by index (see below)
 //   w_s = p_{e_s}; with `renormalize`: w_s = w_s / (((w_0 + w_1) + w_2) + ... + w_{k-1})
+// With `bias` (bf16 [num_experts], gpt-oss's router bias; NULL: none) every l[t, e] above is
+// the float32 logit plus the bias, one float32 add, before anything else.
 // Shapes: logits float32 [n_tokens, num_experts]; topk_ids int32 [n_tokens, top_k] (slot
 // order = rank order), topk_weights float32 [n_tokens, top_k].
 // Launch: block MOE_ROUTER_THREADS (128: 4 warps), one warp per token, grid
@@ -53,7 +55,7 @@ __device__ __forceinline__ bool ranks_before(float a, int ia, float b, int ib) {
 
 extern "C" __global__ void __launch_bounds__(MOE_ROUTER_THREADS)
 moe_topk_softmax(int *topk_ids, float *topk_weights, const float *logits, int n_tokens,
-                 int num_experts, int top_k, int renormalize) {
+                 int num_experts, int top_k, int renormalize, const bf16 *bias) {
     const int lane = threadIdx.x & 31;
     const int t = blockIdx.x * (MOE_ROUTER_THREADS / 32) + (threadIdx.x >> 5);
     if (t >= n_tokens) return;  // warp-uniform
@@ -64,6 +66,7 @@ moe_topk_softmax(int *topk_ids, float *topk_weights, const float *logits, int n_
     for (int j = 0; j < MOE_MAX_PER_LANE; ++j) {
         const int e = lane + 32 * j;
         l[j] = e < num_experts ? row[e] : 0.f;
+        if (bias != nullptr && e < num_experts) l[j] += bf2f(bias[e]);
         if (e < num_experts) m = fmaxf(m, l[j]);
     }
     m = warp_max(m);

@@ -59,3 +59,17 @@ __device__ __forceinline__ float rms_inv(float ss, int hidden, float eps) {
 __device__ __forceinline__ float rms_scale(float a, float inv, float w) {
     return bf2f(f2bf(bf2f(f2bf(a * inv)) * w));
 }
+
+// The weight modes of the rmsnorm kernel (ops/rmsnorm.py WEIGHT_MODES):
+//   RMS_WEIGHT_LLAMA   bf16( bf16(a * inv) * w )   (rms_scale; HF Llama, Qwen, Mistral, Phi-3)
+//   RMS_WEIGHT_ONCE    bf16( (a * inv) * w )       (one rounding; HF GptOssRMSNorm)
+//   RMS_WEIGHT_GEMMA   bf16( (a * inv) * (1 + w) ) (one rounding; HF Gemma2/3RMSNorm)
+#define RMS_WEIGHT_LLAMA 0
+#define RMS_WEIGHT_ONCE 1
+#define RMS_WEIGHT_GEMMA 2
+
+// rms_scale under `mode` (uniform across the launch), as a float holding a BF16 value.
+__device__ __forceinline__ float rms_weighted(float a, float inv, float w, int mode) {
+    if (mode == RMS_WEIGHT_LLAMA) return rms_scale(a, inv, w);
+    return bf2f(f2bf((a * inv) * (mode == RMS_WEIGHT_GEMMA ? 1.0f + w : w)));
+}

@@ -9,6 +9,9 @@
 // The two roundings mirror HF LlamaRMSNorm / Qwen2RMSNorm with BF16 weights:
 // `weight * hidden_states.to(input_dtype)` normalizes in FP32, casts to BF16, then multiplies
 // by the BF16 weight (one more BF16 rounding); HF's `residual + hidden_states` is a BF16 add.
+// weight_mode (norm_row.cuh RMS_WEIGHT_*) picks the last step: 0 the two roundings above;
+// 1 out = bf16(n_fp32 * w), one rounding (HF GptOssRMSNorm); 2 out = bf16(n_fp32 * (1 + w)),
+// one rounding (HF Gemma2RMSNorm / Gemma3RMSNorm, zero-centred weights).
 //
 // layernorm:
 //   mu = mean(x), var = mean((x - mu)^2)       (two-pass, FP32)
@@ -36,7 +39,7 @@
 
 extern "C" __global__ void __launch_bounds__(NORM_ROWS_PER_CTA * 32)
 rmsnorm(bf16 *out, const bf16 *x, const bf16 *weight, bf16 *residual, int n_rows, int hidden,
-        float eps) {
+        float eps, int weight_mode) {
     const int lane = threadIdx.x & 31;
     const int r = blockIdx.x * NORM_ROWS_PER_CTA + (threadIdx.x >> 5);
     if (r >= n_rows) return;  // warp-uniform: a warp owns its row, no block barriers
@@ -59,13 +62,13 @@ rmsnorm(bf16 *out, const bf16 *x, const bf16 *weight, bf16 *residual, int n_rows
             unpack8(sv[j], a);
             unpack8(wv[j], w);
 #pragma unroll
-            for (int e = 0; e < 8; ++e) a[e] = rms_scale(a[e], inv, w[e]);
+            for (int e = 0; e < 8; ++e) a[e] = rms_weighted(a[e], inv, w[e], weight_mode);
             ov[j] = pack8(a);
         }
     } else {
         for (int j = lane; j < chunks; j += 32)
             for (int c = 8 * j; c < min(8 * j + 8, hidden); ++c)
-                o[c] = f2bf(rms_scale(bf2f(src[c]), inv, bf2f(weight[c])));
+                o[c] = f2bf(rms_weighted(bf2f(src[c]), inv, bf2f(weight[c]), weight_mode));
     }
 }
 

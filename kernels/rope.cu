@@ -4,16 +4,19 @@
 //   x = qkv[t, head, :]  (head < H: q head, H <= head < H+KV: k head; v heads untouched)
 //   if w (q_norm for q heads, k_norm for k heads) is not NULL:
 //       x = bf16( x * rsqrt(sum(x^2)/D + eps) * w )                (fp32 math, one rounding)
-//   c = table[pos, j], s = table[pos, D/2 + j], pos = positions[t], j < D/2
-//   x[j]       = bf16( x[j]*c - x[j+D/2]*s )
-//   x[j + D/2] = bf16( x[j+D/2]*c + x[j]*s )
+//       (gemma_norm != 0: * (1 + w), Gemma3's q/k RMSNorm)
+//   R = rot_dim (= D, or less for a partial rotary embedding; even), pos = positions[t],
+//   c = table[pos, j], s = table[pos, R/2 + j], j < R/2
+//   x[j]       = bf16( x[j]*c - x[j+R/2]*s )
+//   x[j + R/2] = bf16( x[j+R/2]*c + x[j]*s )
+//   x[R..D) unrotated (normalized when w is given)
 //
 // Shapes: qkv [n_tokens, (H + 2*KV) * D] bf16; positions [n_tokens] int32;
-//         table [max_positions, D] fp32 (cos | sin, attention factor folded in);
+//         table [max_positions, R] fp32 (cos | sin, attention factor folded in);
 //         q_norm, k_norm [D] bf16 or NULL.
 // Launch: grid (n_tokens, ceil((H+KV)/4)), block 128 = 4 warps, one warp per head;
 //         lane l handles pairs j = l, l+32, l+64, l+96 (D <= 256).
-// Restrictions: D even, 2 <= D <= 256. A position outside [0, max_positions) leaves the
+// Restrictions: D even, 2 <= D <= 256; R even, 2 <= R <= D. A position outside [0, max_positions) leaves the
 //         token untouched (no out-of-bounds read); callers check positions on the host.
 //
 // rope_write_kv: apply_rope and kv_cache.cu's write_kv in one launch (a decode step's two
@@ -36,8 +39,10 @@
 
 // One q/k head of token t: optional RMSNorm, rotation, written back in place and, with
 // k_dst (a k head's cache row), to the cache as well. Lane l: pairs j = l + 32k.
+// gemma_norm: the norm's weight applies as (1 + w) (Gemma3RMSNorm) instead of w.
 __device__ __forceinline__ void rope_head(bf16 *x, bf16 *k_dst, const bf16 *w, const float *cs,
-                                          int head_dim, float norm_eps, int lane) {
+                                          int head_dim, float norm_eps, int gemma_norm,
+                                          int lane) {
     const int half = head_dim >> 1;
     float x1[ROPE_MAX_PAIRS_PER_LANE], x2[ROPE_MAX_PAIRS_PER_LANE];
 #pragma unroll
@@ -56,8 +61,9 @@ __device__ __forceinline__ void rope_head(bf16 *x, bf16 *k_dst, const bf16 *w, c
         for (int k = 0; k < ROPE_MAX_PAIRS_PER_LANE; ++k) {
             const int j = lane + 32 * k;
             if (j < half) {
-                x1[k] = bf2f(f2bf((x1[k] * r) * bf2f(w[j])));
-                x2[k] = bf2f(f2bf((x2[k] * r) * bf2f(w[j + half])));
+                const float w1 = bf2f(w[j]), w2 = bf2f(w[j + half]);
+                x1[k] = bf2f(f2bf((x1[k] * r) * (gemma_norm ? 1.0f + w1 : w1)));
+                x2[k] = bf2f(f2bf((x2[k] * r) * (gemma_norm ? 1.0f + w2 : w2)));
             }
         }
     }
@@ -77,6 +83,89 @@ __device__ __forceinline__ void rope_head(bf16 *x, bf16 *k_dst, const bf16 *w, c
     }
 }
 
+// rope_head with partial rotary (rot_dim < head_dim, both even): the first rot_dim elements
+// rotate as pairs (j, j + rot_dim/2) with cs = [cos | sin] of rot_dim/2 each, the others pass
+// through (normalized first when w is given: the norm covers the whole head). Lane l holds
+// the pairs j = l + 32k and the passed elements rot_dim + l + 32k.
+__device__ __forceinline__ void rope_head_partial(bf16 *x, bf16 *k_dst, const bf16 *w,
+                                                  const float *cs, int head_dim, int rot_dim,
+                                                  float norm_eps, int gemma_norm, int lane) {
+    const int half = rot_dim >> 1, rest = head_dim - rot_dim;
+    float x1[ROPE_MAX_PAIRS_PER_LANE], x2[ROPE_MAX_PAIRS_PER_LANE];
+    float xp[2 * ROPE_MAX_PAIRS_PER_LANE];
+#pragma unroll
+    for (int k = 0; k < ROPE_MAX_PAIRS_PER_LANE; ++k) {
+        const int j = lane + 32 * k;
+        x1[k] = j < half ? bf2f(x[j]) : 0.f;
+        x2[k] = j < half ? bf2f(x[j + half]) : 0.f;
+    }
+#pragma unroll
+    for (int k = 0; k < 2 * ROPE_MAX_PAIRS_PER_LANE; ++k) {
+        const int e = lane + 32 * k;
+        xp[k] = e < rest ? bf2f(x[rot_dim + e]) : 0.f;
+    }
+    if (w != nullptr) {
+        float ss = 0.f;
+#pragma unroll
+        for (int k = 0; k < ROPE_MAX_PAIRS_PER_LANE; ++k) ss += x1[k] * x1[k] + x2[k] * x2[k];
+#pragma unroll
+        for (int k = 0; k < 2 * ROPE_MAX_PAIRS_PER_LANE; ++k) ss += xp[k] * xp[k];
+        ss = warp_sum(ss);
+        const float r = rsqrtf(ss / (float)head_dim + norm_eps);
+        auto normed = [&](float v, int i) {
+            const float wi = bf2f(w[i]);
+            return bf2f(f2bf((v * r) * (gemma_norm ? 1.0f + wi : wi)));
+        };
+#pragma unroll
+        for (int k = 0; k < ROPE_MAX_PAIRS_PER_LANE; ++k) {
+            const int j = lane + 32 * k;
+            if (j < half) {
+                x1[k] = normed(x1[k], j);
+                x2[k] = normed(x2[k], j + half);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < 2 * ROPE_MAX_PAIRS_PER_LANE; ++k) {
+            const int e = lane + 32 * k;
+            if (e < rest) xp[k] = normed(xp[k], rot_dim + e);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < ROPE_MAX_PAIRS_PER_LANE; ++k) {
+        const int j = lane + 32 * k;
+        if (j < half) {
+            const float c = __ldg(cs + j), s = __ldg(cs + half + j);
+            const bf16 a = f2bf(x1[k] * c - x2[k] * s), b = f2bf(x2[k] * c + x1[k] * s);
+            x[j] = a;
+            x[j + half] = b;
+            if (k_dst != nullptr) {
+                k_dst[j] = a;
+                k_dst[j + half] = b;
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < 2 * ROPE_MAX_PAIRS_PER_LANE; ++k) {
+        const int e = lane + 32 * k;
+        if (e < rest) {
+            const bf16 v = f2bf(xp[k]);
+            x[rot_dim + e] = v;
+            if (k_dst != nullptr) k_dst[rot_dim + e] = v;
+        }
+    }
+}
+
+// One q/k head at position row `pos` of the table (rot_dim floats a row).
+__device__ __forceinline__ void rope_any(bf16 *x, bf16 *k_dst, const bf16 *w, const float *table,
+                                         int pos, int head_dim, int rot_dim, float norm_eps,
+                                         int gemma_norm, int lane) {
+    const float *cs = table + (long long)pos * rot_dim;
+    if (rot_dim == head_dim)
+        rope_head(x, k_dst, w, cs, head_dim, norm_eps, gemma_norm, lane);
+    else
+        rope_head_partial(x, k_dst, w, cs, head_dim, rot_dim, norm_eps, gemma_norm, lane);
+}
+
 // A head copied as 32-bit words (D even, both rows 4-byte aligned).
 __device__ __forceinline__ void copy_head(bf16 *dst, const bf16 *src, int head_dim, int lane) {
     const unsigned int *s = reinterpret_cast<const unsigned int *>(src);
@@ -87,7 +176,7 @@ __device__ __forceinline__ void copy_head(bf16 *dst, const bf16 *src, int head_d
 extern "C" __global__ void __launch_bounds__(ROPE_WARPS * 32)
 apply_rope(bf16 *qkv, const int *positions, const float *table, const bf16 *q_norm,
            const bf16 *k_norm, int n_tokens, int num_heads, int num_kv_heads, int head_dim,
-           int max_positions, float norm_eps) {
+           int max_positions, float norm_eps, int rot_dim, int gemma_norm) {
     const int t = blockIdx.x;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int head = blockIdx.y * ROPE_WARPS + warp;
@@ -96,15 +185,15 @@ apply_rope(bf16 *qkv, const int *positions, const float *table, const bf16 *q_no
     if (pos < 0 || pos >= max_positions) return;
     bf16 *x = qkv + (long long)t * (num_heads + 2 * num_kv_heads) * head_dim
                   + (long long)head * head_dim;
-    rope_head(x, nullptr, head < num_heads ? q_norm : k_norm,
-              table + (long long)pos * head_dim, head_dim, norm_eps, lane);
+    rope_any(x, nullptr, head < num_heads ? q_norm : k_norm, table, pos, head_dim, rot_dim,
+             norm_eps, gemma_norm, lane);
 }
 
 extern "C" __global__ void __launch_bounds__(ROPE_WARPS * 32)
 rope_write_kv(bf16 *qkv, const int *positions, const float *table, const bf16 *q_norm,
               const bf16 *k_norm, bf16 *k_cache, bf16 *v_cache, const int *slot_mapping,
               int n_tokens, int num_heads, int num_kv_heads, int head_dim, int max_positions,
-              float norm_eps) {
+              float norm_eps, int rot_dim, int gemma_norm) {
     const int t = blockIdx.x;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int head = blockIdx.y * ROPE_WARPS + warp;
@@ -117,8 +206,8 @@ rope_write_kv(bf16 *qkv, const int *positions, const float *table, const bf16 *q
     const long long row = (long long)num_kv_heads * head_dim;  // a cache slot
     if (head < num_heads) {                                     // q head: rotate only
         if (rotate)
-            rope_head(x, nullptr, q_norm, table + (long long)pos * head_dim, head_dim,
-                      norm_eps, lane);
+            rope_any(x, nullptr, q_norm, table, pos, head_dim, rot_dim, norm_eps, gemma_norm,
+                     lane);
         return;
     }
     const bool kv = head < num_heads + num_kv_heads;            // else a v head
@@ -127,7 +216,7 @@ rope_write_kv(bf16 *qkv, const int *positions, const float *table, const bf16 *q
                          : (kv ? k_cache : v_cache) + (long long)slot * row
                                + (long long)kh * head_dim;
     if (kv && rotate)
-        rope_head(x, dst, k_norm, table + (long long)pos * head_dim, head_dim, norm_eps, lane);
+        rope_any(x, dst, k_norm, table, pos, head_dim, rot_dim, norm_eps, gemma_norm, lane);
     else if (dst != nullptr)
         copy_head(dst, x, head_dim, lane);
 }

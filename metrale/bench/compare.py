@@ -95,7 +95,7 @@ class HFComparison:
                     row["ratios"][f"{short}_vs_{name}"] = \
                         ours / theirs if ours and theirs else None
             rows.append(row)
-        return {**self.facts, "dtypes": list(self.dtypes), "attn_implementation": "sdpa",
+        return {"attn_implementation": "sdpa", **self.facts, "dtypes": list(self.dtypes),
                 "prefill_mode": PREFILL_MODE, "decode_mode": DECODE_MODE,
                 "metrale_prefill_mode": METRALE_PREFILL_MODES[metrale_prefill],
                 "order": "per batch size and repetition: metrale, then HF " +

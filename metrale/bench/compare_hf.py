@@ -25,6 +25,7 @@ PREFILL_MODE = "one batched forward of the B prompts, logits_to_keep=1"
 DECODE_MODE = ("manual greedy loop: forward of one token per row with past_key_values "
                "(DynamicCache, `cache` in newer transformers) and logits_to_keep=1, argmax copied to the host every step")
 ATTN_IMPLEMENTATION = "sdpa"
+FALLBACK_ATTN_IMPLEMENTATION = "eager"  # for models whose HF class refuses sdpa (gpt-oss)
 
 
 def require_torch():
@@ -44,13 +45,21 @@ def torch_facts(torch, transformers) -> dict:
             "torch_threads": int(torch.get_num_threads())}
 
 
-def _from_config(transformers, config, dtype):
+def _from_config_impl(transformers, config, dtype, impl):
     cls = transformers.AutoModelForCausalLM
     try:  # transformers >= 4.56 names it dtype; older ones torch_dtype
-        return cls.from_config(config, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
+        return cls.from_config(config, dtype=dtype, attn_implementation=impl)
     except TypeError:
-        return cls.from_config(config, torch_dtype=dtype,
-                               attn_implementation=ATTN_IMPLEMENTATION)
+        return cls.from_config(config, torch_dtype=dtype, attn_implementation=impl)
+
+
+def _from_config(transformers, config, dtype):
+    """The model with sdpa attention, or eager where transformers refuses sdpa for the
+    class (ValueError); the implementation used is `model.config._attn_implementation`."""
+    try:
+        return _from_config_impl(transformers, config, dtype, ATTN_IMPLEMENTATION)
+    except ValueError:
+        return _from_config_impl(transformers, config, dtype, FALLBACK_ATTN_IMPLEMENTATION)
 
 
 def build_hf_model(torch, transformers, source, device: str, dtype_name: str):
@@ -169,5 +178,7 @@ def load_runners(source, device: str, dtypes) -> tuple[dict, dict]:
         model, untouched = build_hf_model(torch, transformers, source, device, name)
         facts["load_s"][name] = time.perf_counter() - t0
         facts["params_not_from_source"][name] = untouched
+        facts["attn_implementation"] = str(getattr(model.config, "_attn_implementation",
+                                                   ATTN_IMPLEMENTATION))
         runners[name] = HFRunner(torch, model, name)
     return runners, facts

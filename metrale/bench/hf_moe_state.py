@@ -4,7 +4,8 @@
 Checkpoints keep one tensor per expert and projection (formats/moe_config.py); transformers
 5 stacks them at load (its conversion_mapping: MergeModulelist + Concatenate):
 `mlp.experts.gate_up_proj` [E, 2I, hidden] = per expert [gate; up], `mlp.experts.down_proj`
-[E, hidden, I], and mixtral's `block_sparse_moe.` becomes `mlp.`.
+[E, hidden, I], and mixtral's `block_sparse_moe.` becomes `mlp.`. gpt-oss checkpoints
+already hold the stacked tensors under HF's names (nothing to rename).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def hf_state_renames(source) -> tuple[dict[str, object], set[str]]:
     moe = meta.moe
     out: dict[str, object] = {}
     used: set[str] = set()
-    if moe is None:
+    if moe is None or moe.oss is not None:  # gpt-oss stores HF's stacked names as they are
         return out, used
     gate, up, down = moe.expert_proj
     for layer, sparse in enumerate(moe.sparse_layers):

@@ -69,6 +69,25 @@ def human_bytes(n: float) -> str:
     return f"{n} B"  # pragma: no cover
 
 
+def kv_text(groups, kv_layer: int, kv_tok: int) -> str:
+    """KV bytes per token, by kind of layer: sliding-window ones hold at most their window
+    and one block (16 tokens) per sequence."""
+    if not groups or all(not w for w, _ in groups):
+        return f"{human_bytes(kv_tok)} per token"
+    parts = []
+    for w, layers in groups:
+        n = len(layers)
+        per = human_bytes(kv_layer * n)
+        if not w:
+            parts.append(f"{per} per token in {n} full layer{'s' * (n != 1)}")
+        else:
+            blocks = -(-w // 16) + 1
+            parts.append(f"{per} per token in {n} sliding-window layer{'s' * (n != 1)} "
+                         f"(window {w}: at most {blocks} blocks of 16 tokens, "
+                         f"{human_bytes(blocks * 16 * kv_layer * n)}, held per sequence)")
+    return "; ".join(parts)
+
+
 def run(args) -> int:
     if args.presets:
         from .info_presets import run_presets
@@ -97,17 +116,23 @@ def run(args) -> int:
     # a GGUF's block-type tensors as the device holds them: at their stored bytes
     held = held_bytes(meta, source) if keeps_packed(source) else None
     w = weight_bytes(meta) if held is None else held[0]
-    kv_tok = meta.num_layers * 2 * meta.num_kv_heads * meta.head_dim * 2
+    kv_layer = 2 * meta.num_kv_heads * meta.head_dim * 2   # one layer's K and V, BF16
+    kv_tok = meta.num_layers * kv_layer
     kv = kv_tok * context * args.batch
     kv_and_ws = kv
+    groups = None
     if meta.architecture in DECODER_ARCHS:
-        # The decoder's own estimate: KV pool (+1 padding block) and every workspace.
+        # The decoder's own estimate: KV pool (+1 padding block) and every workspace; a
+        # sliding-window group beside full layers holds a bounded pool (kv_groups.py)
+        from ..model_engine.kv_groups import group_layers, window_blocks
         from ..model_engine.workspace import Workspace
-        bs = 16
+        bs, rows, nb = 16, max(args.batch, 16), -(-context // 16) * args.batch
+        groups = group_layers(meta)
+        win = groups[1] if len(groups) > 1 else (0, ())
         kv_and_ws = Workspace.estimate_bytes(
-            meta, max_tokens=2048, max_rows=max(args.batch, 16),
-            num_blocks=-(-context // bs) * args.batch, block_size=bs,
-            max_blocks_per_seq=-(-context // bs), fp32_logits=False)
+            meta, max_tokens=2048, max_rows=rows, num_blocks=nb, block_size=bs,
+            max_blocks_per_seq=-(-context // bs), fp32_logits=False, window_layers=win[1],
+            window_blocks=window_blocks(nb, win[0], bs, rows, 2048) if win[1] else 0)
     # the LoRA slots the options reserve (counted like the workspaces: 2048-token chunks)
     lora = lora_info(meta, args.lora_options, max(2048, args.batch, 16)) \
         if meta.architecture in DECODER_ARCHS else None
@@ -137,6 +162,11 @@ def run(args) -> int:
                    "mlp": meta.mlp_bias},
         "math": fields,
         "weight_bytes": w, "kv_bytes_per_token": kv_tok,
+        # sliding-window layers hold at most their window (+ one block) per sequence
+        "kv_bytes_per_token_full_layers": kv_layer * sum(
+            len(ly) for wd, ly in groups if not wd) if groups else kv_tok,
+        "kv_bytes_per_token_window_layers": kv_layer * sum(
+            len(ly) for wd, ly in groups if wd) if groups else 0,
         # what one batch-1 decode step reads: every weight (the embedding's one row unless
         # tied to the head; a MoE layer's chosen experts only) and the KV cache of `context`
         # positions (bench/roofline.py)
@@ -185,7 +215,7 @@ def run(args) -> int:
         print(f"step weights   {human_bytes(info['decode_step_weight_bytes'])} read per decode "
               f"step at batch {args.batch} (the experts the rows choose, expected under "
               "uniform routing past batch 1)")
-    print(f"KV cache       {human_bytes(kv_tok)} per token")
+    print(f"KV cache       {kv_text(groups, kv_layer, kv_tok)}")
     if lora is not None:
         print("\n".join(lora_lines(lora, human_bytes)))
     print(f"memory needed  {human_bytes(info['memory_needed_bytes'])} for batch {args.batch} "

@@ -3,6 +3,7 @@ model computes (formats/field_table.py), as metrale will run it."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 
 def _runs(windows) -> str:
@@ -29,6 +30,11 @@ def rope_text(meta) -> str:
         return (f"dynamic NTK, factor {rs.factor:g}, {theta}: the default rope below "
                 f"max_position_embeddings {rs.original_max_position_embeddings:,} (positions "
                 "past it are refused)")
+    if rs.rope_type == "longrope":
+        orig = rs.original_max_position_embeddings
+        return (f"longrope, short factors below position {orig:,} and long ones from it on "
+                f"(every position long for a prompt longer than {orig:,}, as one transformers "
+                f"generate call), attention factor {rs.attention_factor:.4f}, {theta}")
     if rs.rope_type == "llama3":
         return (f"llama3, factor {rs.factor:g}, low/high freq factor {rs.low_freq_factor:g}/"
                 f"{rs.high_freq_factor:g}, original context "
@@ -37,6 +43,38 @@ def rope_text(meta) -> str:
             f"{rs.original_max_position_embeddings:,}, beta fast/slow {rs.beta_fast:g}/"
             f"{rs.beta_slow:g}, attention factor {rs.yarn_attention_factor():.4f}"
             f"{'' if rs.truncate else ', untruncated'}, {theta}")
+
+
+def variant_fields(meta) -> dict[str, str]:
+    """How the block departs from Llama's (formats/decoder_variant.py), field by field."""
+    var, out = meta.variant, {}
+    if var.norm_mode == "gemma":
+        out["norms"] = ("RMSNorm weights applied as (1 + w), one BF16 rounding"
+                        + (", four per layer: the attention and MLP outputs are normalized "
+                           "before their residual adds" if var.sandwich_norms else ""))
+    elif var.norm_mode == "once":
+        out["norms"] = "RMSNorm as bf16(x * rsqrt(mean(x^2) + eps) * w), one rounding"
+    if var.embed_scale:
+        out["embed_scale"] = (f"x {var.embed_scale:g} (sqrt(hidden_size) = "
+                              f"{meta.hidden_size ** 0.5:.4f} cast to BF16, as HF does)")
+    if var.attn_scale or var.attn_softcap:
+        scale = var.attn_scale or meta.head_dim ** -0.5
+        out["scores"] = f"q.k x {scale:.6g}" + (
+            f" (query_pre_attn_scalar {round(scale ** -2, 4):g})" if var.attn_scale else "") + (
+            f", soft-capped: {var.attn_softcap:g} * tanh(s / {var.attn_softcap:g})"
+            if var.attn_softcap else "")
+    if var.final_softcap:
+        out["logit_cap"] = f"{var.final_softcap:g} * tanh(logits / {var.final_softcap:g})"
+    if var.rotary_dim:
+        out["rotary_dims"] = (f"the first {var.rotary_dim} of each head's {meta.head_dim} "
+                              "(partial_rotary_factor)")
+    if var.fused_projections:
+        out["projections"] = "qkv_proj and gate_up_proj stored fused (loaded as they are)"
+    if var.local_rope is not None:
+        theta, rs = var.local_rope
+        local = replace(meta, rope_theta=theta, rope_scaling=rs)
+        out["local_rope"] = f"sliding layers: {rope_text(local)}"
+    return out
 
 
 def experts_text(meta) -> str:
@@ -50,6 +88,13 @@ def experts_text(meta) -> str:
     if moe.shared_expert_intermediate_size:
         text += (f", plus a shared expert of width {moe.shared_expert_intermediate_size} "
                  "times sigmoid(shared_expert_gate)")
+    if moe.oss is not None:   # gpt-oss
+        o = moe.oss
+        text += (f" (a softmax over the top-{moe.top_k} biased router logits, the same "
+                 f"weights), expert biases, clamped SwiGLU alpha {o.swiglu_alpha:g} limit "
+                 f"{o.swiglu_limit:g}" + ("; MXFP4 experts kept at their bytes (4.25 bits a "
+                                         "weight, 0.27x of BF16), dequantized in the "
+                                         "grouped GEMM's tiles" if o.mxfp4 else ""))
     text += f"; sparse on {len(sparse)} of {len(moe.sparse_layers)} layers"
     if dense:
         text += f" (dense MLP {meta.intermediate_size} on layers {dense})"
@@ -75,8 +120,10 @@ def dtype_text(meta, source) -> str:
     if getattr(meta, "quantization", None) is not None:
         return (f"{meta.dtype} in config.json; tensors: {kinds}; the quantized linears stay "
                 "packed on the device (quantization), the rest bfloat16")
-    lossy = sorted(dt for dt in stored if dt != "BF16")
+    lossy = sorted(dt for dt in stored if dt not in ("BF16", "U8"))
     how = "exact" if not lossy else (f"{'/'.join(lossy)} rounded to nearest even BF16")
+    if "U8" in stored:   # gpt-oss's MXFP4 experts
+        how += "; U8: MXFP4 expert blocks and scales, kept packed"
     if hasattr(source, "stored_types"):   # a GGUF file: no config.json
         return f"GGUF {source.stored_types()}; {gguf_held_text(meta, source)}"
     return f"{meta.dtype} in config.json; tensors: {kinds} -> bfloat16 on the device ({how})"
@@ -110,8 +157,14 @@ def math_fields(meta, source, head_stored: bool) -> dict[str, str]:
     out = {"rope": rope_text(meta)}
     if meta.architecture != "whisper":
         out["attention"] = _runs(meta.layer_windows or (0,) * meta.num_layers)
-        out["activation"] = f"{meta.hidden_act} (gated MLP: act(gate) * up)"
-        out["qk_norm"] = "RMSNorm on each q/k head (qwen3)" if meta.qk_norm else "none"
+        out["activation"] = (f"{meta.hidden_act} (gated MLP: act(gate) * up)" if meta.moe is None
+                             or meta.moe.oss is None else "the experts' clamped SwiGLU "
+                             "(clamp(up) + 1) * gate' * sigmoid(alpha * gate'), gate' = "
+                             "min(gate, limit)")
+        out["qk_norm"] = ("none" if not meta.qk_norm else "RMSNorm on each q/k head "
+                          + ("(gemma: 1 + w)" if meta.variant.norm_mode == "gemma"
+                             else "(qwen3)"))
+        out.update(variant_fields(meta))
     else:
         w = meta.whisper
         out["attention"] = (f"full; encoder {w.max_source_positions} positions "

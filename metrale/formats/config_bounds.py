@@ -31,6 +31,7 @@ LAYER_COUNTS = {
               ("vision_config.num_hidden_layers", "vision_tower.vision_model.encoder.layers.")),
     "whisper": (("encoder_layers", "model.encoder.layers."),
                 ("decoder_layers", "model.decoder.layers.")),
+    "gemma3": (("text_config.num_hidden_layers", "model.layers."),),   # its text model
 }
 
 

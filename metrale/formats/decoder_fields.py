@@ -7,14 +7,21 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..errors import FormatError, Unsupported
+from . import gemma_config as gemma
+from . import gpt_oss_config as oss
 from . import moe_config as moe
+from . import phi3_config as phi3
 from .config_fields import KERNEL_MAX_HEAD_DIM, _Cfg
 from .field_table import HF_ACTIVATIONS
 
 # HF class defaults of keys a config.json may leave out
-KV_HEADS_DEFAULT = {"llama": None, "mistral": 8, "qwen2": 32, "qwen3": 32}  # None: = heads
+KV_HEADS_DEFAULT = {"llama": None, "mistral": 8, "qwen2": 32, "qwen3": 32,  # None: = heads
+                    "phi3": None}
 MAX_POSITIONS_DEFAULT = {"llama": 2048, "mistral": 131072, "qwen2": 32768, "qwen3": 32768,
-                         **moe.MAX_POSITIONS_DEFAULT}
+                         "phi3": 4096, "gpt_oss": oss.DEFAULTS["max_position_embeddings"],
+                         **moe.MAX_POSITIONS_DEFAULT,
+                         **{a: d["max_position_embeddings"]
+                            for a, d in gemma.CLASS_DEFAULTS.items()}}
 QWEN3_HEAD_DIM_DEFAULT = 128
 WINDOW_DEFAULT = 4096
 MAX_WINDOW_LAYERS_DEFAULT = 28
@@ -31,10 +38,28 @@ def _present(config: dict, key: str) -> bool:
     return key in config
 
 
+def size(c: _Cfg, arch: str, key: str) -> int:
+    """A size every decoder needs (vocab_size, hidden_size, ...): required, unless the
+    family's HF class has a default for it (Gemma: a `gemma3` text_config holds only the
+    values that differ from the defaults)."""
+    default = (oss.DEFAULTS if arch == "gpt_oss" else gemma.CLASS_DEFAULTS.get(arch, {})
+               ).get(key)
+    return c.int(key, default, required=default is None)
+
+
 def kv_heads(c: _Cfg, arch: str, heads: int) -> int:
     """num_key_value_heads: absent -> the family's class default; null -> heads."""
     if arch in moe.MOE_ARCHS:
         return moe.kv_heads(c, arch)
+    if arch == "gpt_oss":   # GptOssConfig: null means num_attention_heads
+        if _present(c.d, "num_key_value_heads") and c.d["num_key_value_heads"] is None:
+            return heads
+        return c.int("num_key_value_heads", oss.DEFAULTS["num_key_value_heads"])
+    if arch in gemma.GEMMA_ARCHS:
+        if _present(c.d, "num_key_value_heads") and c.d["num_key_value_heads"] is None:
+            raise FormatError(f"{c.source}: num_key_value_heads is null ({arch}: transformers "
+                              "cannot run it)")
+        return c.int("num_key_value_heads", gemma.CLASS_DEFAULTS[arch]["num_key_value_heads"])
     if _present(c.d, "num_key_value_heads") and c.d.get("num_key_value_heads") is None:
         return heads
     default = KV_HEADS_DEFAULT[arch]
@@ -43,11 +68,14 @@ def kv_heads(c: _Cfg, arch: str, heads: int) -> int:
 
 def head_dim(c: _Cfg, arch: str, hidden: int, heads: int) -> int:
     """head_dim: explicit; absent/null -> hidden // heads (qwen3: absent -> 128)."""
-    if arch == "qwen3" and _present(c.d, "head_dim") and c.d.get("head_dim") is None:
-        raise FormatError(f"{c.source}: head_dim is null (transformers' qwen3 cannot run "
+    if arch in ("qwen3", "phi3") + gemma.GEMMA_ARCHS and _present(c.d, "head_dim") and \
+            c.d.get("head_dim") is None:
+        raise FormatError(f"{c.source}: head_dim is null (transformers' {arch} cannot run "
                           "it either)")
     # the MoE families' defaults: moe_config.py; the checks below apply to them too
-    d = moe.head_dim(c, arch, hidden, heads) if arch in moe.MOE_ARCHS else c.int("head_dim")
+    d = moe.head_dim(c, arch, hidden, heads) if arch in moe.MOE_ARCHS else c.int(
+        "head_dim", (oss.DEFAULTS if arch == "gpt_oss" and not _present(c.d, "head_dim")
+                     else gemma.CLASS_DEFAULTS.get(arch, {})).get("head_dim"))
     if d is None and arch == "qwen3":
         d = QWEN3_HEAD_DIM_DEFAULT
     elif d is None:
@@ -67,23 +95,32 @@ def head_dim(c: _Cfg, arch: str, hidden: int, heads: int) -> int:
 
 
 def biases(c: _Cfg, arch: str) -> Biases:
-    """Which projections carry biases: llama / qwen3 `attention_bias` covers q/k/v and o;
-    qwen2 always biases q/k/v and never o; mistral never; `mlp_bias` is llama's only."""
+    """Which projections carry biases: llama / qwen3 / gemma `attention_bias` covers q/k/v
+    and o; qwen2 always biases q/k/v and never o; mistral never; `mlp_bias` is llama's
+    only."""
     if arch in moe.MOE_ARCHS:
         return Biases(*moe.biases(c, arch))
     if arch == "qwen2":
         return Biases(True, False, False)
-    if arch == "mistral":
+    if arch in ("mistral", "phi3"):
         return Biases(False, False, False)
+    if arch == "gpt_oss":   # attention_bias defaults to true there
+        att = c.bool("attention_bias", True)
+        return Biases(att, att, False)
     att = c.bool("attention_bias", False)
     return Biases(att, att, c.bool("mlp_bias", False) if arch == "llama" else False)
 
 
-def activation(c: _Cfg) -> str:
-    """The kernel activation of `hidden_act` (HF default silu); others are refused."""
-    act = c.d.get("hidden_act", "silu")
+def activation(c: _Cfg, arch: str = "llama") -> str:
+    """The kernel activation of `hidden_act` (HF default silu; Gemma: `hidden_activation`,
+    default gelu_pytorch_tanh); others are refused."""
+    if arch == "gpt_oss":   # its experts' clamped SwiGLU; hidden_act is not read
+        return "silu"
+    key, default = (("hidden_activation", "gelu_pytorch_tanh") if arch in gemma.GEMMA_ARCHS
+                    else ("hidden_act", "silu"))
+    act = c.d.get(key, default)
     if not isinstance(act, str) or act not in HF_ACTIVATIONS:
-        raise Unsupported(f"{c.source}: hidden_act={act!r} is not supported (supported: "
+        raise Unsupported(f"{c.source}: {key}={act!r} is not supported (supported: "
                           f"{', '.join(HF_ACTIVATIONS)})")
     return act
 
@@ -99,6 +136,12 @@ def layer_windows(c: _Cfg, arch: str, n_layers: int) -> tuple[int | None, tuple[
     qwen2_moe_types = arch == "qwen2_moe" and c.d.get("layer_types") is not None
     if arch in moe.MOE_ARCHS and not qwen2_moe_types:   # those read as qwen2's below
         return moe.layer_windows(c, arch, n_layers)
+    if arch in gemma.GEMMA_ARCHS:
+        return gemma.layer_windows(c, arch, n_layers)
+    if arch == "phi3":
+        return phi3.layer_windows(c, n_layers)
+    if arch == "gpt_oss":
+        return oss.layer_windows(c, n_layers)
     if arch == "llama":
         return None, (0,) * n_layers
     if arch == "mistral":

@@ -20,7 +20,10 @@ from __future__ import annotations
 
 from .field_status import HONOURED, IRRELEVANT, REFUSED, Field  # noqa: F401 (re-exported)
 from .field_status import honoured as _h, irrelevant as _i, refused as _r
+from .gemma_fields import GEMMA3, GEMMA_SCOPES, SIGLIP_VISION
 from .moe_fields import MOE_SCOPES
+from .gpt_oss_fields import GPT_OSS
+from .phi3_fields import PHI3
 from .quant.fields import QUANT_SCOPES
 
 
@@ -140,8 +143,11 @@ QWEN3 = {
 }
 
 ROPE = {
-    "rope_type": _h("default, linear, dynamic, llama3, yarn; longrope, proportional and "
-                    "others refused"),
+    "rope_type": _h("default, linear, dynamic, llama3, yarn; longrope for phi3 "
+                    "(phi3_config.py); proportional and others refused"),
+    "short_factor": _h("phi3 longrope: the divisors of each frequency up to the switch"),
+    "long_factor": _h("phi3 longrope: the divisors from original_max_position_embeddings "
+                      "on (or everywhere for a prompt longer than it)"),
     "type": _h("older name of rope_type (rope_type wins)"),
     "rope_theta": _h("rope base; wins over the top-level rope_theta"),
     "factor": _h("linear / dynamic / llama3 / yarn scale (yarn: null means "
@@ -153,6 +159,9 @@ ROPE = {
     "attention_factor": _h("yarn cos/sin scale"), "mscale": _h("yarn attention factor"),
     "mscale_all_dim": _h("yarn attention factor"), "truncate": _h("yarn correction range"),
     "partial_rotary_factor": _h("as the top-level key"),
+    "full_attention": _h("gemma3: the full layers' rope dict (per-layer-type parameters)"),
+    "sliding_attention": _h("gemma3: the sliding layers' rope dict (per-layer-type "
+                            "parameters)"),
 }
 
 WHISPER = {
@@ -319,6 +328,11 @@ FIELD_TABLE: dict[str, dict[str, Field]] = {
     "llama": LLAMA, "mistral": MISTRAL, "qwen2": QWEN2, "qwen3": QWEN3, "rope": ROPE,
     # mixture-of-experts families: the decoder fields, then their own (moe_fields.py)
     **{arch: {**_DECODER, **fields} for arch, fields in MOE_SCOPES.items()},
+    # Gemma 2 / 3 (gemma_fields.py); a gemma3 checkpoint's top level, then its text model
+    **{arch: {**_DECODER, **fields} for arch, fields in GEMMA_SCOPES.items()},
+    "gemma3": {**_COMMON, **GEMMA3}, "siglip_vision_model": SIGLIP_VISION,
+    "phi3": {**_DECODER, **PHI3},   # phi3_fields.py
+    "gpt_oss": {**_DECODER, **GPT_OSS},   # gpt_oss_fields.py
     "whisper": WHISPER, "llava": LLAVA, "clip_vision_model": CLIP_VISION,
     "generation_config": GENERATION_CONFIG, "gguf": GGUF,
     **QUANT_SCOPES,   # quantization_config.<method> (quant/fields.py)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from .gpt_oss_config import oss_layer_tensors
 from .moe_config import moe_layer_tensors
 
 if TYPE_CHECKING:
@@ -19,14 +20,20 @@ def decoder_tensors(m: "ModelMetadata", prefix: str = "") -> dict[str, tuple[int
     """Decoder tensors (DECODER_ARCHS) -> shape ([out, in] for linear weights)."""
     h, hd, i = m.hidden_size, m.head_dim, m.intermediate_size
     q, kv = m.num_heads * hd, m.num_kv_heads * hd
+    var = m.variant
     t: dict[str, tuple[int, ...]] = {f"{prefix}model.embed_tokens.weight": (m.vocab_size, h)}
     for n in range(m.num_layers):
         p = f"{prefix}model.layers.{n}."
         t[p + "input_layernorm.weight"] = (h,)
-        t[p + "self_attn.q_proj.weight"] = (q, h)
-        t[p + "self_attn.k_proj.weight"] = (kv, h)
-        t[p + "self_attn.v_proj.weight"] = (kv, h)
+        if var.fused_projections:   # Phi-3: q|k|v and gate|up stored fused
+            t[p + "self_attn.qkv_proj.weight"] = (q + 2 * kv, h)
+        else:
+            t[p + "self_attn.q_proj.weight"] = (q, h)
+            t[p + "self_attn.k_proj.weight"] = (kv, h)
+            t[p + "self_attn.v_proj.weight"] = (kv, h)
         t[p + "self_attn.o_proj.weight"] = (h, q)
+        if var.attention_sinks:
+            t[p + "self_attn.sinks"] = (m.num_heads,)
         if m.attention_bias:
             t[p + "self_attn.q_proj.bias"] = (q,)
             t[p + "self_attn.k_proj.bias"] = (kv,)
@@ -37,11 +44,18 @@ def decoder_tensors(m: "ModelMetadata", prefix: str = "") -> dict[str, tuple[int
             t[p + "self_attn.q_norm.weight"] = (hd,)
             t[p + "self_attn.k_norm.weight"] = (hd,)
         t[p + "post_attention_layernorm.weight"] = (h,)
+        if var.sandwich_norms:   # Gemma: the MLP's own pre- and post-norm
+            t[p + "pre_feedforward_layernorm.weight"] = (h,)
+            t[p + "post_feedforward_layernorm.weight"] = (h,)
         if m.moe is not None and m.moe.sparse_layers[n]:   # a MoE block instead of the MLP
-            t.update(moe_layer_tensors(m, p))
+            t.update(moe_layer_tensors(m, p) if m.moe.oss is None else
+                     oss_layer_tensors(m, p))   # gpt-oss's own layout
             continue
-        t[p + "mlp.gate_proj.weight"] = (i, h)
-        t[p + "mlp.up_proj.weight"] = (i, h)
+        if var.fused_projections:
+            t[p + "mlp.gate_up_proj.weight"] = (2 * i, h)
+        else:
+            t[p + "mlp.gate_proj.weight"] = (i, h)
+            t[p + "mlp.up_proj.weight"] = (i, h)
         t[p + "mlp.down_proj.weight"] = (h, i)
         if m.mlp_bias:
             t[p + "mlp.gate_proj.bias"] = (i,)

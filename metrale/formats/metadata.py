@@ -1,8 +1,10 @@
 """`ModelMetadata`: the facts metrale needs from a Hugging Face `config.json`.
 
 Architectures: llama, mistral, qwen2, qwen3 and the mixture-of-experts qwen2_moe, qwen3_moe,
-mixtral (decoder-only; moe_config.py), whisper (encoder-decoder) and llava (a CLIP tower +
-projector in front of a dense decoder-only text model). Rope settings come either from the
+mixtral (decoder-only; moe_config.py), gemma2 and gemma3_text (gemma_config.py; a gemma3
+checkpoint loads as its text model), whisper (encoder-decoder) and llava (a CLIP tower +
+projector in front of a dense decoder-only text model). How a family's block departs from
+Llama's is `ModelMetadata.variant` (decoder_variant.py). Rope settings come either from the
 older `rope_scaling` + top-level `rope_theta` keys or from the newer `rope_parameters` key
 (transformers >= 5), which holds `rope_theta` inside.
 """
@@ -15,7 +17,13 @@ from typing import Any, Mapping
 
 from ..errors import FormatError, Unsupported
 from . import decoder_fields as df
+from . import gemma_config as gemma
+from . import gpt_oss_config as oss
+from . import phi3_config as phi3
 from .config_fields import _Cfg, _pick, _token_ids
+from .decoder_variant import DecoderVariant
+from .gemma4_config import GEMMA4_ARCHS
+from .gemma4_config import refuse as refuse_gemma4
 from .moe_config import MOE_ARCHS, MoeConfig, moe_config, rope_theta
 from .moe_config import refuse_quantized as refuse_moe_quantized
 from .multimodal import VisionConfig, WhisperConfig, vision_config, whisper_config
@@ -25,7 +33,9 @@ from .rope_config import RopeScaling, context_length, parse_rope
 __all__ = ["ModelMetadata", "RopeScaling", "parse_rope", "ARCHITECTURES", "DECODER_ARCHS"]
 
 DENSE_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
-DECODER_ARCHS = DENSE_ARCHS + MOE_ARCHS   # mixture-of-experts: moe_config.py
+# mixture-of-experts: moe_config.py; gemma: gemma_config.py ("gemma3": its text model);
+# phi3: phi3_config.py
+DECODER_ARCHS = DENSE_ARCHS + MOE_ARCHS + gemma.GEMMA_ARCHS + ("gemma3", "phi3", "gpt_oss")
 ARCHITECTURES = DECODER_ARCHS + ("whisper", "llava")
 _DTYPES = ("bfloat16", "float16", "float32")
 
@@ -63,6 +73,7 @@ class ModelMetadata:
     vision: VisionConfig | None = None    # multimodal.py
     quantization: Any = None              # formats/quant/: the quantization_config (None: floats)
     moe: MoeConfig | None = None          # qwen2_moe / qwen3_moe / mixtral (moe_config.py)
+    variant: DecoderVariant = DecoderVariant()   # the block's departures from Llama's
     config: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False,
                                       repr=False)
     generation_config: Mapping[str, Any] | None = field(default=None, compare=False,
@@ -81,11 +92,13 @@ class ModelMetadata:
         arch = config.get("model_type")
         if arch is None:
             raise FormatError(f"{source}: missing key 'model_type'")
+        if arch in GEMMA4_ARCHS:   # named, with every piece metrale lacks (gemma4_config.py)
+            refuse_gemma4(config, source)
         if arch not in ARCHITECTURES:
             raise Unsupported(f"{source}: model_type {arch!r} is not supported "
                               f"(supported: {', '.join(ARCHITECTURES)})")
-        if arch in ("whisper", "llava"):
-            parse = _whisper if arch == "whisper" else _llava
+        if arch in ("whisper", "llava", "gemma3"):
+            parse = {"whisper": _whisper, "llava": _llava, "gemma3": _gemma3}[arch]
             meta = parse(config, generation_config, source)
         else:
             meta = _decoder(config, generation_config, source, arch)
@@ -103,34 +116,56 @@ def _decoder(config: dict, gen: dict | None, source: str, arch: str) -> ModelMet
     c = _Cfg(config, source)
     if arch in MOE_ARCHS:   # before the dense families' parser: quantized experts by name
         refuse_moe_quantized(config, arch, source)
-    quantization = parse_quantization(config, source)
-    hidden = c.int("hidden_size", required=True)
-    heads = c.int("num_attention_heads", required=True)
+    if arch in gemma.GEMMA_ARCHS + ("phi3",):   # quant/'s layouts are the Llama block's
+        df.refuse_quantized(config, source)
+    mxfp4 = False
+    if arch == "gpt_oss":   # BF16 experts, or MXFP4 ones (formats/quant/mxfp4.py)
+        from .quant.mxfp4 import gpt_oss_mxfp4
+        mxfp4 = gpt_oss_mxfp4(config, source)
+        config = oss.rope_config(config)
+    quantization = None if arch == "gpt_oss" else parse_quantization(config, source)
+    hidden = df.size(c, arch, "hidden_size")
+    heads = df.size(c, arch, "num_attention_heads")
     kv = df.kv_heads(c, arch, heads)
     head_dim = df.head_dim(c, arch, hidden, heads)
     if heads % kv:
         raise FormatError(f"{source}: num_attention_heads {heads} is not a multiple of "
                           f"num_key_value_heads {kv}")
-    layers = c.int("num_hidden_layers", required=True)
+    layers = df.size(c, arch, "num_hidden_layers")
     max_pos = c.int("max_position_embeddings", df.MAX_POSITIONS_DEFAULT[arch])
-    theta, scaling = parse_rope(config, source, max_pos, head_dim)
+    variant = DecoderVariant()
+    if arch == "gemma3_text":   # full layers: the model's rope; sliding ones: the local one
+        (theta, scaling), local = gemma.gemma3_rope(config, source, max_pos, head_dim)
+    elif arch == "gpt_oss":
+        theta, scaling = parse_rope(config, source, max_pos, head_dim)
+        variant = oss.variant()
+    elif arch == "phi3":        # longrope, a partial rotary dim, the fused projections
+        theta, scaling, rot = phi3.phi3_rope(config, source, max_pos, head_dim, hidden, heads)
+        variant = DecoderVariant(rotary_dim=rot if rot < head_dim else 0,
+                                 fused_projections=True)
+    else:
+        theta, scaling = parse_rope(config, source, max_pos, head_dim)
+        local = None
+    if arch in gemma.GEMMA_ARCHS:
+        variant = gemma.gemma_variant(c, arch, hidden, local)
     bias = df.biases(c, arch)
     sliding, windows = df.layer_windows(c, arch, layers)
     if arch in MOE_ARCHS:
         theta = rope_theta(config, arch, theta)
     return ModelMetadata(
         architecture=arch,
-        vocab_size=c.int("vocab_size", required=True),
+        vocab_size=df.size(c, arch, "vocab_size"),
         hidden_size=hidden,
-        intermediate_size=c.int("intermediate_size", required=True),
+        intermediate_size=df.size(c, arch, "intermediate_size"),
         num_layers=layers,
         num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
         rope_theta=theta, rope_scaling=scaling,
-        rms_norm_eps=c.float("rms_norm_eps", 1e-6, ge=0, f32=True),   # rsqrt(mean(x^2) + eps)
+        rms_norm_eps=c.float("rms_norm_eps", phi3.RMS_NORM_EPS_DEFAULT if arch in (
+            "phi3", "gpt_oss") else 1e-6, ge=0, f32=True),   # rsqrt(mean(x^2) + eps)
         attention_bias=bias.qkv, o_proj_bias=bias.o, mlp_bias=bias.mlp,
-        hidden_act=df.activation(c),
-        qk_norm=arch in ("qwen3", "qwen3_moe"),
-        tie_word_embeddings=c.bool("tie_word_embeddings", False),
+        hidden_act=df.activation(c, arch),
+        qk_norm=arch in ("qwen3", "qwen3_moe", "gemma3_text"),
+        tie_word_embeddings=c.bool("tie_word_embeddings", arch in gemma.GEMMA_ARCHS),
         sliding_window=sliding, layer_windows=windows,
         max_position_embeddings=max_pos,
         context_length=context_length(max_pos, scaling),
@@ -139,7 +174,9 @@ def _decoder(config: dict, gen: dict | None, source: str, arch: str) -> ModelMet
         dtype=_dtype(config, source),
         quantization=quantization,
         moe=(moe_config(c, arch, layers, c.int("intermediate_size", required=True))
-             if arch in MOE_ARCHS else None),
+             if arch in MOE_ARCHS else oss.moe(c, layers, mxfp4) if arch == "gpt_oss"
+             else None),
+        variant=variant,
     )
 
 
@@ -184,6 +221,24 @@ def _llava(config: dict, gen: dict | None, source: str) -> ModelMetadata:
                    dtype=_dtype(config, source) if ("torch_dtype" in config or "dtype" in config)
                    else text.dtype,
                    text=text, vision=vision)
+
+
+def _gemma3(config: dict, gen: dict | None, source: str) -> ModelMetadata:
+    """A `gemma3` checkpoint (Gemma3ForConditionalGeneration) as its text model: the vision
+    tower and projector are not loaded (images are refused), and, as that class does, the
+    logits are never soft-capped. The head is tied when the top level says so (default
+    true) or the text model does."""
+    text_cfg = gemma.text_config(config, source)
+    df.refuse_quantized(config, source)
+    text = _decoder(text_cfg, None, f"{source} (text_config)", "gemma3_text")
+    if _Cfg(config, source).bool("tie_word_embeddings", True):
+        text = replace(text, tie_word_embeddings=True)
+    return replace(text, architecture="gemma3",
+                   variant=replace(text.variant, final_softcap=0.0),
+                   bos_token_id=_bos(config, gen, source, text_cfg),
+                   eos_token_ids=_eos(config, gen, source, text_cfg),
+                   dtype=_dtype(config, source) if ("torch_dtype" in config or "dtype" in config)
+                   else text.dtype)
 
 
 def _bos(config: dict, gen: dict | None, source: str, fallback: dict | None = None):

@@ -49,6 +49,18 @@ MAX_TOP_K = 32
 
 
 @dataclass(frozen=True)
+class OssExperts:
+    """gpt-oss's expert block (gpt_oss_config.py): a router with a bias, stacked expert
+    tensors with biases (`mlp.experts.gate_up_proj` [E, hidden, 2I], gate and up columns
+    interleaved; `down_proj` [E, I, hidden]), the clamped SwiGLU; `mxfp4`: the expert
+    weights stored as MXFP4 blocks and scales."""
+
+    swiglu_alpha: float
+    swiglu_limit: float
+    mxfp4: bool = False
+
+
+@dataclass(frozen=True)
 class MoeConfig:
     """The sparse MLP of a MoE decoder (ModelMetadata.moe)."""
 
@@ -60,6 +72,7 @@ class MoeConfig:
     sparse_layers: tuple[bool, ...]      # per layer: the MoE block (True) or the dense MLP
     block: str                           # checkpoint key of the block: "mlp" | "block_sparse_moe"
     expert_proj: tuple[str, str, str]    # gate, up, down tensor names of one expert
+    oss: OssExperts | None = None        # gpt-oss's block (its own tensor layout)
 
     @property
     def num_sparse_layers(self) -> int:
@@ -200,6 +213,13 @@ def moe_layer_tensors(m, p: str) -> dict[str, tuple[int, ...]]:
         t[b + "shared_expert.down_proj.weight"] = (h, s)
         t[b + "shared_expert_gate.weight"] = (1, h)
     return t
+
+
+def expert_param_bytes(meta) -> float:
+    """Device bytes of one routed-expert weight: 2 (BF16), or 17/32 for gpt-oss's MXFP4
+    experts kept packed (a 4-bit code each and one scale byte per 32)."""
+    moe = getattr(meta, "moe", None)
+    return 17 / 32 if moe is not None and moe.oss is not None and moe.oss.mxfp4 else 2
 
 
 def expert_parameters(meta) -> int:

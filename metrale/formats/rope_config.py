@@ -32,7 +32,8 @@ ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """Rope frequency scaling; `rope_type` is "linear" | "dynamic" | "llama3" | "yarn"."""
+    """Rope frequency scaling; `rope_type` is "linear" | "dynamic" | "llama3" | "yarn" |
+    "longrope" (Phi-3: phi3_config.py)."""
 
     rope_type: str
     factor: float = 1.0
@@ -43,6 +44,8 @@ class RopeScaling:
     beta_slow: float = 1.0                # yarn
     attention_factor: float | None = None  # yarn mscale; None -> 0.1 * ln(factor) + 1 (HF)
     truncate: bool = True                 # yarn: floor/ceil the correction range (HF default)
+    short_factor: tuple[float, ...] = ()  # longrope: per-frequency divisors up to the switch
+    long_factor: tuple[float, ...] = ()   # longrope: ... from original_max_position_embeddings
 
     def yarn_attention_factor(self) -> float:
         """The yarn cos/sin multiplier HF uses (`attention_factor`, else 0.1 ln(f) + 1)."""

@@ -26,6 +26,9 @@ from .presets import preset_config
 from .safetensors import SafetensorsFile
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+# a gemma3 checkpoint loads as its text model (images refused): these stay unread
+GEMMA3_VISION = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                 "model.multi_modal_projector.")
 INDEX_NAME = "model.safetensors.index.json"
 
 
@@ -107,8 +110,11 @@ def check_tensors(source: ModelSource, expected: dict[str, tuple],
             raise FormatError(f"{file_of(name)}: tensor {name!r} has dtype {dt}; "
                               "expected a floating type (BF16, F16, F32)")
     if complete:
-        unused = sorted(n for n in have - set(expected)
-                        if not any(p.fullmatch(n) for p in HARMLESS_UNUSED))
+        # a source may hold parts that a load leaves out by design (a gemma3 checkpoint's
+        # vision tower: its text model loads, images are refused)
+        skipped = tuple(getattr(source, "unloaded_prefixes", ()))
+        unused = sorted(n for n in have - set(expected) if not n.startswith(skipped)
+                        and not any(p.fullmatch(n) for p in HARMLESS_UNUSED))
         if unused:
             more = f" and {len(unused) - 8} more" if len(unused) > 8 else ""
             raise FormatError(f"{files}: {len(unused)} tensor(s) that no part of the model "
@@ -188,8 +194,19 @@ class DirectorySource:
                 raise FormatError(f"{index}: tensor {raw!r} is listed in {shard} but "
                                   f"{self.path / shard} does not hold it")
 
+    @property
+    def unloaded_prefixes(self) -> tuple[str, ...]:
+        """Names no load reads: a gemma3 checkpoint's vision tower and projector."""
+        return GEMMA3_VISION if self._config.get("model_type") == "gemma3" else ()
+
     def _canonical(self, raw: str) -> str:
-        """Map newer transformers LLaVA key layouts onto the llava-hf one (layout.py)."""
+        """Map newer transformers LLaVA key layouts onto the llava-hf one (layout.py); a
+        gemma3 checkpoint's text model (either layout) onto the plain decoder's names."""
+        if self._config.get("model_type") == "gemma3":
+            for old in ("model.language_model.", "language_model.model."):
+                if raw.startswith(old):
+                    return "model." + raw[len(old):]
+            return "lm_head.weight" if raw == "language_model.lm_head.weight" else raw
         if self._config.get("model_type") != "llava":
             return raw
         for old, new in (("model.language_model.", "language_model.model."),

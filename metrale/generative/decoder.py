@@ -59,8 +59,11 @@ class DecoderGenerativeModel(GenerativeModel):
                                   f"{ids.dtype} {ids.shape}")
         for row in ids:
             self.model._check_tokens(row, "embed")
-        table = self._embedding_rows(ids.reshape(-1))
-        return to_backend(self.backend, bf16_to_f32(table).reshape(*ids.shape, -1))
+        table = bf16_to_f32(self._embedding_rows(ids.reshape(-1)))
+        scale = self.metadata().variant.embed_scale
+        if scale:   # Gemma's normalizer, as the model's embedding pass applies it
+            table = bf16_to_f32(f32_to_bf16(table * np.float32(scale)))
+        return to_backend(self.backend, table.reshape(*ids.shape, -1))
 
     def _embedding_rows(self, ids: np.ndarray) -> np.ndarray:
         """BF16 bits of the embedding rows of `ids` (copied from the device table)."""
@@ -106,6 +109,8 @@ class DecoderGenerativeModel(GenerativeModel):
         stream = m.default_stream()
         with m._guard:
             for b, seq in enumerate(cache.seqs):
+                if seq.seq_len == 0:   # the prompt decides a LongRoPE sequence's rotation
+                    seq.rope_long = m._long_prompt(range(bits.shape[1]))
                 start = 0
                 while start < bits.shape[1]:
                     n = min(m._ws.max_tokens, bits.shape[1] - start)

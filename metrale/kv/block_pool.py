@@ -10,6 +10,12 @@ shorter. Eviction takes least-recently-used LEAVES first, as the original's pref
 (`PrefixCache::evict`, used by `model/prefix_reclaim.rs`), so a chain is shortened from its
 end and its head stays reusable; evicting a head first would orphan every longer prefix
 below it (a lookup walks from the head), holding blocks that no prompt can reuse.
+
+Sliding-window layers (DESIGN §6: their blocks are released by the block pool): a pool that
+serves such layers trims a sequence's table with `trim_window`, releasing every block wholly
+before the window of the sequence's next query; the table keeps its logical length with
+`EVICTED` (-1) in the released entries, which no kernel reads (attention reads a window
+layer's keys from the window start on).
 """
 from __future__ import annotations
 
@@ -17,6 +23,8 @@ import heapq
 from collections import OrderedDict
 
 from ..errors import CacheFull, InvalidArgument
+
+EVICTED = -1   # a block-table entry whose block a sliding window released
 
 
 class BlockPool:
@@ -105,6 +113,24 @@ class BlockPool:
             self._ref[b] -= 1
             if self._ref[b] == 0:
                 self._free.append(b)
+
+    def trim_window(self, table: list[int], next_pos: int, window: int) -> int:
+        """Release the blocks of `table` (a sequence's logical blocks) that hold only
+        positions before the window of a query at `next_pos` (keys > next_pos - window);
+        their entries become EVICTED. Returns how many were released."""
+        first_needed = max(0, int(next_pos) - int(window) + 1) // self.block_size
+        gone = [b for b in table[:first_needed] if b != EVICTED]
+        if not gone:
+            return 0
+        self.release(gone)
+        for i in range(first_needed):
+            table[i] = EVICTED
+        return len(gone)
+
+    @staticmethod
+    def held(table: list[int]) -> list[int]:
+        """The blocks a table holds (its EVICTED entries left out)."""
+        return [b for b in table if b != EVICTED]
 
     # prefix cache ---------------------------------------------------------------------
     def cache_prefix(self, key: bytes, block: int, parent: bytes | None = None) -> bool:

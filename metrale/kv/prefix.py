@@ -1,9 +1,10 @@
 """Keys of block-aligned token prefixes, for the prefix cache.
 
 Key i names the whole prefix tokens[0 : (i+1) * block_size]: a BLAKE2b digest chained over
-the blocks, so equal keys mean equal prefixes (not merely equal last blocks). A `namespace`
-other than 0 (a LoRA adapter's id, model_engine/adapters.py) starts the chain: the same
-tokens under two adapters have different K/V, so they never share a key.
+the blocks, so equal keys mean equal prefixes (not merely equal last blocks). A `salt` starts
+the chain: prefixes whose K/V differ for the same tokens get keys of their own (a LoRA
+adapter's sequences, model_engine/adapters.py; a LongRoPE sequence rotated with its long
+factors throughout); the empty salt gives the base model's plain keys.
 """
 from __future__ import annotations
 
@@ -14,13 +15,13 @@ import numpy as np
 
 
 def prefix_keys(tokens: Sequence[int], block_size: int, n_blocks: int | None = None,
-                namespace: int = 0) -> list[bytes]:
+                salt: bytes = b"") -> list[bytes]:
     """Chain digests of the first `n_blocks` full blocks of `tokens` (all full ones if None),
-    in `namespace` (0: the base model's keys)."""
+    the chain started at `salt`."""
     full = len(tokens) // block_size
     n = full if n_blocks is None else min(n_blocks, full)
     arr = np.asarray(tokens[: n * block_size], dtype=np.int64)
-    keys, prev = [], (int(namespace).to_bytes(8, "little") if namespace else b"")
+    keys, prev = [], bytes(salt)
     for i in range(n):
         h = hashlib.blake2b(prev, digest_size=16)
         h.update(arr[i * block_size:(i + 1) * block_size].tobytes())

@@ -15,6 +15,13 @@ instead of 10 (11 with a qkv bias): the norms move into the GEMMs that read them
 bias into the GEMM that produces qkv, and the residual adds into the GEMMs that feed them
 (ops/gemm_fused.py), with the bits of the unfused sequence, so decode may fuse while verify
 and prefill do not (`decode_fusable`).
+The families of issue 40 change that block as `meta.variant` says (formats/decoder_variant.py):
+Gemma's (1 + w) norms (every rmsnorm and the q/k norm in weight mode "gemma"), its four
+norms a layer (the attention and MLP outputs normalized in place before their residual adds,
+pre_feedforward_layernorm before the MLP), embeddings times a BF16 normalizer, the
+attention's scale, soft-capped scores and logits, per-layer rope tables (Gemma 3's local
+base on sliding layers), a partial rotary dimension (Phi-3/4), per-head sinks (gpt-oss).
+Such models decode unfused when their norms are not Llama's.
 Every linear layer (and the lm_head) is the batch-invariant tensor-core GEMM (ops.gemm_tc,
 graph-capturable), for decode, verify and prefill alike: a row's bits never depend on how
 many rows share the launch or which path runs it. `decode=True` uses split-K decode
@@ -51,6 +58,9 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
     H, KV, D, hid = m.num_heads, m.num_kv_heads, m.head_dim, m.hidden_size
     inter, eps = m.intermediate_size, m.rms_norm_eps
     act = HF_ACTIVATIONS[m.hidden_act]
+    var = m.variant
+    mode = var.norm_mode            # every rmsnorm's weight step ("llama" unless a variant)
+    rd = var.rotary_dim or D
     # the same kernel family for every row count (invariance): gemm_tc, or gemm_q for a
     # quantized linear (linear.py), which is gemm_tc on the dequantized weights
     linear = run_linear
@@ -65,6 +75,8 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
                           ws.h_tokens[:n], n, hid, m.vocab_size)
         else:
             tp.embedding(stream, ws.residual, ws.token_ids, W.embed_tokens, n)
+        if var.embed_scale:   # Gemma's normalizer (uploaded embeddings already carry it)
+            elementwise.scale_inplace(b, stream, ws.residual, var.embed_scale, n * hid)
     for i, L in enumerate(W.layers):
         if fuse:   # ws.residual is the whole stream here: down_proj added into it
             gemm_fused.gemm_rmsnorm(b, stream, ws.qkv, ws.residual, fused_operand(L.qkv),
@@ -73,32 +85,36 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
         else:
             if i == 0:
                 rmsnorm.rmsnorm(b, stream, ws.normed, ws.residual, L.input_layernorm, n, hid,
-                                eps)
+                                eps, weight_mode=mode)
             else:
                 rmsnorm.rmsnorm(b, stream, ws.normed, ws.hidden, L.input_layernorm, n, hid,
-                                eps, residual_ptr=ws.residual)
+                                eps, residual_ptr=ws.residual, weight_mode=mode)
             linear(b, stream, ws.qkv, ws.normed, L.qkv, n, ws.qkv_dim, hid)
             if not L.qkv_bias.is_null():
                 elementwise.add_bias(b, stream, ws.qkv, L.qkv_bias, n, ws.qkv_dim)
             add_lora(i, "qkv", ws.qkv, ws.normed)
         kc, vc = arena.k_cache(i), arena.v_cache(i)
         window = m.layer_windows[i]   # 0: full attention (per-layer windows of qwen2/qwen3)
-        # rope (+ q/k norm) and the k/v cache write in one launch
-        rope.rope_write_kv(b, stream, ws.qkv, ws.positions, model._rope_table, kc, vc,
-                           ws.slot_mapping, n, H, KV, D, model._max_positions, L.q_norm,
-                           L.k_norm, eps)
+        # a sliding-window layer beside full ones: its group's own blocks (kv_groups.py)
+        slots, tables = ((ws.window_slots, ws.window_tables) if model._layer_group[i]
+                         else (ws.slot_mapping, ws.block_tables))
+        # rope (+ q/k norm) and the k/v cache write in one launch; the layer's own table
+        rope.rope_write_kv(b, stream, ws.qkv, ws.positions, model._layer_rope[i], kc, vc,
+                           slots, n, H, KV, D, model._rope_rows, L.q_norm,
+                           L.k_norm, eps, rotary_dim=rd, gemma_norm=mode == "gemma")
         if decode:
-            attention.decode_attention(b, stream, ws.attn_out, ws.qkv, kc, vc, ws.block_tables,
+            attention.decode_attention(b, stream, ws.attn_out, ws.qkv, kc, vc, tables,
                                        ws.kv_lens, n_seqs, H, KV, D, model._block_size,
                                        ws.max_blocks_per_seq, model._attn_scale, ws.decode_ws,
-                                       ws.max_splits, window)
+                                       ws.max_splits, window, var.attn_softcap, L.sinks)
         else:
             # tensor cores for the head dims that have an instance (attention_tc.py)
             attention_tc.prefill_attention_auto(b, stream, ws.attn_out, ws.qkv, kc, vc,
-                                                ws.block_tables, ws.kv_lens, ws.qo_indptr,
+                                                tables, ws.kv_lens, ws.qo_indptr,
                                                 n_seqs, n, max_q_len, H, KV, D,
                                                 model._block_size, ws.max_blocks_per_seq,
-                                                model._attn_scale, window)
+                                                model._attn_scale, window, var.attn_softcap,
+                                                L.sinks)
         if fuse:   # residual += o_proj(attn), then the MLP's norm inside gate_up, and
             # residual += down(act_mul(gate_up)): no rmsnorm or act_mul launch
             gemm_fused.gemm_residual(b, stream, ws.residual, ws.attn_out,
@@ -115,8 +131,11 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
         if not L.o_bias.is_null():
             elementwise.add_bias(b, stream, ws.hidden, L.o_bias, n, hid)
         add_lora(i, "o", ws.hidden, ws.attn_out)
-        rmsnorm.rmsnorm(b, stream, ws.normed, ws.hidden, L.post_attention_layernorm, n, hid,
-                        eps, residual_ptr=ws.residual)
+        if var.sandwich_norms:   # Gemma: the branch normalized before the residual add
+            rmsnorm.rmsnorm(b, stream, ws.hidden, ws.hidden, L.post_attention_layernorm, n,
+                            hid, eps, weight_mode=mode)
+        rmsnorm.rmsnorm(b, stream, ws.normed, ws.hidden, L.pre_mlp_norm, n, hid, eps,
+                        residual_ptr=ws.residual, weight_mode=mode)
         if L.moe is not None:   # a mixture-of-experts block instead of the MLP (moe.py)
             moe_mlp(model, stream, n, L.moe)
             continue
@@ -132,11 +151,14 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
         if not L.down_bias.is_null():
             elementwise.add_bias(b, stream, ws.hidden, L.down_bias, n, hid)
         add_lora(i, "down", ws.hidden, ws.act)
+        if var.sandwich_norms:
+            rmsnorm.rmsnorm(b, stream, ws.hidden, ws.hidden, L.post_feedforward_layernorm, n,
+                            hid, eps, weight_mode=mode)
     if fuse:
         rmsnorm.rmsnorm(b, stream, out_ptr, ws.residual, W.norm, n, hid, eps)
     else:
         rmsnorm.rmsnorm(b, stream, out_ptr, ws.hidden, W.norm, n, hid, eps,
-                        residual_ptr=ws.residual)
+                        residual_ptr=ws.residual, weight_mode=mode)
 
 
 def decode_fusable(model, n: int) -> bool:
@@ -145,8 +167,9 @@ def decode_fusable(model, n: int) -> bool:
     linears and no o_proj / gate_up / down_proj bias, on one device. The bits are the
     unfused ones either way. GGUF linears (GgufLinear) are not among the fused GEMMs'
     operands: a model holding one runs unfused."""
-    if n > 16 or model._tp is not None:
-        return False
+    var = model._meta.variant
+    if n > 16 or model._tp is not None or var.norm_mode != "llama" or var.sandwich_norms:
+        return False   # the fused GEMMs' norm prologue is Llama's
     return all(L.moe is None and L.o_bias.is_null() and L.gate_up_bias.is_null() and
                L.down_bias.is_null() and
                all(isinstance(w, (DevicePtr, Q4Linear, Fp8Linear))
@@ -167,6 +190,9 @@ def lm_head(model, stream: int, x_ptr: DevicePtr, n_rows: int, out_ptr: DevicePt
         return
     run_linear(model.backend, stream, out_ptr, x_ptr, model._weights.lm_head, n_rows,
                m.vocab_size, m.hidden_size, out_fp32=model.use_fp32_logits)
+    if m.variant.final_softcap:   # Gemma: cap * tanh(logits / cap), on what was stored
+        elementwise.softcap_inplace(model.backend, stream, out_ptr, m.variant.final_softcap,
+                                    n_rows * m.vocab_size, model.use_fp32_logits)
 
 
 __all__ = ["run_decoder", "decode_fusable", "lm_head", "NULL"]

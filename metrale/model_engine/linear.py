@@ -139,7 +139,11 @@ def upload_linear(weights, up, source, meta, modules: list[str]):
     """Upload the linear `modules` (HF names, fused along n in this order) -> a DevicePtr
     (BF16) or a Q4Linear / Fp8Linear; `weights._own` / `_alloc` keep every allocation."""
     qc = meta.quantization
-    dims = [linear_shapes(meta, source.tensor_names())[m] for m in modules]
+    if qc is None:   # BF16 (shapes checked against the layout, which names Phi-3's fused
+        # qkv_proj / gate_up_proj too; the quantized layouts below do not)
+        dims = [tuple(source.tensor_shape(m + ".weight")) for m in modules]
+    else:
+        dims = [linear_shapes(meta, source.tensor_names())[m] for m in modules]
     n, k = sum(d[0] for d in dims), dims[0][1]
     quantized = [qc is not None and qc.converts(m) for m in modules]
     if not any(quantized):

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from ..errors import OutOfMemory
 from ..formats import expected_tensors
+from .kv_groups import group_layers, window_blocks
 from .workspace import Workspace
 
 _CPU_DEFAULT_CONTEXT = 2048     # tokens per batch row the CPU pool is sized for by default
@@ -32,20 +33,25 @@ def weight_bytes(meta, packed_source=None) -> int:
     if getattr(meta, "quantization", None) is not None:
         from .linear import quantized_weight_bytes
         return quantized_weight_bytes(meta)
-    total = 0
-    for shape in expected_tensors(meta).values():
-        n = 2
-        for s in shape:
-            n *= int(s)
-        total += n
-    return total
+    return sum(held_bytes_of(name, shape) for name, shape in expected_tensors(meta).items())
+
+
+def held_bytes_of(name: str, shape) -> int:
+    """Device bytes of one checkpoint tensor as held: BF16, except gpt-oss's attention sinks
+    (FP32, as the attention kernels read them) and MXFP4 experts' blocks and scales (their
+    stored bytes)."""
+    n = 4 if name.endswith(".sinks") else 1 if name.endswith(("_blocks", "_scales")) else 2
+    for s in shape:
+        n *= int(s)
+    return n
 
 
 def active_weight_bytes(meta, packed_source=None) -> int:
     """Weight bytes one token's forward pass reads: all of them for a dense model; for a
     mixture of experts all but the routed experts it did not choose."""
-    from ..formats.moe_config import inactive_parameters
-    return weight_bytes(meta, packed_source) - 2 * inactive_parameters(meta, 1)
+    from ..formats.moe_config import expert_param_bytes, inactive_parameters
+    return weight_bytes(meta, packed_source) - int(expert_param_bytes(meta) *
+                                                   inactive_parameters(meta, 1))
 
 
 def plan_memory(backend, meta, *, kv_blocks, block_size, max_rows, max_tokens, max_seq_len,
@@ -61,19 +67,30 @@ def plan_memory(backend, meta, *, kv_blocks, block_size, max_rows, max_tokens, m
     # the checkpoint's context (max_position_embeddings; yarn: its scaled length)
     context = meta.context_length or meta.max_position_embeddings
     limit = context if max_seq_len is None else min(max_seq_len, context)
-    per_block = meta.num_layers * 2 * block_size * meta.num_kv_heads * meta.head_dim * 2
+    layer_block = 2 * block_size * meta.num_kv_heads * meta.head_dim * 2
+    per_block = meta.num_layers * layer_block
     free = backend.free_memory()
+    # a sliding-window group beside full layers has a pool of its own (kv_groups.py)
+    groups = group_layers(meta)
+    win_layers, window = (groups[1][1], groups[1][0]) if len(groups) > 1 else ((), 0)
+
+    def win_blocks(nb):
+        return window_blocks(nb, window, block_size, max_rows, max_tokens) if window else 0
 
     def ws_bytes(nb, seq_len):
         return extra_bytes + Workspace.estimate_bytes(
             meta, max_tokens=max_tokens, max_rows=max_rows, num_blocks=nb,
             block_size=block_size, max_blocks_per_seq=-(-seq_len // block_size),
-            fp32_logits=fp32_logits)
+            fp32_logits=fp32_logits, window_layers=win_layers, window_blocks=win_blocks(nb))
 
     if kv_blocks is None:
         if backend.name.startswith("cuda"):
             budget = int(free * _GPU_MEMORY_FRACTION) - _GPU_MARGIN - w - ws_bytes(0, limit)
             kv_blocks = max(budget // (per_block + 4 * max_rows), 0)
+            if win_layers:   # the window layers hold a bounded pool: the rest goes to the
+                full = (meta.num_layers - len(win_layers)) * layer_block   # full layers
+                fixed = win_blocks(1 << 40) * len(win_layers) * layer_block
+                kv_blocks = max(kv_blocks, (budget - fixed) // (full + 4 * max_rows))
         else:
             kv_blocks = -(-max_rows * min(limit, _CPU_DEFAULT_CONTEXT) // block_size)
             kv_blocks = min(kv_blocks, max(free // 4 // per_block, 1))

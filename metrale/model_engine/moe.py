@@ -9,6 +9,8 @@ a sparse layer instead of the dense MLP), and its device buffers.
     y[p] = act[p] @ Wd[e_p]^T                   moe_gemm, float32      [n * k, hidden]
     (qwen2_moe) shared = mlp_S(x), g = x @ Wg^T gemm_tc + act_mul, float32 out
     out[t] = bf16(sum_s w[t,s] y[t*k+s] (+ sigmoid(g) shared))   moe_combine, slot order
+gpt-oss (MoeConfig.oss): the router's bias joins its logits (moe_topk_softmax), the
+experts' biases their products (moe_gemm), act_mul runs the clamped SwiGLU.
 Numerics against HF (fp32 goldens): the router logits are kept in float32 (HF runs its
 router Linear in the model dtype; in fp32 that is float32 too) and the softmax, top-k and
 renormalisation are HF's float32 formulas (moe_router.cu); expert outputs stay float32
@@ -25,6 +27,7 @@ from __future__ import annotations
 from ..formats.field_table import HF_ACTIVATIONS
 from ..gpu_runtime.types import NULL
 from ..ops import activation, gemm_tc, moe_combine, moe_gemm, moe_router
+from .moe_mxfp4 import Mxfp4Experts
 
 
 def mlp_width(meta) -> int:
@@ -80,7 +83,7 @@ def moe_mlp(model, stream: int, n: int, W) -> None:
     act = HF_ACTIVATIONS[m.hidden_act]
     gemm_tc.gemm_tc(b, stream, mb.router_logits, ws.normed, W.router, n, E, hid, out_fp32=True)
     moe_router.moe_topk_softmax(b, stream, mb.topk_ids, mb.topk_weights, mb.router_logits, n,
-                                E, k, moe.norm_topk_prob)
+                                E, k, moe.norm_topk_prob, bias_ptr=W.router_bias)
     shared = gate = NULL
     s = moe.shared_expert_intermediate_size
     if s:   # qwen2_moe: the shared expert first (its scratch is free again afterwards)
@@ -98,10 +101,24 @@ def moe_mlp(model, stream: int, n: int, W) -> None:
     moe_router.moe_route(b, stream, mb.sorted_pairs, mb.expert_offsets, mb.tile_offsets,
                          mb.topk_ids, pairs, E, tile.bm)
     lists = (mb.sorted_pairs, mb.expert_offsets, mb.tile_offsets)
-    moe_gemm.moe_gemm(b, stream, ws.gate_up, ws.normed, W.gate_up, *lists, pairs, E, 2 * inter,
-                      hid, k, tile=tile.name)
-    activation.act_mul(b, stream, ws.act, ws.gate_up, pairs, inter, act)
-    moe_gemm.moe_gemm(b, stream, mb.expert_out, ws.act, W.down, *lists, pairs, E, hid, inter,
-                      1, out_fp32=True, tile=tile.name)
+    gemm = _expert_gemm(W.gate_up)
+    gemm(b, stream, ws.gate_up, ws.normed, *_operand(W.gate_up), *lists, pairs, E, 2 * inter,
+         hid, k, tile=tile.name, bias_ptr=W.gate_up_bias)
+    if moe.oss is None:
+        activation.act_mul(b, stream, ws.act, ws.gate_up, pairs, inter, act)
+    else:
+        activation.act_mul(b, stream, ws.act, ws.gate_up, pairs, inter, "swiglu_clamp",
+                           moe.oss.swiglu_alpha, moe.oss.swiglu_limit)
+    gemm(b, stream, mb.expert_out, ws.act, *_operand(W.down), *lists, pairs, E, hid, inter, 1,
+         out_fp32=True, tile=tile.name, bias_ptr=W.down_bias)
     moe_combine.moe_combine(b, stream, ws.hidden, mb.expert_out, mb.topk_weights, n, hid, k,
                             shared, gate)
+
+
+def _expert_gemm(w):
+    """The grouped GEMM of an expert operand: BF16 (a DevicePtr) or MXFP4 (gpt-oss)."""
+    return moe_gemm.moe_gemm_mxfp4 if isinstance(w, Mxfp4Experts) else moe_gemm.moe_gemm
+
+
+def _operand(w) -> tuple:
+    return (w.blocks, w.scales) if isinstance(w, Mxfp4Experts) else (w,)

@@ -7,10 +7,17 @@ the fused gate|up layout of the dense MLP, so one grouped GEMM and the dense act
 them); the down projections stacked `[E, hidden, I]`; qwen2_moe's shared expert fused the
 same way plus its gate `[1, hidden]`. The grouped GEMM (ops/moe_gemm.py) reads expert e at
 `gate_up + e * 2I * hidden` elements.
+
+gpt-oss (formats/gpt_oss_config.py) stores each layer's experts stacked and transposed,
+`gate_up_proj` [E, hidden, 2I] with the gate and up columns interleaved (0::2, 1::2) and
+`down_proj` [E, I, hidden], plus biases: uploaded in the layout above (gate rows, then up
+rows; their biases likewise) with the router's bias beside it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from ..gpu_runtime.types import NULL, DevicePtr
 
@@ -23,6 +30,9 @@ class MoeLayerWeights:
     shared_gate_up: DevicePtr    # [2 * S, hidden] or NULL (qwen2_moe's shared expert)
     shared_down: DevicePtr       # [hidden, S] or NULL
     shared_gate: DevicePtr       # [1, hidden] or NULL (shared_expert_gate)
+    router_bias: DevicePtr = NULL    # [E] (gpt-oss)
+    gate_up_bias: DevicePtr = NULL   # [E, 2 * I], gate then up (gpt-oss)
+    down_bias: DevicePtr = NULL      # [E, hidden] (gpt-oss)
 
 
 def upload_moe_layer(weights, up, meta, layer: int) -> MoeLayerWeights | None:
@@ -32,6 +42,8 @@ def upload_moe_layer(weights, up, meta, layer: int) -> MoeLayerWeights | None:
     if moe is None or not moe.sparse_layers[layer]:
         return None
     h, i, E = meta.hidden_size, moe.expert_intermediate_size, moe.num_experts
+    if moe.oss is not None:
+        return _upload_oss_layer(weights, up, meta, f"model.layers.{layer}.mlp.", E)
     b = f"model.layers.{layer}.{moe.block}."
     gate, upn, down = moe.expert_proj
     gate_up = weights._alloc(E * 2 * i * h * 2)
@@ -50,3 +62,31 @@ def upload_moe_layer(weights, up, meta, layer: int) -> MoeLayerWeights | None:
     return MoeLayerWeights(router=weights._own(up.upload(b + "gate.weight")), gate_up=gate_up,
                            down=down_all, shared_gate_up=shared_gate_up,
                            shared_down=shared_down, shared_gate=shared_gate)
+
+
+def _gate_then_up(a: np.ndarray, axis: int) -> np.ndarray:
+    """gpt-oss's interleaved gate/up halves (0::2, 1::2 along `axis`) as [gate | up]."""
+    ev = np.take(a, np.arange(0, a.shape[axis], 2), axis=axis)
+    od = np.take(a, np.arange(1, a.shape[axis], 2), axis=axis)
+    return np.concatenate([ev, od], axis=axis)
+
+
+def _upload_oss_layer(weights, up, meta, b: str, E: int) -> MoeLayerWeights:
+    """gpt-oss's stacked BF16 experts (or MXFP4 ones: moe_mxfp4.py) in the layout of this
+    module's docstring."""
+    src = up.source
+    if meta.moe.oss.mxfp4:
+        from .moe_mxfp4 import upload_mxfp4_experts
+        gate_up, down = upload_mxfp4_experts(weights, up, meta, b)
+    else:
+        gu = np.asarray(src.read_bf16(b + "experts.gate_up_proj"))        # [E, h, 2I]
+        gate_up = weights._own(up.upload_array(_gate_then_up(gu.transpose(0, 2, 1), 1)))
+        dn = np.asarray(src.read_bf16(b + "experts.down_proj"))            # [E, I, h]
+        down = weights._own(up.upload_array(dn.transpose(0, 2, 1)))
+    gu_bias = np.asarray(src.read_bf16(b + "experts.gate_up_proj_bias"))   # [E, 2I]
+    return MoeLayerWeights(
+        router=weights._own(up.upload(b + "router.weight")), gate_up=gate_up, down=down,
+        shared_gate_up=NULL, shared_down=NULL, shared_gate=NULL,
+        router_bias=weights._own(up.upload(b + "router.bias")),
+        gate_up_bias=weights._own(up.upload_array(_gate_then_up(gu_bias, 1))),
+        down_bias=weights._own(up.upload(b + "experts.down_proj_bias")))

@@ -16,6 +16,7 @@ from ..errors import InvalidArgument
 from ..gpu_runtime.types import DevicePtr
 from .ladder import padded_batch_n
 from .layers import lm_head, run_decoder
+from .kv_groups import trim
 from .linear import run_embedding
 from .sequence import SequenceState
 
@@ -108,9 +109,10 @@ class DecoderPasses:
             pos = np.arange(start, start + n, dtype=np.int64)
             table = np.asarray(seq.block_table, np.int64)
             ws.h_tokens[:n] = chunk
-            ws.h_positions[:n] = pos
+            ws.h_positions[:n] = pos + self._rope_row(seq)
             ws.h_slots[:n] = table[pos // bs] * bs + pos % bs
             self._fill_table_row(0, seq.block_table)
+            self._fill_window_rows(seq, pos, 0, 0)
             ws.h_kv_lens[0] = start + n
             ws.h_indptr[:2] = (0, n)
             ws.upload_step(stream, n, 1)
@@ -127,6 +129,7 @@ class DecoderPasses:
                         arena=seq.arena, lora=self._lora_step(lora_rows, stream, False))
         seq.tokens.extend(int(t) for t in (chunk if recorded is None else recorded))
         seq.seq_len += n
+        self._trim_windows(seq, seq.seq_len)   # the next query's window (kv_groups.py)
         if not want_logits:
             return DevicePtr.NULL
         # As the original's prefill finish (trait_impl/prefill_b/finalize_last.rs): the last
@@ -157,9 +160,10 @@ class DecoderPasses:
                 pos = np.arange(seq.seq_len, seq.seq_len + k, dtype=np.int64)
                 table = np.asarray(seq.block_table, np.int64)
                 ws.h_tokens[n:n + k] = chunk
-                ws.h_positions[n:n + k] = pos
+                ws.h_positions[n:n + k] = pos + self._rope_row(seq)
                 ws.h_slots[n:n + k] = table[pos // bs] * bs + pos % bs
                 self._fill_table_row(r, seq.block_table)
+                self._fill_window_rows(seq, pos, n, r)
                 ws.h_kv_lens[r] = seq.seq_len + k
                 ws.h_indptr[r] = n
                 n += k
@@ -172,6 +176,7 @@ class DecoderPasses:
         for seq, chunk, _ in items:
             seq.tokens.extend(int(t) for t in chunk)
             seq.seq_len += len(chunk)
+            self._trim_windows(seq, seq.seq_len)
         hid_bytes = self._meta.hidden_size * 2
         row_bytes = self._meta.vocab_size * ws.logit_bytes
         out, rows = [], []
@@ -213,9 +218,10 @@ class DecoderPasses:
                 for j, tok in enumerate(toks):
                     p = seq.seq_len + j
                     ws.h_tokens[r] = tok
-                    ws.h_positions[r] = p
+                    ws.h_positions[r] = p + self._rope_row(seq)
                     ws.h_slots[r] = seq.block_table[p // bs] * bs + p % bs
                     self._fill_table_row(r, seq.block_table)
+                    self._fill_window_rows(seq, np.array([p]), r, r)
                     ws.h_kv_lens[r] = p + 1
                     r += 1
             arena = rows[0][0].arena
@@ -226,6 +232,9 @@ class DecoderPasses:
                 ws.h_positions[r] = 0     # several blocks writing one cache slot race
                 ws.h_slots[r] = ws.pad_block * bs if r == n else -1
                 self._fill_table_row(r, [ws.pad_block])
+                if ws.windowed:
+                    ws.h_window_slots[r] = ws.window_pad_block * bs if r == n else -1
+                    ws.h_window_tables[r] = ws.window_pad_block
                 ws.h_kv_lens[r] = 1
             ws.h_indptr[: padded + 1] = np.arange(padded + 1)
             ws.upload_step(stream, padded, padded)
@@ -239,8 +248,12 @@ class DecoderPasses:
                 self._decode_body(padded, stream, embeds_uploaded=embeds is not None, arena=arena,
                                   lora=lora)
         for seq, toks in items:
+            first = seq.seq_len
             seq.tokens.extend(toks)
             seq.seq_len += len(toks)
+            # kept: the window of the step's second position, so that a rollback to any
+            # accepted length (at least one token) finds its keys
+            self._trim_windows(seq, first + 1)
         return ws.logits
 
     def _decode_body(self, n: int, stream: int, embeds_uploaded: bool = False,
@@ -277,6 +290,31 @@ class DecoderPasses:
             self._graphs[key] = self.backend.end_capture(stream)
             return
         self.backend.launch_graph(g, stream)
+
+    def _fill_window_rows(self, seq: SequenceState, pos: np.ndarray, slot0: int,
+                          row: int) -> None:
+        """The sliding-window group's slots for positions `pos` (from slot index slot0) and
+        its table row `row` (a dense-cache sequence: its identity table), when the model
+        has that group; EVICTED entries (never read) as the pad block."""
+        ws = self._ws
+        if not ws.windowed:
+            return
+        bs = self._block_size
+        blocks = seq.block_table if seq.arena is not None else seq.window_table
+        table = np.asarray(blocks, np.int64)
+        ws.h_window_slots[slot0:slot0 + len(pos)] = table[pos // bs] * bs + pos % bs
+        out = ws.h_window_tables[row]
+        out[:len(blocks)] = np.where(table < 0, ws.window_pad_block, table)
+        out[len(blocks):] = ws.window_pad_block
+
+    def _trim_windows(self, seq: SequenceState, next_pos: int) -> None:
+        """Release the sliding-window blocks the query at `next_pos` no longer reads."""
+        trim(self._kv_groups, seq, next_pos)
+
+    def _rope_row(self, seq: SequenceState) -> int:
+        """The rope table row of a sequence's position 0: a LongRoPE sequence rotated with
+        its long factors throughout reads the table's second half (ops/rope_table.py)."""
+        return self._max_positions if seq.rope_long else 0
 
     def _fill_table_row(self, r: int, blocks: Sequence[int]) -> None:
         row = self._ws.h_tables[r]

@@ -21,14 +21,15 @@ from .args import int_arg, list_arg
 from .lifecycle import PrefixReclaim
 
 
-def reused_prefix_blocks(pool, prompt: Sequence[int], namespace: int = 0) -> list[int]:
-    """The cached blocks a prefill of `prompt` (under adapter id `namespace`) would reuse, in
-    order (no LRU touch)."""
+def reused_prefix_blocks(pool, prompt: Sequence[int], salt: bytes = b"") -> list[int]:
+    """The cached blocks a prefill of `prompt` would reuse, in order (no LRU touch); `salt`:
+    the model's key chain start for this prompt (lifecycle._prefix_salt: its adapter, its
+    rope)."""
     if not prompt or pool.num_cached() == 0:
         return []
     bs = pool.block_size
     blocks = []
-    for key in prefix_keys(prompt, bs, (len(prompt) - 1) // bs, namespace=namespace):
+    for key in prefix_keys(prompt, bs, (len(prompt) - 1) // bs, salt):
         b = pool.peek_prefix(key)
         if b is None:
             break
@@ -37,10 +38,10 @@ def reused_prefix_blocks(pool, prompt: Sequence[int], namespace: int = 0) -> lis
 
 
 def reclaim_for_prompt(pool, prompt: Sequence[int], blocks_needed: int,
-                       namespace: int = 0) -> PrefixReclaim:
+                       salt: bytes = b"") -> PrefixReclaim:
     """Evict LRU prefix-cache blocks until `pool` has the free blocks a prefill of `prompt`
     allocates (`blocks_needed` less the reused prefix), never the reused prefix itself."""
-    pinned = reused_prefix_blocks(pool, prompt, namespace)
+    pinned = reused_prefix_blocks(pool, prompt, salt)
     target = max(0, blocks_needed - len(pinned))
     pool.incref(pinned)            # the pin: refcount 2 is not evictable
     try:
@@ -69,4 +70,5 @@ class PrefixReclaimFor:
         needed = int_arg(what, "blocks_needed", blocks_needed, 0)
         with self._guard:
             return reclaim_for_prompt(self._pool, prompt, needed,
-                                      self.adapter_id_for(adapter_slot))
+                                      self._prefix_salt(self._long_prompt(prompt),
+                                                        self.adapter_id_for(adapter_slot)))

@@ -14,12 +14,16 @@ class SequenceState:
     seq_len: tokens cached. `reserved_blocks` were promised by `alloc_sequence_for` and not
     yet used. A sequence belongs to the model that allocated it (`owner`). A sequence with an
     `arena` keeps its K/V in that dense buffer (identity block table) instead of the pool.
-    `adapter_slot`, `acquired_adapter_slot`, `adapter_id`: its LoRA adapter (adapters.py)."""
+    `adapter_slot`, `acquired_adapter_slot`, `adapter_id`: its LoRA adapter (adapters.py).
+    `window_table` / `window_reserved`: the same for the sliding-window layers of a model that
+    has both kinds (kv_groups.py), EVICTED (-1) where the window released a block."""
 
     tokens: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)
     seq_len: int = 0
     reserved_blocks: int = 0
+    window_table: list[int] = field(default_factory=list)
+    window_reserved: int = 0
     seq_id: int = field(default_factory=lambda: next(_ids))
     owner: int = 0
     freed: bool = False
@@ -32,3 +36,6 @@ class SequenceState:
     adapter_slot: int = -1
     acquired_adapter_slot: int = -1
     adapter_id: int | None = None
+    # LongRoPE: every position rotates with the long factors (its prompt was longer than
+    # original_max_position_embeddings; formats/phi3_config.py)
+    rope_long: bool = False

@@ -30,6 +30,7 @@ from .draft import TransformerDraft
 from .forward import ModelForward
 from .gguf_weights import keeps_packed
 from .guard import CallGuard, exclusive
+from .kv_groups import KvGroup, group_layers, window_blocks
 from .lifecycle import ModelLifecycle
 from .lora_options import lora_options
 from .tp.lora_shard import shard_adapter
@@ -47,7 +48,7 @@ from .weights import DecoderWeights, check_checkpoint
 from .workspace import Workspace
 
 DECODER_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe",
-                         "mixtral")
+                         "mixtral", "gemma2", "gemma3_text", "gemma3", "phi3", "gpt_oss")
 MAX_VERIFY_ROWS = 16
 
 
@@ -78,11 +79,14 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
         self._guard = CallGuard()
         self.use_fp32_logits = bool(fp32_logits)
         self._block_size = block_size
-        self._attn_scale = 1.0 / math.sqrt(meta.head_dim)
+        # query_pre_attn_scalar ** -0.5 for Gemma (formats/decoder_variant.py)
+        self._attn_scale = meta.variant.attn_scale or 1.0 / math.sqrt(meta.head_dim)
         max_rows = max(max_batch, MAX_VERIFY_ROWS)
         self._max_batch = max_batch
         self._weights = self._ws = None
         self._rope_table = NULL
+        self._layer_rope: list[DevicePtr] = []   # per layer: its rope table (_rope_tables')
+        self._rope_tables: list[DevicePtr] = []
         self._tp = None   # a rank's combines (tp/runtime.py: TensorParallel), or None
         # the head / intermediate counts the layer passes run with (a rank's own slice)
         self._layer_meta = meta if _shard is None else _shard.layer_metadata(meta)
@@ -111,6 +115,12 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
             plan = _shard.agree_plan(plan, block_size)
         self._max_seq_len = plan.max_seq_len
         self._max_positions = plan.max_seq_len
+        # KV groups (kv_groups.py): the primary pool, and a bounded one for sliding-window
+        # layers beside full ones
+        groups = group_layers(meta)
+        win_layers = groups[1][1] if len(groups) > 1 else ()
+        win_blocks = window_blocks(plan.num_blocks, groups[-1][0], block_size, max_rows,
+                                   max_prefill_tokens) if win_layers else 0
         try:
             self._weights = (DecoderWeights(backend, source, meta, progress=progress,
                                             packed=packed)
@@ -120,13 +130,11 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
                                  max_rows=max_rows, num_blocks=plan.num_blocks,
                                  block_size=block_size,
                                  max_blocks_per_seq=plan.max_blocks_per_seq,
-                                 fp32_logits=self.use_fp32_logits)
+                                 fp32_logits=self.use_fp32_logits,
+                                 window_layers=win_layers, window_blocks=win_blocks)
             if _shard is not None:
                 self._tp = _shard.runtime(backend, meta, self._ws, self.use_fp32_logits)
-            table = rope.rope_table(meta.head_dim, self._max_positions, meta.rope_theta,
-                                    meta.rope_scaling)
-            self._rope_table = backend.alloc(table.nbytes)
-            backend.copy_h2d(table, self._rope_table)
+            self._upload_rope_tables(meta)
             self._lora = lora_opts.make_pool(
                 backend, self._layer_meta, lora_rows, source.description, ranks=ranks,
                 shard=None if _shard is None else
@@ -137,6 +145,15 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
             self._release_device()
             raise
         self._pool = BlockPool(plan.num_blocks, block_size)
+        self._kv_groups = [KvGroup(self._pool, "block_table", "reserved_blocks", groups[0][0],
+                                   groups[0][1])]
+        if win_layers:
+            self._kv_groups.append(KvGroup(BlockPool(win_blocks, block_size), "window_table",
+                                           "window_reserved", groups[1][0], win_layers))
+        # per layer: its group (0 primary, 1 the sliding-window pool)
+        self._layer_group = [0] * meta.num_layers
+        for i in win_layers:
+            self._layer_group[i] = 1
         self.source_description = source.description
 
     def metadata(self):
@@ -213,13 +230,33 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
         if self._lora is not None:
             self._lora.free()
             self._lora = None
-        if not self._rope_table.is_null():
-            self.backend.free(self._rope_table)
-            self._rope_table = NULL
+        for t in self._rope_tables:
+            self.backend.free(t)
+        self._rope_tables.clear()
+        self._layer_rope.clear()
+        self._rope_table = NULL
 
-    def _copy_kv_block(self, src: int, dst: int, stream: int) -> None:
+    def _upload_rope_tables(self, meta) -> None:
+        """One cos/sin table per distinct rope of the layers (Gemma 3: the full layers' and
+        the sliding layers' local one), over the rotary dims (partial rotary: fewer)."""
+        rd = meta.variant.rotary_dim or meta.head_dim
+        by_rope: dict[str, DevicePtr] = {}
+        for window in meta.layer_windows or (0,) * meta.num_layers:
+            theta, scaling = meta.variant.rope_of_layer(meta, window)
+            key = repr((theta, scaling))
+            if key not in by_rope:
+                table = rope.rope_table(rd, self._max_positions, theta, scaling)
+                by_rope[key] = self.backend.alloc(table.nbytes)
+                self._rope_tables.append(by_rope[key])
+                self.backend.copy_h2d(table, by_rope[key])
+            self._layer_rope.append(by_rope[key])
+        self._rope_table = self._layer_rope[0]
+        # rows of every table: max_positions, twice that for LongRoPE (its second half)
+        self._rope_rows = table.shape[0]
+
+    def _copy_kv_block(self, src: int, dst: int, stream: int, group: int = 0) -> None:
         ws = self._ws
-        for layer in range(self._meta.num_layers):
+        for layer in self._kv_groups[group].layers:
             for base in (ws.k_cache(layer), ws.v_cache(layer)):
                 self.backend.copy_d2d_async(base.offset(src * ws.block_bytes),
                                             base.offset(dst * ws.block_bytes),

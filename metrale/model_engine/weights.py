@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..formats import check_tensors, expected_tensors
 from ..formats.quant.checkpoint import check_quantized
+from ..formats.quant.mxfp4_check import check_mxfp4
 from ..formats.upload import WeightUploader
 from ..gpu_runtime.types import NULL, DevicePtr
 from .gguf_weights import EMBED, held_bytes, packed_runs, upload_packed
 from .linear import upload_linear
-from .memory_plan import weight_bytes
+from .memory_plan import held_bytes_of, weight_bytes
 from .moe_weights import MoeLayerWeights, upload_moe_layer
 
 
@@ -37,12 +40,28 @@ class LayerWeights:
     down_proj: DevicePtr              # [hidden, intermediate]
     down_bias: DevicePtr              # [hidden] or NULL
     moe: MoeLayerWeights | None = None  # a mixture-of-experts block instead of the MLP
+    # Gemma's MLP norms (the attention's output norm is then post_attention_layernorm)
+    pre_feedforward_layernorm: DevicePtr = NULL    # [hidden] or NULL
+    post_feedforward_layernorm: DevicePtr = NULL   # [hidden] or NULL
+    sinks: DevicePtr = NULL           # fp32 [num_heads] or NULL (gpt-oss attention sinks)
+
+    @property
+    def pre_mlp_norm(self) -> DevicePtr:
+        """The norm the MLP reads: Gemma's pre_feedforward_layernorm, else (Llama's block)
+        post_attention_layernorm."""
+        if not self.pre_feedforward_layernorm.is_null():
+            return self.pre_feedforward_layernorm
+        return self.post_attention_layernorm
 
 
 def check_checkpoint(source, meta) -> dict[str, tuple[int, ...]]:
     """Check every tensor of a decoder checkpoint (presence, shape, dtype) against its
     metadata; returns the float tensors (name -> shape) uploaded as BF16. FormatError
     naming the file and the tensor."""
+    if meta.moe is not None and meta.moe.oss is not None and meta.moe.oss.mxfp4:
+        expected = expected_tensors(meta, source.tensor_names())
+        check_mxfp4(source, expected)   # gpt-oss's packed experts
+        return expected
     if meta.quantization is None:
         expected = expected_tensors(meta, source.tensor_names())
         check_tensors(source, expected)
@@ -61,7 +80,7 @@ class DecoderWeights:
         self.backend = backend
         self._owned: list[DevicePtr] = []
         expected = check_checkpoint(source, meta)
-        self.nbytes = (sum(2 * _numel(s) for s in expected.values())
+        self.nbytes = (sum(held_bytes_of(n, s) for n, s in expected.items())
                        if meta.quantization is None else weight_bytes(meta))
         self.embed_bytes = 2 * meta.vocab_size * meta.hidden_size
         if packed:
@@ -81,17 +100,20 @@ class DecoderWeights:
                                      if packed and packed_runs(source, [EMBED]) else
                                      self._own(up.upload(EMBED)))
                 self.layers: list[LayerWeights] = []
+                var = meta.variant
                 for i in range(meta.num_layers):
                     p = f"model.layers.{i}."
                     att = p + "self_attn."
-                    qkv = lin(*[att + f"{x}_proj" for x in "qkv"])
+                    qkv = (lin(att + "qkv_proj") if var.fused_projections else
+                           lin(*[att + f"{x}_proj" for x in "qkv"]))
                     bias = NULL
                     if meta.attention_bias:
                         bias = self._alloc(qkv_rows * 2)
                         up.upload_into([att + f"{x}_proj.bias" for x in "qkv"], bias)
                     moe = upload_moe_layer(self, up, meta, i)   # None: a dense MLP
-                    gate_up = (lin(p + "mlp.gate_proj", p + "mlp.up_proj") if moe is None
-                               else NULL)
+                    gate_up = NULL if moe is not None else (
+                        lin(p + "mlp.gate_up_proj") if var.fused_projections else
+                        lin(p + "mlp.gate_proj", p + "mlp.up_proj"))
                     gate_up_bias = down_bias = NULL
                     if meta.mlp_bias:
                         gate_up_bias = self._alloc(2 * meta.intermediate_size * 2)
@@ -112,6 +134,7 @@ class DecoderWeights:
                         gate_up=gate_up, gate_up_bias=gate_up_bias,
                         down_proj=lin(p + "mlp.down_proj") if moe is None else NULL,
                         down_bias=down_bias, moe=moe,
+                        **self._variant_tensors(up, meta, p),
                     ))
                 self.norm = self._own(up.upload("model.norm.weight"))
                 # tied: the embedding, unless the checkpoint stores a head (layout.py)
@@ -120,6 +143,20 @@ class DecoderWeights:
         except BaseException:
             self.free()
             raise
+
+    def _variant_tensors(self, up, meta, p: str) -> dict:
+        """The LayerWeights fields of a family's extra tensors (Gemma's MLP norms, gpt-oss's
+        sinks, uploaded as FP32: the attention kernels read them so)."""
+        var, out = meta.variant, {}
+        if var.sandwich_norms:
+            for name in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):
+                out[name] = self._own(up.upload(p + name + ".weight"))
+        if var.attention_sinks:
+            bits = up.source.read_bf16(p + "self_attn.sinks")
+            f32 = np.ascontiguousarray(bits.astype(np.uint32) << 16).view(np.float32)
+            out["sinks"] = self._alloc(f32.nbytes)
+            self.backend.copy_h2d(f32, out["sinks"])
+        return out
 
     def _alloc(self, nbytes: int) -> DevicePtr:
         return self._own(self.backend.alloc(nbytes))
@@ -133,9 +170,3 @@ class DecoderWeights:
             self.backend.free(p)
         self._owned.clear()
 
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n

@@ -15,7 +15,8 @@ from .moe import MoeBuffers, mlp_width
 
 class Workspace:
     def __init__(self, backend, meta, *, max_tokens: int, max_rows: int, num_blocks: int,
-                 block_size: int, max_blocks_per_seq: int, fp32_logits: bool) -> None:
+                 block_size: int, max_blocks_per_seq: int, fp32_logits: bool,
+                 window_layers: tuple[int, ...] = (), window_blocks: int = 0) -> None:
         self.backend = backend
         self._owned: list[DevicePtr] = []
         H, KV, D = meta.num_heads, meta.num_kv_heads, meta.head_dim
@@ -41,10 +42,15 @@ class Workspace:
             # per-step metadata, int32 ---------------------------------------------------
             # One region, packed per step by `upload_step` so a step's metadata goes up in
             # a single copy; the section pointers below are set for each step.
-            self.meta_ints = 3 * T + R * max_blocks_per_seq + 2 * R + 1
+            # a model with a sliding-window group (kv_groups.py) adds that group's slots and
+            # block tables
+            self.windowed = bool(window_layers)
+            groups = 2 if self.windowed else 1
+            self.meta_ints = (2 + groups) * T + groups * R * max_blocks_per_seq + 2 * R + 1
             self.meta = a(self.meta_ints * 4)
             self.token_ids = self.positions = self.slot_mapping = self.meta
             self.block_tables = self.kv_lens = self.qo_indptr = self.meta
+            self.window_slots = self.window_tables = self.meta
             self.argmax_out = a(2 * R * 4)      # one id per logits row
             self.mask_ids = a(2 * R * 8 * 4)    # [rows, 8] suppressed ids of a masked argmax
             self.max_splits = attention.decode_max_splits(max_blocks_per_seq * block_size)
@@ -54,13 +60,19 @@ class Workspace:
             self.logit_bytes = 4 if fp32_logits else 2
             self.logits_rows = 2 * R
             self.logits = a(self.logits_rows * V * self.logit_bytes)
-            # KV arena: [layers, 2, num_blocks + 1, block_size, KV, D]; the extra block is a
-            # sink for padded graph rows and is never handed out by the pool.
+            # KV arena: per layer [2, blocks + 1, block_size, KV, D], blocks = num_blocks
+            # (window_blocks for the sliding-window group's layers); the extra block is a
+            # sink for padded graph rows and is never handed out by a pool.
             self.block_bytes = block_size * KV * D * 2
             self.layer_kv_bytes = (num_blocks + 1) * self.block_bytes
             self.pad_block = num_blocks
-            self.kv = a(meta.num_layers * 2 * self.layer_kv_bytes)
-            self.kv_bytes = meta.num_layers * 2 * self.layer_kv_bytes
+            self.window_pad_block = window_blocks
+            sizes = [((window_blocks if i in window_layers else num_blocks) + 1) *
+                     self.block_bytes for i in range(meta.num_layers)]
+            self._layer_off = [2 * sum(sizes[:i]) for i in range(meta.num_layers)]
+            self._layer_size = sizes
+            self.kv_bytes = 2 * sum(sizes)
+            self.kv = a(self.kv_bytes)
             # mixture-of-experts buffers (moe.py), for as many rows as the activations
             self.moe = MoeBuffers(a, meta, max(T, R)) if MoeBuffers.estimate_bytes(
                 meta, 1) else None
@@ -72,19 +84,22 @@ class Workspace:
         self.h_positions = np.zeros(T, np.int32)
         self.h_slots = np.zeros(T, np.int32)
         self.h_tables = np.zeros((R, max_blocks_per_seq), np.int32)
+        self.h_window_slots = np.zeros(T, np.int32)
+        self.h_window_tables = np.zeros((R, max_blocks_per_seq), np.int32)
         self.h_kv_lens = np.zeros(R, np.int32)
         self.h_indptr = np.zeros(R + 1, np.int32)
         self.h_meta = np.zeros(self.meta_ints, np.int32)
 
     def k_cache(self, layer: int) -> DevicePtr:
-        return self.kv.offset((2 * layer) * self.layer_kv_bytes)
+        return self.kv.offset(self._layer_off[layer])
 
     def v_cache(self, layer: int) -> DevicePtr:
-        return self.kv.offset((2 * layer + 1) * self.layer_kv_bytes)
+        return self.kv.offset(self._layer_off[layer] + self._layer_size[layer])
 
     def upload_step(self, stream: int, n_tokens: int, n_rows: int) -> None:
         """Copy the first n_tokens / n_rows of the host staging arrays to the device in one
-        copy: [tokens | positions | slots | kv_lens | qo_indptr | block_tables rows].
+        copy: [tokens | positions | slots | kv_lens | qo_indptr | block_tables rows], then
+        (a model with a sliding-window group) [window slots | window block_tables rows].
 
         Section offsets depend only on (n_tokens, n_rows), so a graph captured for a padded
         batch size reads its sections at the same addresses on every replay. The host
@@ -94,13 +109,17 @@ class Workspace:
         n, r = n_tokens, n_rows
         parts = (self.h_tokens[:n], self.h_positions[:n], self.h_slots[:n],
                  self.h_kv_lens[:r], self.h_indptr[:r + 1], self.h_tables[:r].reshape(-1))
+        if self.windowed:
+            parts += (self.h_window_slots[:n], self.h_window_tables[:r].reshape(-1))
         ptrs, off = [], 0
         for part in parts:
             self.h_meta[off:off + part.size] = part
             ptrs.append(self.meta.offset(4 * off))
             off += part.size
         (self.token_ids, self.positions, self.slot_mapping, self.kv_lens, self.qo_indptr,
-         self.block_tables) = ptrs
+         self.block_tables) = ptrs[:6]
+        if self.windowed:
+            self.window_slots, self.window_tables = ptrs[6:]
         self.backend.copy_h2d_async(self.h_meta[:off], self.meta, stream)
 
     def _alloc(self, nbytes: int) -> DevicePtr:
@@ -115,17 +134,22 @@ class Workspace:
 
     @staticmethod
     def estimate_bytes(meta, *, max_tokens, max_rows, num_blocks, block_size,
-                       max_blocks_per_seq, fp32_logits) -> int:
+                       max_blocks_per_seq, fp32_logits, window_layers=(),
+                       window_blocks=0) -> int:
         """Bytes `Workspace(...)` will allocate (for the fits-in-memory check)."""
         H, KV, D = meta.num_heads, meta.num_kv_heads, meta.head_dim
         hid, inter, V = meta.hidden_size, mlp_width(meta), meta.vocab_size
         T, R = max_tokens, max_rows
         act = T * (3 * hid + (H + 2 * KV) * D + H * D + 3 * inter) * 2 + max(T, 2 * R) * hid * 2
         act += hid * 2   # mtp_hidden
-        md = (3 * T + R * max_blocks_per_seq + 2 * R + 1) * 4 + 2 * R * 4 + 2 * R * 8 * 4
+        groups = 2 if window_layers else 1
+        md = ((2 + groups) * T + groups * R * max_blocks_per_seq + 2 * R + 1) * 4 + \
+            2 * R * 4 + 2 * R * 8 * 4
         splits = attention.decode_max_splits(max_blocks_per_seq * block_size)
         dec = attention.decode_workspace_bytes(R, H, D, splits)
         lb = 4 if fp32_logits else 2
         logits = 2 * R * V * lb
-        kv = meta.num_layers * 2 * (num_blocks + 1) * block_size * KV * D * 2
+        nw = len(window_layers)
+        kv = 2 * ((meta.num_layers - nw) * (num_blocks + 1) + nw * (window_blocks + 1)) * \
+            block_size * KV * D * 2
         return act + md + dec + logits + kv + MoeBuffers.estimate_bytes(meta, max(T, R))

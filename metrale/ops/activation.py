@@ -2,7 +2,9 @@
 rounding per stored element.
 
   act_mul: out[r, c] = bf16(act(g) * u), gate_up [n_rows, 2*I] = [gate | up], out [n_rows, I];
-           act one of ACTIVATIONS: silu, gelu (erf), gelu_tanh, relu, quick_gelu
+           act one of ACTIVATIONS: silu, gelu (erf), gelu_tanh, relu, quick_gelu; or
+           "swiglu_clamp" (gpt-oss's experts, act_mul only): g' = min(g, limit),
+           u' = clamp(u, -limit, limit), out = bf16((u' + 1) * g' * sigmoid(alpha * g'))
   gelu:    out = bf16(gelu(x)); approximate "none" (erf), "tanh", "quick" (x*sigmoid(1.702x))
 
 HF computes act(gate) in BF16 before the multiply (two roundings); the fused kernel rounds
@@ -27,16 +29,23 @@ _MAX_BLOCKS = 8192
 GELU_MODES = {"none": 0, "tanh": 1, "quick": 2}
 # act_mul's `act` codes (kernels/activation.cu ACT_*)
 ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3, "quick_gelu": 4}
+SWIGLU_CLAMP = 5   # act_mul's clamped SwiGLU (not an act(gate) * up: the fused GEMMs lack it)
 
 _erf = np.frompyfunc(math.erf, 1, 1)
 
 
 def act_mul(backend, stream: int, out_ptr, gate_up_ptr, n_rows: int, intermediate: int,
-            act: str = "silu") -> None:
+            act: str = "silu", alpha: float = 1.702, limit: float = 7.0) -> None:
     """out = act(gate) * up (a gated MLP). gate_up: [n_rows, 2*intermediate] bf16 (gate
-    columns first); out: [n_rows, intermediate] bf16; act: a key of ACTIVATIONS."""
-    if act not in ACTIVATIONS:
-        raise InvalidArgument(f"act_mul: act must be one of {sorted(ACTIVATIONS)}, got {act!r}")
+    columns first); out: [n_rows, intermediate] bf16; act: a key of ACTIVATIONS, or
+    "swiglu_clamp" with its alpha and limit (finite, limit > 0)."""
+    if act not in ACTIVATIONS and act != "swiglu_clamp":
+        raise InvalidArgument(f"act_mul: act must be one of "
+                              f"{sorted(ACTIVATIONS) + ['swiglu_clamp']}, got {act!r}")
+    if act == "swiglu_clamp" and not (math.isfinite(alpha) and math.isfinite(limit)
+                                      and limit > 0):
+        raise InvalidArgument(f"act_mul: swiglu_clamp needs a finite alpha and limit > 0, "
+                              f"got alpha={alpha}, limit={limit}")
     _check_sizes("act_mul", n_rows=n_rows, intermediate=intermediate)
     if 2 * int(intermediate) >= 2**31:
         raise InvalidArgument(f"act_mul: 2*intermediate must be < 2^31, got {2 * intermediate}")
@@ -46,7 +55,8 @@ def act_mul(backend, stream: int, out_ptr, gate_up_ptr, n_rows: int, intermediat
     backend.launch(backend.kernel(MODULE, "act_mul"), (int(n_rows), col_blocks), (THREADS,),
                    0, stream,
                    (DevicePtr(out_ptr), DevicePtr(gate_up_ptr), np.int32(n_rows),
-                    np.int32(intermediate), np.int32(ACTIVATIONS[act])))
+                    np.int32(intermediate), np.int32(ACTIVATIONS.get(act, SWIGLU_CLAMP)),
+                    np.float32(alpha), np.float32(limit)))
 
 
 def gelu(backend, stream: int, out_ptr, x_ptr, n: int, approximate: str = "none") -> None:
@@ -102,8 +112,18 @@ def gelu_f32(x: np.ndarray, mode: int) -> np.ndarray:
     raise InvalidArgument(f"gelu: unknown mode {mode}")
 
 
+def swiglu_clamp_f32(g: np.ndarray, u: np.ndarray, alpha: float, limit: float) -> np.ndarray:
+    """gpt-oss's clamped SwiGLU in float32 steps, as the kernel."""
+    a, lim = np.float32(alpha), np.float32(limit)
+    gc = np.minimum(np.asarray(g, np.float32), lim)
+    uc = np.clip(np.asarray(u, np.float32), -lim, lim)
+    with np.errstate(over="ignore"):
+        sig = gc / (np.float32(1.0) + np.exp(-a * gc))
+    return ((uc + np.float32(1.0)) * sig).astype(np.float32)
+
+
 @twin(MODULE, "act_mul")
-def act_mul_twin(ctx, out_ptr, gate_up_ptr, n_rows, intermediate, act) -> None:
+def act_mul_twin(ctx, out_ptr, gate_up_ptr, n_rows, intermediate, act, alpha, limit) -> None:
     r, i = int(n_rows), int(intermediate)
     nat = ctx.native_rows
     if nat is not None and int(act) == ACTIVATIONS["silu"] and \
@@ -119,6 +139,10 @@ def act_mul_twin(ctx, out_ptr, gate_up_ptr, n_rows, intermediate, act) -> None:
 
     def rows(lo: int, hi: int) -> None:   # rows are independent
         gu = bf16_to_f32(gate_up[lo:hi])
+        if int(act) == SWIGLU_CLAMP:
+            out[lo:hi] = f32_to_bf16(swiglu_clamp_f32(gu[:, :i], gu[:, i:], float(alpha),
+                                                      float(limit)))
+            return
         with np.errstate(invalid="ignore"):
             y = act_f32(gu[:, :i], int(act))
             y *= gu[:, i:]

@@ -16,6 +16,7 @@ bits do not depend on the batch either way.
 from __future__ import annotations
 
 from ..errors import InvalidArgument
+from ..gpu_runtime.types import NULL
 from .attention import check_prefill, prefill_args, prefill_attention, prefill_twin
 from .attention_tile import attend_base2_bf16p
 from .registry import twin
@@ -47,18 +48,21 @@ def prefill_attention_tc(backend, stream: int, out_ptr, qkv_ptr, k_cache_ptr, v_
                          block_tables_ptr, kv_lens_ptr, qo_indptr_ptr, n_seqs: int,
                          n_tokens: int, max_q_len: int, num_heads: int, num_kv_heads: int,
                          head_dim: int, block_size: int, max_blocks_per_seq: int,
-                         scale: float, sliding_window: int = 0) -> None:
+                         scale: float, sliding_window: int = 0, softcap: float = 0.0,
+                         sinks_ptr=NULL) -> None:
     """Causal attention of a ragged batch of query chunks against the paged cache, on tensor
     cores. Shapes as `attention.prefill_attention`: out [n_tokens, H*D] bf16; qkv
     [n_tokens, (H+2KV)*D] bf16; k_cache/v_cache [num_blocks, block_size, KV, D] bf16;
     block_tables int32 [n_seqs, max_blocks_per_seq]; kv_lens int32 [n_seqs]; qo_indptr
     int32 [n_seqs+1]. head_dim must be in TC_HEAD_DIMS and qkv/k_cache/v_cache 16-byte
-    aligned."""
+    aligned. softcap (0: off) and sinks_ptr (fp32 [num_heads] or NULL): attention_common.py's
+    options."""
     n_seqs, max_q_len = int(n_seqs), int(max_q_len)
     num_heads, num_kv_heads, head_dim = int(num_heads), int(num_kv_heads), int(head_dim)
     a = (out_ptr, qkv_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, kv_lens_ptr,
          qo_indptr_ptr, n_seqs, int(n_tokens), max_q_len, num_heads, num_kv_heads, head_dim,
-         int(block_size), int(max_blocks_per_seq), float(scale), int(sliding_window))
+         int(block_size), int(max_blocks_per_seq), float(scale), int(sliding_window),
+         float(softcap), sinks_ptr)
     what = "prefill_attention_tc"
     check_prefill(what, *a)
     if head_dim not in TILE_KEYS:
@@ -81,19 +85,20 @@ def prefill_attention_auto(backend, stream: int, out_ptr, qkv_ptr, k_cache_ptr, 
                            block_tables_ptr, kv_lens_ptr, qo_indptr_ptr, n_seqs: int,
                            n_tokens: int, max_q_len: int, num_heads: int, num_kv_heads: int,
                            head_dim: int, block_size: int, max_blocks_per_seq: int,
-                           scale: float, sliding_window: int = 0) -> None:
+                           scale: float, sliding_window: int = 0, softcap: float = 0.0,
+                           sinks_ptr=NULL) -> None:
     """`prefill_attention_tc` where `tc_applies`, else the CUDA-core `prefill_attention`;
     same arguments."""
     launch = (prefill_attention_tc if tc_applies(head_dim, qkv_ptr, k_cache_ptr, v_cache_ptr)
               else prefill_attention)
     launch(backend, stream, out_ptr, qkv_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr,
            kv_lens_ptr, qo_indptr_ptr, n_seqs, n_tokens, max_q_len, num_heads, num_kv_heads,
-           head_dim, block_size, max_blocks_per_seq, scale, sliding_window)
+           head_dim, block_size, max_blocks_per_seq, scale, sliding_window, softcap, sinks_ptr)
 
 
 def _tc_twin(tile: int):
     def run(ctx, *args) -> None:
-        prefill_twin(ctx, lambda sc, vt, kpos: attend_base2_bf16p(sc, vt, kpos, tile),
+        prefill_twin(ctx, lambda sc, vt, kpos, s2: attend_base2_bf16p(sc, vt, kpos, tile, s2),
                      "attention_tc.prefill_attention_tc", *args)
     return run
 

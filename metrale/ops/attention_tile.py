@@ -12,6 +12,10 @@ over base-2 scores s = (q . k) * scale * log2(e), masked keys -inf. Both of its 
 The tensor-core tile rounds P to BF16 before the P.V mma, against the running max of the key
 tile it is in, so its closed form keeps the tiles (`attend_base2_bf16p`).
 
+Options (attention_common.py): soft-capped scores are `softcap_base2` of the raw ones; a
+learned sink (base-2 logit s2 per row) joins the denominator only:
+    M = max(max(s), s2),  out = (exp2(s - M) @ V) / (sum exp2(s - M) + exp2(s2 - M)).
+
 `gather_paged`: the paged K or V rows of one sequence that those twins attend over.
 """
 from __future__ import annotations
@@ -19,22 +23,41 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import KernelError
+from .attention_common import LOG2E
 from .bf16 import bf16_to_f32, round_bf16
 
 
-def attend_base2(scores: np.ndarray, values: np.ndarray) -> np.ndarray:
+def softcap_base2(raw: np.ndarray, scale: float, softcap: float) -> np.ndarray:
+    """Base-2 logits of raw scores q.k (float64): raw * scale * log2(e), or soft-capped
+    softcap * log2(e) * tanh(raw * scale / softcap) when softcap > 0 (the kernels' float32
+    factors, the tanh in float64)."""
+    if softcap > 0:
+        cap_in = float(np.float32(scale) / np.float32(softcap))
+        return float(np.float32(softcap) * LOG2E) * np.tanh(raw * cap_in)
+    return raw * float(np.float32(scale) * LOG2E)
+
+
+def attend_base2(scores: np.ndarray, values: np.ndarray,
+                 sink2: np.ndarray | None = None) -> np.ndarray:
     """Softmax-weighted values over the last axis of base-2 `scores`.
 
     scores [..., T] (masked keys -inf, at least one finite per row), values [..., T, D]
     -> [..., D] in the inputs' dtype (the prefill twin passes float64, the dense twin
-    float32; the sum of p is taken in that dtype too).
+    float32; the sum of p is taken in that dtype too). sink2 [..., 1]: each row's sink
+    logit (base 2), in the denominator only.
     """
-    p = np.exp2(scores - scores.max(axis=-1, keepdims=True))
-    return np.matmul(p, values) / p.sum(axis=-1, keepdims=True, dtype=p.dtype)
+    m = scores.max(axis=-1, keepdims=True)
+    if sink2 is not None:
+        m = np.maximum(m, sink2)
+    p = np.exp2(scores - m)
+    den = p.sum(axis=-1, keepdims=True, dtype=p.dtype)
+    if sink2 is not None:
+        den = den + np.exp2(sink2 - m)
+    return np.matmul(p, values) / den
 
 
 def attend_base2_bf16p(scores: np.ndarray, values: np.ndarray, key_pos: np.ndarray,
-                       tile: int) -> np.ndarray:
+                       tile: int, sink2: np.ndarray | None = None) -> np.ndarray:
     """What the tensor-core tile computes: the online softmax over key tiles of `tile`
     consecutive absolute positions (tile t = positions [t*tile, (t+1)*tile)), P rounded to
     BF16 against the running max when its tile is processed.
@@ -44,7 +67,8 @@ def attend_base2_bf16p(scores: np.ndarray, values: np.ndarray, key_pos: np.ndarr
     float64. Per row, with M_t the running max through tile t (-inf -> 0):
         w_p = bf16(exp2(s_p - M_t(p))) * 2^(M_t(p) - M_last),  out = sum w v / sum w
     (the kernel's l sums the same rounded p, rescaled tile by tile). A row with no visible
-    key gives 0, as the kernel.
+    key gives 0, as the kernel. sink2 [..., 1]: each row's sink logit (base 2), added to the
+    denominator against M = max(M_last, sink2) as the kernel does.
     """
     s = np.array(scores, dtype=np.float32)          # a copy of our own: modified in place
     first = int(key_pos[0]) // tile
@@ -66,6 +90,12 @@ def attend_base2_bf16p(scores: np.ndarray, values: np.ndarray, key_pos: np.ndarr
     w = (p * scale[..., None]).reshape(*lead, n_tiles * tile)[..., front:front + T]  # [..., T]
     total = w.sum(axis=-1, keepdims=True)
     out = np.matmul(w, values)
+    if sink2 is not None:   # against M = max(M_last, s2); rows that saw no key stay 0
+        last = running[..., -1:].astype(np.float64)
+        big = np.maximum(last, sink2)
+        a = np.where(last == -np.inf, 0.0, np.exp2(last - big))
+        den = total * a + np.exp2(sink2 - big)
+        return out * (a / den)
     out /= np.where(total > 0, total, 1.0)
     return out
 

@@ -3,7 +3,8 @@
   moe_topk_softmax: float32 router logits [n_tokens, E] -> each token's top-k expert ids
       (int32 [n_tokens, k], rank order) and weights (float32 [n_tokens, k]): softmax in
       float32, the k experts ranked first (larger logit first, equal logits by lower index,
-      NaN first), optionally renormalised to sum 1. The .cu header says why ranking by
+      NaN first), optionally renormalised to sum 1; with `bias_ptr` (bf16 [E], gpt-oss's
+      router bias) the logits plus it, one float32 add. The .cu header says why ranking by
       logit is HF's top-k of the probabilities and how torch.topk's own ties behave.
   moe_route: those ids -> the pairs p = t * k + s grouped by expert (sorted_pairs, in
       increasing p within an expert), expert_offsets [E + 1] and the grouped GEMM's row
@@ -14,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InvalidArgument
-from ..gpu_runtime.types import DevicePtr
+from ..gpu_runtime.types import NULL, DevicePtr
+from .bf16 import bf16_to_f32
 from .checks import check_ptrs, check_sizes
 from .registry import twin
 
@@ -35,9 +37,11 @@ def _check_experts(what: str, num_experts: int, top_k: int | None = None) -> Non
 
 
 def moe_topk_softmax(backend, stream: int, topk_ids_ptr, topk_weights_ptr, logits_ptr,
-                     n_tokens: int, num_experts: int, top_k: int, renormalize: bool) -> None:
+                     n_tokens: int, num_experts: int, top_k: int, renormalize: bool,
+                     bias_ptr=NULL) -> None:
     """Top-k routing of `n_tokens` rows. logits: float32 [n_tokens, num_experts];
-    topk_ids: int32 [n_tokens, top_k]; topk_weights: float32 [n_tokens, top_k]."""
+    topk_ids: int32 [n_tokens, top_k]; topk_weights: float32 [n_tokens, top_k]; bias_ptr:
+    bf16 [num_experts] added to every row's logits, or NULL."""
     check_sizes("moe_topk_softmax", n_tokens=n_tokens)
     _check_experts("moe_topk_softmax", num_experts, top_k)
     check_ptrs("moe_topk_softmax", topk_ids_ptr=topk_ids_ptr,
@@ -47,7 +51,8 @@ def moe_topk_softmax(backend, stream: int, topk_ids_ptr, topk_weights_ptr, logit
     backend.launch(backend.kernel(MODULE, "moe_topk_softmax"), grid, (ROUTER_THREADS,), 0,
                    stream, (DevicePtr(topk_ids_ptr), DevicePtr(topk_weights_ptr),
                             DevicePtr(logits_ptr), np.int32(n_tokens), np.int32(num_experts),
-                            np.int32(top_k), np.int32(bool(renormalize))))
+                            np.int32(top_k), np.int32(bool(renormalize)),
+                            DevicePtr(bias_ptr)))
 
 
 def moe_route(backend, stream: int, sorted_pairs_ptr, expert_offsets_ptr, tile_offsets_ptr,
@@ -127,9 +132,11 @@ def route(ids: np.ndarray, num_experts: int, block_m: int):
 
 @twin(MODULE, "moe_topk_softmax")
 def _topk_softmax_twin(ctx, ids_ptr, weights_ptr, logits_ptr, n_tokens, num_experts, top_k,
-                       renormalize) -> None:
+                       renormalize, bias_ptr) -> None:
     n, E, k = int(n_tokens), int(num_experts), int(top_k)
     logits = ctx.read(logits_ptr, n * E, np.float32).reshape(n, E)
+    if int(bias_ptr):
+        logits = logits + bf16_to_f32(ctx.read(bias_ptr, E, np.uint16))[None, :]
     ids, w = topk_softmax_f32(logits, k, bool(renormalize))
     ctx.view(ids_ptr, n * k, np.int32)[:] = ids.reshape(-1)
     ctx.view(weights_ptr, n * k, np.float32)[:] = w.reshape(-1)

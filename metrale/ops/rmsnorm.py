@@ -5,6 +5,9 @@ RMSNorm order (HF LlamaRMSNorm / Qwen2RMSNorm with BF16 weights, `weight *
 hidden_states.to(input_dtype)`): normalize in FP32, round to BF16, multiply by the BF16
 weight in FP32, round to BF16. With `residual_ptr`: residual = bf16(residual + x) is stored
 back first and the stored row is normalized (HF's BF16 `residual + hidden_states`).
+`weight_mode` (WEIGHT_MODES) picks how the weight applies: "llama" the two roundings above;
+"once" bf16(x * inv * w), one rounding (HF GptOssRMSNorm); "gemma" bf16(x * inv * (1 + w)),
+one rounding (HF Gemma2RMSNorm / Gemma3RMSNorm, whose weights are stored centred on 0).
 LayerNorm: FP32 mean and variance (two-pass), (x - mu) * rsqrt(var + eps) * w + b, one
 rounding (torch's LayerNorm kernel for BF16 input).
 
@@ -27,6 +30,8 @@ from .registry import twin
 
 MODULE = "rmsnorm"
 RMSNORM_ROWS_PER_CTA = 4   # NORM_ROWS_PER_CTA of kernels/rmsnorm.cu
+# rmsnorm's weight modes (kernels/norm_row.cuh RMS_WEIGHT_*)
+WEIGHT_MODES = {"llama": 0, "once": 1, "gemma": 2}
 
 
 def _threads(hidden: int) -> int:
@@ -43,13 +48,17 @@ def _check(what: str, n_rows: int, hidden: int, eps: float, **ptrs) -> None:
 
 
 def rmsnorm(backend, stream: int, out_ptr, x_ptr, weight_ptr, n_rows: int, hidden: int,
-            eps: float, residual_ptr=NULL) -> None:
-    """out = bf16(bf16(x * rsqrt(mean(x^2) + eps)) * w), row by row.
+            eps: float, residual_ptr=NULL, weight_mode: str = "llama") -> None:
+    """out = bf16(bf16(x * rsqrt(mean(x^2) + eps)) * w), row by row (`weight_mode` "once":
+    bf16(x * rsqrt(..) * w); "gemma": bf16(x * rsqrt(..) * (1 + w))).
 
     x, out: [n_rows, hidden] bf16; weight: [hidden] bf16. With residual_ptr ([n_rows,
     hidden] bf16): residual = bf16(residual + x) in place, then out = rmsnorm(residual) * w.
     """
     _check("rmsnorm", n_rows, hidden, eps, out_ptr=out_ptr, x_ptr=x_ptr, weight_ptr=weight_ptr)
+    if weight_mode not in WEIGHT_MODES:
+        raise InvalidArgument(f"rmsnorm: weight_mode must be one of {sorted(WEIGHT_MODES)}, "
+                              f"got {weight_mode!r}")
     if residual_ptr is None:
         residual_ptr = NULL
     backend.launch(backend.kernel(MODULE, "rmsnorm"),
@@ -57,7 +66,7 @@ def rmsnorm(backend, stream: int, out_ptr, x_ptr, weight_ptr, n_rows: int, hidde
                    0, stream,
                    (DevicePtr(out_ptr), DevicePtr(x_ptr), DevicePtr(weight_ptr),
                     DevicePtr(residual_ptr), np.int32(n_rows), np.int32(hidden),
-                    np.float32(eps)))
+                    np.float32(eps), np.int32(WEIGHT_MODES[weight_mode])))
 
 
 def layernorm(backend, stream: int, out_ptr, x_ptr, weight_ptr, bias_ptr, n_rows: int,
@@ -82,10 +91,12 @@ def _whole_or_apart(nbytes: int, *ptrs) -> bool:
 
 
 @twin(MODULE, "rmsnorm")
-def rmsnorm_twin(ctx, out_ptr, x_ptr, weight_ptr, residual_ptr, n_rows, hidden, eps) -> None:
-    r, h = int(n_rows), int(hidden)
+def rmsnorm_twin(ctx, out_ptr, x_ptr, weight_ptr, residual_ptr, n_rows, hidden, eps,
+                 weight_mode) -> None:
+    r, h, mode = int(n_rows), int(hidden), int(weight_mode)
     nat = ctx.native_rows
-    if nat is not None and _whole_or_apart(r * h * 2, x_ptr, out_ptr, residual_ptr):
+    if nat is not None and mode == WEIGHT_MODES["llama"] and \
+            _whole_or_apart(r * h * 2, x_ptr, out_ptr, residual_ptr):
         # the same bits as below (native/norm_rope_act.cpp), a few microseconds a row
         nat.rmsnorm(ctx.write_addr(out_ptr, r * h * 2), ctx.read_addr(x_ptr, r * h * 2),
                     ctx.read_addr(weight_ptr, h * 2),
@@ -108,18 +119,21 @@ def rmsnorm_twin(ctx, out_ptr, x_ptr, weight_ptr, residual_ptr, n_rows, hidden, 
             s = f32_to_bf16(bf16_to_f32(res) + x)
             res[:] = s
             x = bf16_to_f32(s)
-        out[lo:hi] = rmsnorm_bits(x, w, eps)
+        out[lo:hi] = rmsnorm_bits(x, w, eps, mode)
     ctx.map_blocks(r, max(1, (1 << 18) // h), rows)   # ~1 MiB of float32 per block
 
 
-def rmsnorm_bits(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+def rmsnorm_bits(x: np.ndarray, w: np.ndarray, eps: float, mode: int = 0) -> np.ndarray:
     """The twin's RMSNorm of float32 rows x [r, h] (BF16 values) with weight w [h] (float32
-    of BF16): BF16 bits [r, h]. numpy's pairwise float32 sum of squares."""
+    of BF16) in weight mode `mode` (a WEIGHT_MODES value, checked by the launcher): BF16
+    bits [r, h]. numpy's pairwise float32 sum of squares."""
     h = x.shape[1]
     ss = np.sum(x * x, axis=1, dtype=np.float32)
     inv = (np.float32(1.0) / np.sqrt(ss / np.float32(h) + np.float32(eps))).astype(np.float32)
-    normed = round_bf16(x * inv[:, None])
-    return f32_to_bf16(normed * w[None, :])
+    if mode == WEIGHT_MODES["llama"]:
+        return f32_to_bf16(round_bf16(x * inv[:, None]) * w[None, :])
+    scale = w + np.float32(1.0) if mode == WEIGHT_MODES["gemma"] else w
+    return f32_to_bf16((x * inv[:, None]) * scale[None, :])
 
 
 @twin(MODULE, "layernorm")

@@ -9,7 +9,8 @@ import numpy as np
 
 from metrale.formats import PRESETS
 
-_NP = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32, "I32": np.int32}
+_NP = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32, "I32": np.int32,
+       "U8": np.uint8}
 
 
 def st_bytes(header: dict, data: bytes = b"", pad_to: int | None = None) -> bytes:

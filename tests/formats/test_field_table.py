@@ -106,7 +106,8 @@ def test_fixture_configs_hold_only_listed_keys():
         if isinstance(cfg.get("text_config"), dict):
             scopes.append((cfg["text_config"].get("model_type", "llama"), cfg["text_config"]))
         if isinstance(cfg.get("vision_config"), dict):
-            scopes.append(("clip_vision_model", cfg["vision_config"]))
+            vis = cfg["vision_config"]
+            scopes.append((vis.get("model_type", "clip_vision_model"), vis))
         for scope, c in scopes:
             rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
             extra = {f"{scope}.{k}" for k in c if k not in FIELD_TABLE[scope]}

@@ -7,15 +7,15 @@ import metrale
 from metrale import CacheConfig, InvalidArgument, MetraleError, Unsupported, UnsupportedMedia
 from metrale.generative import DecoderGenerativeModel, GenerativeModel, to_numpy
 from metrale.gpu_runtime import HostBackend
-from tests.model.common import (DECODER_FIXTURES, FIXTURES, assert_matches_golden, golden,
-                                load, logits_rows, rel_err)
+from tests.model.common import (DECODER_FIXTURES, FAMILY_FIXTURES, FIXTURES,
+                                assert_matches_golden, golden, load, logits_rows, rel_err)
 
 
 def gen(name, **kw):
     return metrale.load_generative(FIXTURES / name, HostBackend(), progress=False, **kw)
 
 
-@pytest.mark.parametrize("name", DECODER_FIXTURES)
+@pytest.mark.parametrize("name", DECODER_FIXTURES + FAMILY_FIXTURES)
 @pytest.mark.parametrize("kind", ["paged", "contiguous"])
 def test_prefill_and_decode_match_golden_and_pointer_api(name, kind):
     g = golden(name)

@@ -8,8 +8,8 @@ from metrale.gpu_runtime import backend
 from metrale.model_engine import PrefillSlice
 from metrale.ops.argmax import argmax_rule
 from tests.conftest import emu_available
-from tests.model.common import (DECODER_FIXTURES, assert_matches_golden, golden, load,
-                                logits_rows)
+from tests.model.common import (DECODER_FIXTURES, FAMILY_FIXTURES, assert_matches_golden, golden,
+                                load, logits_rows)
 
 BACKENDS = ["cpu", pytest.param("emu", marks=[
     pytest.mark.gpu, pytest.mark.skipif(not emu_available(), reason="no C++ compiler")])]
@@ -20,7 +20,7 @@ def device_name(request):
     return request.param
 
 
-@pytest.fixture(params=DECODER_FIXTURES)
+@pytest.fixture(params=DECODER_FIXTURES + FAMILY_FIXTURES)
 def case(request, device_name):
     name = request.param
     return name, load(name, backend(device_name)), golden(name)

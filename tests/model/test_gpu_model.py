@@ -6,8 +6,8 @@ import pytest
 from metrale.gpu_runtime.emu import EmuBackend
 from metrale.ops.argmax import argmax_rule
 from tests.conftest import TOL, emu_available, rel_max_error
-from tests.model.common import (DECODER_FIXTURES, assert_matches_golden, golden, load,
-                                logits_rows)
+from tests.model.common import (DECODER_FIXTURES, FAMILY_FIXTURES, assert_matches_golden, golden,
+                                load, logits_rows)
 
 
 def teacher_forced(m, ids, split=9):
@@ -21,7 +21,7 @@ def teacher_forced(m, ids, split=9):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", DECODER_FIXTURES)
+@pytest.mark.parametrize("name", DECODER_FIXTURES + FAMILY_FIXTURES)
 def test_gpu_model_matches_golden_and_host(device, host, name):
     g = golden(name)
     ids = g["input_ids"][0].tolist()

@@ -434,7 +434,7 @@ def test_native_combine_is_numpy_arithmetic(rng):
         with Buffers(be) as b:
             out = b.put(np.full((ns, h * d), 0x7FC0, np.uint16))
             args = (out, b.put(ws_bytes), b.put(kv_lens), np.int32(ns), np.int32(h),
-                    np.int32(d), np.int32(bs), np.int32(mb), np.int32(ms), np.int32(0))
+                    np.int32(d), np.int32(bs), np.int32(mb), np.int32(ms), np.int32(0), NULL)
             be.launch(be.kernel("attention", "decode_attention_combine"), (ns, h), (128,), 0,
                       0, args)
             outs.append(b.get(out, (ns, h * d), np.uint16))

@@ -74,7 +74,8 @@ def ref64(x, w, ids, row_div):
 
 
 def test_entry_points_exist():
-    want = {f"moe_gemm_{o}_{t}" for o in ("bf16", "fp32") for t in G.TILES}
+    want = {f"moe_gemm_{q}{o}_{t}" for q in ("", "mxfp4_") for o in ("bf16", "fp32")
+            for t in G.TILES}   # mxfp4_: gpt-oss's packed experts (test_moe_options.py)
     assert want == set(kernel_source.entry_points(G.MODULE))
 
 

@@ -109,7 +109,17 @@ QUANT_AWQ = {
 }
 
 
+QUANT_MXFP4 = {   # gpt-oss's released experts (quant/mxfp4.py)
+    "quant_method": _QMETH,
+    "modules_to_not_convert": _h("modules left BF16: the attention, router, embeddings and "
+                                 "head as released; an experts module refused (metrale loads "
+                                 "the experts of every layer in one form)"),
+    "dequantize": _i(_QLOAD + " (transformers' own choice of kernels; the values are the "
+                     "blocks times their scales either way)"),
+}
+
 QUANT_SCOPES = {
+    "quantization_config.mxfp4": QUANT_MXFP4,
     "quantization_config.fp8": QUANT_FP8,
     "quantization_config.compressed-tensors": QUANT_CT,
     "quantization_config.compressed-tensors.scheme": QUANT_CT_SCHEME,
