@@ -31,6 +31,9 @@ LAYER_COUNTS = {
               ("vision_config.num_hidden_layers", "vision_tower.vision_model.encoder.layers.")),
     "whisper": (("encoder_layers", "model.encoder.layers."),
                 ("decoder_layers", "model.decoder.layers.")),
+    # the hybrid wrappers' text models (names as hybrid_layout.canonical_name gives them)
+    "qwen3_5": (("text_config.num_hidden_layers", "model.layers."),),
+    "qwen3_5_moe": (("text_config.num_hidden_layers", "model.layers."),),
 }
 
 

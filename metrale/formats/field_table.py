@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from .field_status import HONOURED, IRRELEVANT, REFUSED, Field  # noqa: F401 (re-exported)
 from .field_status import honoured as _h, irrelevant as _i, refused as _r
+from .hybrid_fields import HYBRID_SCOPES, VISION_SCOPES
 from .moe_fields import MOE_SCOPES
 from .quant.fields import QUANT_SCOPES
 
@@ -153,6 +154,10 @@ ROPE = {
     "attention_factor": _h("yarn cos/sin scale"), "mscale": _h("yarn attention factor"),
     "mscale_all_dim": _h("yarn attention factor"), "truncate": _h("yarn correction range"),
     "partial_rotary_factor": _h("as the top-level key"),
+    # qwen3_5's multimodal rope: text positions are equal on its three axes, where the
+    # sections' frequencies are the plain rope's (hybrid_config.py)
+    "mrope_section": _h("qwen3_5: text-only positions make the multimodal rope the plain one"),
+    "mrope_interleaved": _h("qwen3_5: as mrope_section"),
 }
 
 WHISPER = {
@@ -319,6 +324,11 @@ FIELD_TABLE: dict[str, dict[str, Field]] = {
     "llama": LLAMA, "mistral": MISTRAL, "qwen2": QWEN2, "qwen3": QWEN3, "rope": ROPE,
     # mixture-of-experts families: the decoder fields, then their own (moe_fields.py)
     **{arch: {**_DECODER, **fields} for arch, fields in MOE_SCOPES.items()},
+    # hybrid linear-attention families (hybrid_fields.py): the text models over the decoder
+    # fields, the multimodal wrappers over the common ones
+    **{arch: {**(_COMMON if "text_config" in fields else _DECODER), **fields}
+       for arch, fields in HYBRID_SCOPES.items()},
+    **VISION_SCOPES,
     "whisper": WHISPER, "llava": LLAVA, "clip_vision_model": CLIP_VISION,
     "generation_config": GENERATION_CONFIG, "gguf": GGUF,
     **QUANT_SCOPES,   # quantization_config.<method> (quant/fields.py)

@@ -1,8 +1,10 @@
 """`ModelMetadata`: the facts metrale needs from a Hugging Face `config.json`.
 
 Architectures: llama, mistral, qwen2, qwen3 and the mixture-of-experts qwen2_moe, qwen3_moe,
-mixtral (decoder-only; moe_config.py), whisper (encoder-decoder) and llava (a CLIP tower +
-projector in front of a dense decoder-only text model). Rope settings come either from the
+mixtral (decoder-only; moe_config.py), the hybrid linear-attention decoders (qwen3_next,
+qwen3_5_text, qwen3_5_moe_text and the qwen3_5 / qwen3_5_moe text models; hybrid_config.py),
+whisper (encoder-decoder) and llava (a CLIP tower + projector in front of a dense
+decoder-only text model). Rope settings come either from the
 older `rope_scaling` + top-level `rope_theta` keys or from the newer `rope_parameters` key
 (transformers >= 5), which holds `rope_theta` inside.
 """
@@ -16,6 +18,7 @@ from typing import Any, Mapping
 from ..errors import FormatError, Unsupported
 from . import decoder_fields as df
 from .config_fields import _Cfg, _pick, _token_ids
+from .hybrid_config import HYBRID_ARCHS, WRAPPERS, HybridConfig, hybrid_fields
 from .moe_config import MOE_ARCHS, MoeConfig, moe_config, rope_theta
 from .moe_config import refuse_quantized as refuse_moe_quantized
 from .multimodal import VisionConfig, WhisperConfig, vision_config, whisper_config
@@ -26,7 +29,7 @@ __all__ = ["ModelMetadata", "RopeScaling", "parse_rope", "ARCHITECTURES", "DECOD
 
 DENSE_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 DECODER_ARCHS = DENSE_ARCHS + MOE_ARCHS   # mixture-of-experts: moe_config.py
-ARCHITECTURES = DECODER_ARCHS + ("whisper", "llava")
+ARCHITECTURES = DECODER_ARCHS + HYBRID_ARCHS + ("whisper", "llava")
 _DTYPES = ("bfloat16", "float16", "float32")
 
 
@@ -63,6 +66,7 @@ class ModelMetadata:
     vision: VisionConfig | None = None    # multimodal.py
     quantization: Any = None              # formats/quant/: the quantization_config (None: floats)
     moe: MoeConfig | None = None          # qwen2_moe / qwen3_moe / mixtral (moe_config.py)
+    hybrid: HybridConfig | None = None    # linear-attention layers (hybrid_config.py)
     config: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False,
                                       repr=False)
     generation_config: Mapping[str, Any] | None = field(default=None, compare=False,
@@ -87,6 +91,8 @@ class ModelMetadata:
         if arch in ("whisper", "llava"):
             parse = _whisper if arch == "whisper" else _llava
             meta = parse(config, generation_config, source)
+        elif arch in HYBRID_ARCHS:
+            meta = _hybrid(config, generation_config, source, arch)
         else:
             meta = _decoder(config, generation_config, source, arch)
         return replace(meta, config=_frozen(config),
@@ -141,6 +147,21 @@ def _decoder(config: dict, gen: dict | None, source: str, arch: str) -> ModelMet
         moe=(moe_config(c, arch, layers, c.int("intermediate_size", required=True))
              if arch in MOE_ARCHS else None),
     )
+
+
+def _hybrid(config: dict, gen: dict | None, source: str, arch: str) -> ModelMetadata:
+    """A hybrid linear-attention decoder (hybrid_config.py); a wrapper's ids and dtype may
+    come from its text_config, as llava's."""
+    text = config.get("text_config") if arch in WRAPPERS else None
+    text = text if isinstance(text, dict) else None
+    for d, where in ((config, source), (text, f"{source} (text_config)")):
+        if d is not None:
+            df.refuse_quantized(d, where)
+    dtype_of = config if text is None or "torch_dtype" in config or "dtype" in config else text
+    return ModelMetadata(**hybrid_fields(config, source, arch),
+                         bos_token_id=_bos(config, gen, source, text),
+                         eos_token_ids=_eos(config, gen, source, text),
+                         dtype=_dtype(dtype_of, source))
 
 
 def _whisper(config: dict, gen: dict | None, source: str) -> ModelMetadata:

@@ -20,6 +20,7 @@ from ..errors import FormatError
 from ..ops.bf16 import f32_to_bf16
 from .config_bounds import check_decoder_sizes, check_layer_counts
 from .hub import hub_hint
+from .hybrid_layout import canonical_name
 from .layout import expected_tensors
 from .metadata import DECODER_ARCHS, ModelMetadata
 from .presets import preset_config
@@ -189,9 +190,10 @@ class DirectorySource:
                                   f"{self.path / shard} does not hold it")
 
     def _canonical(self, raw: str) -> str:
-        """Map newer transformers LLaVA key layouts onto the llava-hf one (layout.py)."""
+        """Map newer transformers LLaVA key layouts onto the llava-hf one (layout.py), and a
+        qwen3_5 wrapper's text-model names onto its text model's (hybrid_layout.py)."""
         if self._config.get("model_type") != "llava":
-            return raw
+            return canonical_name(self._config.get("model_type"), raw)
         for old, new in (("model.language_model.", "language_model.model."),
                          ("model.vision_tower.", "vision_tower."),
                          ("model.multi_modal_projector.", "multi_modal_projector.")):
@@ -216,7 +218,7 @@ class DirectorySource:
         # counts and sizes against the tensors held, before anything is sized by them
         check_layer_counts(self._config, self._where, where)
         meta = ModelMetadata.from_config(self._config, self._gen, source=where)
-        if meta.architecture in DECODER_ARCHS:
+        if meta.architecture in DECODER_ARCHS or meta.hybrid is not None:
             check_decoder_sizes(meta, self._where, self.tensor_shape, where)
         return meta
 

@@ -24,3 +24,5 @@ class SequenceState:
     freed: bool = False
     # a ContiguousArena for the dense baseline cache; None for pool-backed sequences
     arena: object | None = None
+    # a hybrid model's recurrent-state slot (kv/state_pool.py); -1: none
+    ssm_slot: int = -1

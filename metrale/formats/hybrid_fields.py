@@ -1,0 +1,105 @@
+"""Config fields of the hybrid linear-attention decoders (hybrid_config.py) in field_table.py's
+three statuses. field_table.FIELD_TABLE lays each of these scopes over the decoder fields
+every family shares (its `_DECODER`)."""
+from __future__ import annotations
+
+from .field_status import honoured as _h, irrelevant as _i, refused as _r
+
+_NOT_READ = "not read by this family's HF modeling code"
+_TRAIN = "training only"
+_VISION = ("the vision tower is not loaded: metrale runs the text model of this checkpoint "
+           "(its model.visual.* tensors are skipped by name) and refuses images")
+
+_QWEN_HYBRID = {
+    "layer_types": _h("'linear_attention' (gated DeltaNet) or 'full_attention' (gated "
+                      "attention) per layer; other types and a wrong length refused"),
+    "full_attention_interval": _h("without layer_types: every interval-th layer is full "
+                                  "attention (default 4)"),
+    "linear_conv_kernel_dim": _h("width of the causal conv over q|k|v (2..4; others refused: "
+                                 "the conv kernels' limit)"),
+    "linear_key_head_dim": _h("d_k of the gated delta rule (a multiple of 16 up to 128; others "
+                              "refused: the kernels' limit)"),
+    "linear_value_head_dim": _h("d_v of the gated delta rule and the gated norm's group (a "
+                                "multiple of 32; others refused)"),
+    "linear_num_key_heads": _h("key heads of the linear attention (q and k)"),
+    "linear_num_value_heads": _h("value heads; a multiple of the key heads (each key head "
+                                 "serves num_value_heads / num_key_heads of them)"),
+    "head_dim": _h("head dim of the full-attention layers (default 256)"),
+    "num_key_value_heads": _h("kv heads of the full-attention layers (defaults: qwen3_next "
+                              "2, qwen3_5_text 4, qwen3_5_moe_text 2)"),
+    "hidden_act": _h("the MLP activation AND the linear-attention conv's; silu / swish only "
+                     "(the conv kernels compute SiLU), others refused"),
+    "attention_bias": _r("true refused (the gated q_proj's bias would need its rows "
+                         "regrouped; no released checkpoint has one); false honoured"),
+    "partial_rotary_factor": _h("rotary on the first int(head_dim * factor) dims of each "
+                                "head (default 0.25); the rest pass through"),
+    "rms_norm_eps": _h("epsilon of every RMSNorm (zero-centred ones, q/k norms, the gated "
+                       "norm)"),
+    "max_position_embeddings": _h("the context limit (absent: 32768)"),
+    "intermediate_size": _h("width of the dense MLP (qwen3_next: of the layers that are not "
+                            "sparse)"),
+    "mtp_num_hidden_layers": _i("the multi-token-prediction head (mtp.* tensors): a draft "
+                                "proposer metrale does not run; transformers ignores its "
+                                "tensors too"),
+    "mtp_use_dedicated_embeddings": _i("the MTP head's embeddings (not run, as above)"),
+    "use_sliding_window": _i(_NOT_READ), "sliding_window": _i(_NOT_READ),
+    "max_window_layers": _i(_NOT_READ), "mlp_bias": _i(_NOT_READ),
+    "output_router_logits": _i("returns router logits for the auxiliary loss, not the logits"),
+    "router_aux_loss_coef": _i(_TRAIN + ": the load-balancing loss"),
+}
+
+_MOE = {
+    "num_experts_per_tok": _h("top-k experts per token (more than the experts, or than 32, "
+                              "refused)"),
+    "moe_intermediate_size": _h("width of one routed expert (default 512)"),
+    "shared_expert_intermediate_size": _h("width of the shared expert (default 512), added "
+                                          "with its sigmoid gate (shared_expert_gate)"),
+}
+
+QWEN3_NEXT = {
+    **_QWEN_HYBRID, **_MOE,
+    "num_experts": _h("routed experts (default 512; 0: every layer dense)"),
+    "norm_topk_prob": _h("renormalise the top-k routing weights (default true)"),
+    "decoder_sparse_step": _h("layer i is sparse iff (i + 1) % step == 0 and i is not in "
+                              "mlp_only_layers (default 1)"),
+    "mlp_only_layers": _h("layers with the dense MLP; an index outside the layers refused"),
+}
+
+QWEN3_5_TEXT = {
+    **_QWEN_HYBRID,
+    **{k: _i(_NOT_READ + " (qwen3_5_text is dense)") for k in (
+        "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+        "shared_expert_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
+        "mlp_only_layers")},
+}
+
+QWEN3_5_MOE_TEXT = {
+    **_QWEN_HYBRID, **_MOE,
+    "num_experts": _h("routed experts of every layer (default 256; < 1 refused)"),
+    "norm_topk_prob": _i(_NOT_READ + ": the top-k weights are always renormalised"),
+    "decoder_sparse_step": _i(_NOT_READ + ": every layer is sparse"),
+    "mlp_only_layers": _i(_NOT_READ + ": every layer is sparse"),
+    "intermediate_size": _i(_NOT_READ + ": every layer is sparse"),
+}
+
+# the multimodal wrappers: their text_config is one of the scopes above
+_WRAPPER = {
+    "text_config": _h("the text model (scope: its model_type)"),
+    "vision_config": _i(_VISION),
+    "tie_word_embeddings": _h("the head shares the embedding when the top level or "
+                              "text_config says so; the two disagreeing refused"),
+    **{k: _i("a vision / video placeholder token: " + _VISION) for k in (
+        "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")},
+}
+
+HYBRID_SCOPES = {
+    "qwen3_next": QWEN3_NEXT, "qwen3_5_text": QWEN3_5_TEXT,
+    "qwen3_5_moe_text": QWEN3_5_MOE_TEXT, "qwen3_5": _WRAPPER, "qwen3_5_moe": _WRAPPER,
+}
+
+# keys of the skipped vision towers' configs (scope: the vision config's model_type)
+VISION_SCOPES = {s: {k: _i(_VISION) for k in (
+    "model_type", "depth", "hidden_size", "hidden_act", "intermediate_size", "num_heads",
+    "in_channels", "patch_size", "spatial_merge_size", "temporal_patch_size",
+    "out_hidden_size", "num_position_embeddings", "initializer_range", "deepstack_visual_indexes",
+    "dtype", "torch_dtype")} for s in ("qwen3_5_vision", "qwen3_5_moe_vision")}
