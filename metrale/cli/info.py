@@ -71,7 +71,7 @@ def run(args) -> int:
         return run_presets(args)
     import math
 
-    from ..bench.roofline import decode_step_bytes, weight_read_bytes
+    from ..bench.roofline import decode_step_bytes, kv_bytes_per_token, weight_read_bytes
     from ..formats import DECODER_ARCHS, expected_tensors
     from ..formats.layout import head_name
     from ..formats.moe_config import inactive_parameters
@@ -79,6 +79,7 @@ def run(args) -> int:
 
     from ..model_engine.gguf_weights import held_bytes, held_types, keeps_packed
     from ..model_engine.memory_plan import weight_bytes
+    from .info_hybrid import hybrid_info, print_hybrid
     from .info_math import math_fields, stored_dtypes
     source = open_checkpoint(args.model)
     meta = source.metadata()
@@ -93,10 +94,13 @@ def run(args) -> int:
     # a GGUF's block-type tensors as the device holds them: at their stored bytes
     held = held_bytes(meta, source) if keeps_packed(source) else None
     w = weight_bytes(meta) if held is None else held[0]
-    kv_tok = meta.num_layers * 2 * meta.num_kv_heads * meta.head_dim * 2
+    kv_tok = kv_bytes_per_token(meta)   # a hybrid: its full-attention layers only
     kv = kv_tok * context * args.batch
     kv_and_ws = kv
-    if meta.architecture in DECODER_ARCHS:
+    hybrid = None if meta.hybrid is None else hybrid_info(meta, context, args.batch)
+    if hybrid is not None:   # KV pool, state pool and workspaces (info_hybrid.py)
+        kv_and_ws = hybrid["kv_state_workspaces_bytes"]
+    elif meta.architecture in DECODER_ARCHS:
         # The decoder's own estimate: KV pool (+1 padding block) and every workspace.
         from ..model_engine.workspace import Workspace
         bs = 16
@@ -128,14 +132,16 @@ def run(args) -> int:
         # tied to the head; a MoE layer's chosen experts only) and the KV cache of `context`
         # positions (bench/roofline.py)
         "decode_step_bytes": decode_step_bytes(meta, [context], held) if meta.architecture in
-        DECODER_ARCHS else None,
+        DECODER_ARCHS or hybrid else None,
+        # a hybrid's recurrent layers, state per sequence and state pool (info_hybrid.py)
+        "recurrent": hybrid,
         "quantization": None if getattr(meta, "quantization", None) is None else
         meta.quantization.method,
         # a token reads all weights but the routed experts it did not choose (MoE); a decode
         # step of `batch` rows reads the weights its rows need (bench/roofline.py)
         "active_parameters": n_params - inactive_parameters(meta, 1),
         "decode_step_weight_bytes": weight_read_bytes(meta, args.batch, held) if meta.architecture
-        in DECODER_ARCHS else None,
+        in DECODER_ARCHS or hybrid else None,
         "context": context, "batch": args.batch,
         "memory_needed_bytes": w + kv_and_ws,
         "tokenizer": str(source.tokenizer_path()) if source.tokenizer_path() else
@@ -164,15 +170,19 @@ def run(args) -> int:
     print(f"weights        {human_bytes(w)}" + ("" if held is None else
           f" as held (block types at their stored bytes; {human_bytes(weight_bytes(meta))} "
           "dequantized at load with gguf_dequantize=True)"))
+    if hybrid is not None:
+        print_hybrid(info, human_bytes)
     if info["decode_step_bytes"] is not None:
         print(f"decode step    {human_bytes(info['decode_step_bytes'])} read per batch-1 step "
-              f"at {context:,} tokens (weights + KV cache)")
+              f"at {context:,} tokens (weights + KV cache" +
+              (" + the recurrent state, read and written)" if hybrid else ")"))
     if meta.moe is not None:
         print(f"step weights   {human_bytes(info['decode_step_weight_bytes'])} read per decode "
               f"step at batch {args.batch} (the experts the rows choose, expected under "
               "uniform routing past batch 1)")
     print(f"KV cache       {human_bytes(kv_tok)} per token")
     print(f"memory needed  {human_bytes(info['memory_needed_bytes'])} for batch {args.batch} "
-          f"x {context:,} tokens (weights + KV cache + workspaces)")
+          f"x {context:,} tokens (weights + KV cache + " +
+          ("state pool + " if hybrid else "") + "workspaces)")
     print(f"tokenizer      {info['tokenizer'] or 'none (use --ids)'}")
     return 0

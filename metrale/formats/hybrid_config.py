@@ -84,6 +84,14 @@ class HybridConfig:
     def recurrent_layers(self) -> tuple[int, ...]:
         return tuple(i for i, t in enumerate(self.layer_types) if t != "full_attention")
 
+    def state_bytes(self) -> int:
+        """One sequence's recurrent state: per recurrent layer the FP32 state and the BF16
+        conv window (the last conv_kernel - 1 inputs)."""
+        g = self.gdn
+        per_layer = g.num_v_heads * g.k_head_dim * g.v_head_dim * 4 + \
+            (g.conv_kernel - 1) * g.conv_dim * 2
+        return per_layer * len(self.recurrent_layers)
+
 
 def text_config(config: dict, arch: str, source: str) -> tuple[dict, str, str]:
     """(the decoder's config dict, its model_type, its source name) of a hybrid config."""

@@ -102,4 +102,4 @@ VISION_SCOPES = {s: {k: _i(_VISION) for k in (
     "model_type", "depth", "hidden_size", "hidden_act", "intermediate_size", "num_heads",
     "in_channels", "patch_size", "spatial_merge_size", "temporal_patch_size",
     "out_hidden_size", "num_position_embeddings", "initializer_range", "deepstack_visual_indexes",
-    "dtype", "torch_dtype")} for s in ("qwen3_5_vision", "qwen3_5_moe_vision")}
+    "dtype", "torch_dtype", "rope_parameters")} for s in ("qwen3_5_vision", "qwen3_5_moe_vision")}
