@@ -707,6 +707,10 @@ def bench_gated_norm(B, S):
           nbytes=3 * T * V * 2)
     B.run("gated_norm", "sigmoid_gate_mul", dict(tokens=T, width=V),
           lambda s: gn.sigmoid_gate_mul(B.be, s, core, z, T, V, V), nbytes=3 * T * V * 2)
+    I = S["inter"]
+    act = B.buf(T * I * 2)
+    B.run("gated_norm", "relu2", dict(n=T * I), lambda s: gn.relu2(B.be, s, act, T * I),
+          nbytes=2 * T * I * 2)
 
 
 # ops module -> its benchmark (the gemm module's kernels are "gemv"; cuBLAS is "gemm")

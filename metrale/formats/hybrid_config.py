@@ -26,11 +26,12 @@ from dataclasses import dataclass
 from ..errors import FormatError, Unsupported
 from .config_fields import KERNEL_MAX_HEAD_DIM, _Cfg
 from .moe_config import MAX_EXPERTS, MAX_TOP_K, MoeConfig
+from .nemotron_config import Mamba2Config, nemotron_fields
 from .rope_config import context_length, parse_rope
 
 QWEN_HYBRID = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 WRAPPERS = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}   # text_config
-HYBRID_ARCHS = QWEN_HYBRID + tuple(WRAPPERS)
+HYBRID_ARCHS = QWEN_HYBRID + tuple(WRAPPERS) + ("nemotron_h",)
 LAYER_TYPES = ("linear_attention", "full_attention")
 KV_HEADS_DEFAULT = {"qwen3_next": 2, "qwen3_5_text": 4, "qwen3_5_moe_text": 2}
 # the kernels' limits (ops/gated_delta_rule.py, ops/causal_conv1d.py)
@@ -69,12 +70,15 @@ class GatedDeltaNetConfig:
 
 @dataclass(frozen=True)
 class HybridConfig:
-    """ModelMetadata.hybrid: which layers are recurrent and how (None for the others)."""
+    """ModelMetadata.hybrid: which layers are recurrent and how (None for the others).
+    layer_types: "linear_attention" (gated DeltaNet), "full_attention", and Nemotron-H's
+    "mamba" (Mamba2) and "mlp" (a block that is only an MLP)."""
 
     layer_types: tuple[str, ...]
     gdn: GatedDeltaNetConfig | None
-    rotary_dim: int              # rotated dims of a full-attention head (partial rotary)
+    rotary_dim: int              # rotated dims of a full-attention head (0: no rotary)
     text_config_key: str | None  # "text_config" for the qwen3_5 / qwen3_5_moe wrappers
+    mamba: Mamba2Config | None = None
 
     @property
     def attention_layers(self) -> tuple[int, ...]:
@@ -82,15 +86,27 @@ class HybridConfig:
 
     @property
     def recurrent_layers(self) -> tuple[int, ...]:
-        return tuple(i for i, t in enumerate(self.layer_types) if t != "full_attention")
+        return tuple(i for i, t in enumerate(self.layer_types)
+                     if t in ("linear_attention", "mamba"))
+
+    @property
+    def chunk(self) -> int:
+        """The recurrent kernels' chunk: prefills split at its multiples keep their bits."""
+        return self.mamba.chunk_size if self.mamba is not None else 64
+
+    def state_shape(self) -> tuple[int, int]:
+        """(FP32 state elements, BF16 conv-window elements) of one recurrent layer."""
+        if self.mamba is not None:
+            m = self.mamba
+            return m.num_heads * m.head_dim * m.d_state, (m.conv_kernel - 1) * m.conv_dim
+        g = self.gdn
+        return g.num_v_heads * g.k_head_dim * g.v_head_dim, (g.conv_kernel - 1) * g.conv_dim
 
     def state_bytes(self) -> int:
         """One sequence's recurrent state: per recurrent layer the FP32 state and the BF16
         conv window (the last conv_kernel - 1 inputs)."""
-        g = self.gdn
-        per_layer = g.num_v_heads * g.k_head_dim * g.v_head_dim * 4 + \
-            (g.conv_kernel - 1) * g.conv_dim * 2
-        return per_layer * len(self.recurrent_layers)
+        state, conv = self.state_shape()
+        return (state * 4 + conv * 2) * len(self.recurrent_layers)
 
 
 def text_config(config: dict, arch: str, source: str) -> tuple[dict, str, str]:
@@ -213,6 +229,9 @@ def _rope(c: _Cfg, max_pos: int, head_dim: int):
 def hybrid_fields(config: dict, source: str, arch: str) -> dict:
     """ModelMetadata keyword arguments of a hybrid config (all but the token ids and
     dtype, which metadata.py reads as for every decoder)."""
+    if arch == "nemotron_h":
+        fields, kinds, mamba = nemotron_fields(config, source)
+        return dict(fields, hybrid=HybridConfig(kinds, None, 0, None, mamba))
     text, tarch, tsource = text_config(config, arch, source)
     c = _Cfg(text, tsource)
     if c.bool("attention_bias", False):

@@ -46,6 +46,7 @@ _QWEN_HYBRID = {
     "max_window_layers": _i(_NOT_READ), "mlp_bias": _i(_NOT_READ),
     "output_router_logits": _i("returns router logits for the auxiliary loss, not the logits"),
     "router_aux_loss_coef": _i(_TRAIN + ": the load-balancing loss"),
+    "quantization_config": _r("quantized hybrid checkpoints: refused whatever its value"),
 }
 
 _MOE = {
@@ -82,6 +83,62 @@ QWEN3_5_MOE_TEXT = {
     "intermediate_size": _i(_NOT_READ + ": every layer is sparse"),
 }
 
+NEMOTRON_H = {
+    "layers_block_type": _h("'linear_attention' (Mamba2), 'full_attention', 'mlp' per layer "
+                            "(the list's length is the layer count); 'moe' refused (the "
+                            "grouped sigmoid router is not implemented)"),
+    "hybrid_override_pattern": _h("the older pattern string (M, *, -, E) when "
+                                  "layers_block_type is absent"),
+    "num_hidden_layers": _i("deprecated in transformers 5: the layer list's length wins"),
+    "num_key_value_heads": _h("kv heads (default 8; null: num_attention_heads)"),
+    "head_dim": _h("attention head dim (default 128)"),
+    "max_position_embeddings": _h("the context limit (default 4096; no rotary embedding)"),
+    "intermediate_size": _h("width of the MLP layers"),
+    "mlp_hidden_act": _h("relu2 only (down(relu(up(x))^2)); others refused"),
+    "mlp_bias": _r("true refused; false honoured"), "use_bias": _r("true refused (in_proj / "
+                                                                    "out_proj biases)"),
+    "attention_bias": _i(_NOT_READ + ": the attention projections never have biases"),
+    "layer_norm_epsilon": _h("epsilon of every RMSNorm (and the gated one)"),
+    "rms_norm_eps": _i(_NOT_READ + " (layer_norm_epsilon is)"),
+    "ssm_state_size": _h("d_state of the SSD scan (32, 64, 128 or 256; others refused)"),
+    "mamba_num_heads": _h("SSD heads"), "mamba_head_dim": _h("SSD head dim (a multiple of "
+                                                             "32, 16 with d_state 256)"),
+    "mamba_hidden_act": _h("the conv activation: silu only"),
+    "n_groups": _h("B / C groups (heads per group share them); the gated norm's groups"),
+    "mamba_n_groups": _h("older name of n_groups (wins, as in HF)"),
+    "conv_kernel": _h("conv width (2..4)"), "mamba_d_conv": _h("older name of conv_kernel"),
+    "use_conv_bias": _h("the conv's bias"), "mamba_conv_bias": _h("older name of use_conv_bias"),
+    "chunk_size": _h("the SSD scan's chunk (<= 256); prefix states are kept at its multiples"),
+    "mamba_chunk_size": _h("older name of chunk_size"),
+    "time_step_limit": _h("dt clamp of a prefill's chunked scan; a decode step does not clamp "
+                          "(as HF's state update)"),
+    "mamba_dt_limit": _h("older name of time_step_limit"),
+    "expand": _i(_NOT_READ + " (the inner width is mamba_num_heads * mamba_head_dim)"),
+    "mamba_expand": _i(_NOT_READ),
+    **{k: _i("initialisation of dt_bias only") for k in (
+        "time_step_min", "time_step_max", "time_step_floor", "mamba_dt_min", "mamba_dt_max",
+        "mamba_dt_init_floor")},
+    "mamba_proj_bias": _i(_NOT_READ), "mamba_ssm_cache_dtype": _i(_NOT_READ),
+    "use_mamba_kernels": _i("deprecated; the kernel choice does not change the math"),
+    "residual_in_fp32": _i(_NOT_READ + " (the residual stays in the model dtype)"),
+    "rescale_prenorm_residual": _i("initialisation only"),
+    "hidden_dropout": _i(_TRAIN), "num_logits_to_keep": _i("generation: logits kept"),
+    "sliding_window": _i(_NOT_READ),
+    **{k: _i("the MoE layers' (refused where layers_block_type has 'moe')") for k in (
+        "n_routed_experts", "num_local_experts", "n_shared_experts", "moe_intermediate_size",
+        "moe_shared_expert_intermediate_size", "moe_latent_size",
+        "moe_shared_expert_overlap", "num_experts_per_tok", "routed_scaling_factor", "n_group",
+        "topk_group", "norm_topk_prob", "output_router_logits", "router_aux_loss_coef")},
+    "num_nextn_predict_layers": _i("the MTP layers (mtp.* tensors, skipped as HF does)"),
+    "mtp_layers_block_type": _i("the MTP layers' types (not run)"),
+    "mtp_hybrid_override_pattern": _i("the MTP layers' types (not run)"),
+    "partial_rotary_factor": _i(_NOT_READ + " (no rotary embedding)"),
+    "rope_parameters": _i(_NOT_READ + " (no rotary embedding)"),
+    "rope_scaling": _i(_NOT_READ), "rope_theta": _i(_NOT_READ),
+    "hidden_act": _i(_NOT_READ + " (mlp_hidden_act and mamba_hidden_act are)"),
+    "quantization_config": _r("quantized nemotron_h checkpoints: refused whatever its value"),
+}
+
 # the multimodal wrappers: their text_config is one of the scopes above
 _WRAPPER = {
     "text_config": _h("the text model (scope: its model_type)"),
@@ -95,6 +152,7 @@ _WRAPPER = {
 HYBRID_SCOPES = {
     "qwen3_next": QWEN3_NEXT, "qwen3_5_text": QWEN3_5_TEXT,
     "qwen3_5_moe_text": QWEN3_5_MOE_TEXT, "qwen3_5": _WRAPPER, "qwen3_5_moe": _WRAPPER,
+    "nemotron_h": NEMOTRON_H,
 }
 
 # keys of the skipped vision towers' configs (scope: the vision config's model_type)

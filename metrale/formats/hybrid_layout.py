@@ -42,8 +42,40 @@ def gdn_tensors(g, p: str, hidden: int) -> dict[str, tuple[int, ...]]:
     return t
 
 
+def nemotron_tensors(m) -> dict[str, tuple[int, ...]]:
+    """Every tensor of a Nemotron-H checkpoint (formats/nemotron_config.py)."""
+    h, hd, mb = m.hidden_size, m.head_dim, m.hybrid.mamba
+    t: dict[str, tuple[int, ...]] = {"backbone.embeddings.weight": (m.vocab_size, h)}
+    for n, kind in enumerate(m.hybrid.layer_types):
+        p = f"backbone.layers.{n}."
+        t[p + "norm.weight"] = (h,)
+        x = p + "mixer."
+        if kind == "mamba":
+            t.update({x + "A_log": (mb.num_heads,), x + "D": (mb.num_heads,),
+                      x + "dt_bias": (mb.num_heads,),
+                      x + "conv1d.weight": (mb.conv_dim, 1, mb.conv_kernel),
+                      x + "in_proj.weight": (mb.proj_dim, h), x + "norm.weight": (mb.inner,),
+                      x + "out_proj.weight": (h, mb.inner)})
+            if mb.conv_bias:
+                t[x + "conv1d.bias"] = (mb.conv_dim,)
+        elif kind == "full_attention":
+            t.update({x + "q_proj.weight": (m.num_heads * hd, h),
+                      x + "k_proj.weight": (m.num_kv_heads * hd, h),
+                      x + "v_proj.weight": (m.num_kv_heads * hd, h),
+                      x + "o_proj.weight": (h, m.num_heads * hd)})
+        else:   # mlp: down(relu(up(x))^2)
+            t[x + "up_proj.weight"] = (m.intermediate_size, h)
+            t[x + "down_proj.weight"] = (h, m.intermediate_size)
+    t["backbone.norm_f.weight"] = (h,)
+    if not m.tie_word_embeddings:
+        t["lm_head.weight"] = (m.vocab_size, h)
+    return t
+
+
 def hybrid_tensors(m) -> dict[str, tuple[int, ...]]:
     """Every tensor of a hybrid decoder: HF key name -> shape ([out, in] for linears)."""
+    if m.hybrid.mamba is not None:
+        return nemotron_tensors(m)
     h, hd, hy = m.hidden_size, m.head_dim, m.hybrid
     q, kv = m.num_heads * hd, m.num_kv_heads * hd
     t: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (m.vocab_size, h)}

@@ -1,5 +1,7 @@
-"""`HybridModel`: the pointer API for the hybrid linear-attention decoders (qwen3_next,
-qwen3_5 text models; formats/hybrid_config.py), `TransformerModel` with recurrent layers.
+"""`HybridModel`: the pointer API for the hybrid decoders with recurrent layers: gated
+DeltaNet (qwen3_next, qwen3_5 text models; formats/hybrid_config.py, hybrid_layers.py) and
+Mamba2 (nemotron_h; formats/nemotron_config.py, nemotron.py): `TransformerModel` with a
+recurrent-state pool.
 
 Beside the paged KV pool of its full-attention layers it holds a recurrent-state pool
 (kv/state_pool.py, model_engine/state_arena.py): `alloc_sequence` takes a slot, whose FP32
@@ -32,7 +34,7 @@ from ..formats.hybrid_layout import skipped
 from ..gpu_runtime.types import NULL
 from ..kv.block_pool import BlockPool
 from ..kv.state_pool import StatePool
-from ..ops import causal_conv1d, gated_delta_rule, rope
+from ..ops import rope
 from .args import int_arg, list_arg
 from .guard import CallGuard, exclusive
 from .hybrid_buffers import HybridBuffers
@@ -40,15 +42,13 @@ from .hybrid_layers import run_hybrid_decoder
 from .hybrid_weights import HybridWeights, hybrid_weight_bytes
 from .linear_attn import RecurrentStep
 from .memory_plan import plan_memory
+from .nemotron import NemotronWeights, nemotron_weight_bytes, run_nemotron_decoder
 from .prefix_reclaim import reused_prefix_blocks
 from .sequence import SequenceState
 from .ssm_state import VerifyStates
 from .state_arena import StateArena
 from .transformer import MAX_VERIFY_ROWS, TransformerModel, _check_options
 from .workspace import Workspace
-
-CHUNK = 64   # the gated delta rule's chunk: prefills split at its multiples keep their bits
-
 
 def check_hybrid_checkpoint(source, meta) -> None:
     """Every tensor of the layout present with its shape; any other tensor refused unless
@@ -107,14 +107,17 @@ class HybridModel(TransformerModel):
         self._graphs: dict[int, int] = {}
         self._use_graphs = backend.decode_graphs_by_default if graphs is None else bool(graphs)
         self._step, self._ssm_verify, self._ssm_event = None, None, None
-        hy, g = meta.hybrid, meta.hybrid.gdn
+        hy = meta.hybrid
         # the KV pool holds the full-attention layers only
         self._layer_meta = replace(meta, num_layers=len(hy.attention_layers))
-        self._checkpoint_interval = block_size * CHUNK // math.gcd(block_size, CHUNK)
+        # prefix states at multiples of the block and of the recurrent chunk (hy.chunk: a
+        # prefill split there keeps its bits)
+        self._checkpoint_interval = block_size * hy.chunk // math.gcd(block_size, hy.chunk)
         check_hybrid_checkpoint(source, meta)
-        state_el = gated_delta_rule.state_elements(g.num_v_heads, g.k_head_dim, g.v_head_dim)
-        conv_el = causal_conv1d.state_elements(g.conv_dim, g.conv_kernel)
+        state_el, conv_el = hy.state_shape()
         n_rec = len(hy.recurrent_layers)
+        nemotron = hy.mamba is not None
+        self._decoder = run_nemotron_decoder if nemotron else run_hybrid_decoder
         slot_bytes = StateArena.estimate_bytes(n_rec, state_el, conv_el, 1)
         self._states = StatePool(seqs, slot_bytes, verify_slots=verify, ring_depth=ring,
                                  prefix_slots=prefix)
@@ -126,21 +129,25 @@ class HybridModel(TransformerModel):
                            block_size=block_size, max_rows=max_rows,
                            max_tokens=max_prefill_tokens, max_seq_len=max_seq_len,
                            fp32_logits=self.use_fp32_logits, where=source.description,
-                           rank_weight_bytes=hybrid_weight_bytes(meta), extra_bytes=extra)
+                           rank_weight_bytes=nemotron_weight_bytes(meta) if nemotron else
+                           hybrid_weight_bytes(meta), extra_bytes=extra)
         self._max_seq_len = self._max_positions = plan.max_seq_len
         self.memory_plan = plan
         try:
-            self._weights = HybridWeights(backend, source, meta, progress=progress)
+            self._weights = NemotronWeights(backend, source, meta, plan.weight_bytes,
+                                            progress) if nemotron else \
+                HybridWeights(backend, source, meta, progress=progress)
             self._ws = Workspace(backend, self._layer_meta, max_tokens=max_prefill_tokens,
                                  max_rows=max_rows, num_blocks=plan.num_blocks,
                                  block_size=block_size, max_blocks_per_seq=plan.max_blocks_per_seq,
                                  fp32_logits=self.use_fp32_logits)
             self._hb = HybridBuffers(backend, meta, rows)
             self._arena = StateArena(backend, n_rec, state_el, conv_el, self._states.total_slots)
-            table = partial_rope_table(meta.head_dim, hy.rotary_dim, self._max_positions,
-                                       meta.rope_theta, meta.rope_scaling)
-            self._rope_table = backend.alloc(table.nbytes)
-            backend.copy_h2d(table, self._rope_table)
+            if hy.rotary_dim:   # Nemotron-H's attention has no rotary embedding
+                table = partial_rope_table(meta.head_dim, hy.rotary_dim, self._max_positions,
+                                           meta.rope_theta, meta.rope_scaling)
+                self._rope_table = backend.alloc(table.nbytes)
+                backend.copy_h2d(table, self._rope_table)
         except BaseException:
             self._release_device()
             raise
@@ -149,7 +156,7 @@ class HybridModel(TransformerModel):
 
     # the passes' hooks (passes.py) --------------------------------------------------------
     def _run_layers(self, stream: int, n: int, **kw) -> None:
-        run_hybrid_decoder(self, stream, n, **kw)
+        self._decoder(self, stream, n, **kw)
 
     def _graphable(self, items) -> bool:
         return all(len(t) == 1 for _, t in items)   # a verify runs its rows one by one

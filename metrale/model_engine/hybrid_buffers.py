@@ -8,6 +8,17 @@ import numpy as np
 
 from ..gpu_runtime.types import NULL, DevicePtr
 from .hybrid_weights import proj_width
+from .nemotron import mamba_proj_width
+
+
+def _widths(meta) -> tuple[int, int, int]:
+    """(padded input projection, conv channels, recurrent output) of the recurrent layers."""
+    g, mb = meta.hybrid.gdn, meta.hybrid.mamba
+    if mb is not None:
+        return mamba_proj_width(mb), mb.conv_dim, mb.inner
+    if g is not None:
+        return proj_width(g), g.conv_dim, g.value_dim
+    return 0, 0, 0
 
 
 class HybridBuffers:
@@ -16,8 +27,7 @@ class HybridBuffers:
     def __init__(self, backend, meta, rows: int) -> None:
         self.backend, self._owned = backend, []
         self.rows = int(rows)
-        g = meta.hybrid.gdn
-        self.proj_width = proj_width(g) if g is not None else 0
+        self.proj_width = _widths(meta)[0]
         try:
             for name, nbytes in self.layout(meta, rows).items():
                 setattr(self, name, self._alloc(nbytes) if nbytes else NULL)
@@ -29,12 +39,14 @@ class HybridBuffers:
 
     @staticmethod
     def layout(meta, rows: int) -> dict[str, int]:
-        g, T = meta.hybrid.gdn, int(rows)
+        T = int(rows)
+        pw, conv, core = _widths(meta)
+        gated = meta.hybrid.mamba is None   # the Qwen hybrids' attention output gate
         return {
-            "proj": T * proj_width(g) * 2 if g else 0,    # [T, proj_width] q|k|v|z|b|a
-            "conv": T * g.conv_dim * 2 if g else 0,       # [T, conv_dim] conv output
-            "core": T * g.value_dim * 2 if g else 0,      # [T, value_dim] delta rule output
-            "gate": T * meta.num_heads * meta.head_dim * 2,   # [T, H * D] attention gate
+            "proj": T * pw * 2,           # [T, proj_width]: q|k|v|z|b|a or z|x B C|dt
+            "conv": T * conv * 2,         # [T, conv_dim] conv output
+            "core": T * core * 2,         # [T, value_dim / inner] delta rule / SSD output
+            "gate": T * meta.num_heads * meta.head_dim * 2 if gated else 0,   # [T, H * D]
             "slots": T * 4,                               # int32 [rows or sequences]
             "start_pos": T * 4,                           # int32 [sequences]
         }

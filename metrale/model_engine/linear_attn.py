@@ -34,6 +34,26 @@ class RecurrentStep:
     sequential: list[tuple[int, int, int]] = field(default_factory=list)
 
 
+def run_recurrent(model, stream: int, li: int, n: int, kernels) -> None:
+    """Run a recurrent layer's kernels over the step's rows: `kernels(row, rows, slots_ptr,
+    decode)` launches them for `rows` rows from `row`, whose slots are at slots_ptr. A
+    prefill and a decode step run every row at once; a verify runs its rows one by one,
+    keeping the state before its first row and after each row in the verify slots (layer
+    `li` of the state arena)."""
+    hb, arena, step = model._hb, model._arena, model._step
+    if not step.decode:
+        kernels(0, n, hb.slots, False)
+    elif not step.sequential:
+        kernels(0, n, hb.slots, True)
+    else:
+        for r, (slot, before, after) in enumerate(step.sequential):
+            if before >= 0:
+                arena.copy_layer(li, slot, before, stream)
+            kernels(r, 1, hb.slots.offset(4 * r), True)
+            if after >= 0:
+                arena.copy_layer(li, slot, after, stream)
+
+
 def gdn_layer(model, stream: int, L, n: int) -> None:
     """ws.hidden[n, hidden] = the gated DeltaNet of ws.normed[n, hidden] (layer weights L)."""
     b, ws, hb, m = model.backend, model._ws, model._hb, model._meta
@@ -68,17 +88,7 @@ def gdn_layer(model, stream: int, L, n: int) -> None:
                                      step.n_seqs, g.num_k_heads, Hv, g.k_head_dim,
                                      g.v_head_dim)
 
-    if not step.decode:
-        kernels(0, n, hb.slots, False)
-    elif not step.sequential:
-        kernels(0, n, hb.slots, True)
-    else:
-        for r, (slot, before, after) in enumerate(step.sequential):
-            if before >= 0:
-                arena.copy_layer(li, slot, before, stream)
-            kernels(r, 1, hb.slots.offset(4 * r), True)
-            if after >= 0:
-                arena.copy_layer(li, slot, after, stream)
+    run_recurrent(model, stream, li, n, kernels)
     gated_norm.rmsnorm_gated(b, stream, hb.core, hb.core, hb.proj.offset(2 * C), L.gated_norm,
                              n, V, g.v_head_dim, g.v_head_dim, PW, m.rms_norm_eps, True)
     run_linear(b, stream, ws.hidden, hb.core, L.out_proj, n, hid, V)

@@ -1,14 +1,16 @@
 """The norms and gates of the hybrid families (kernels/gated_norm.cu, module "gated_norm"):
 launchers and numpy twins.
 
-  rmsnorm_offset       zero-centred RMSNorm, out = bf16(x * rsqrt(mean(x^2) + eps) * (1 + w))
-                       (Qwen3-Next / Qwen3.5 norms: one rounding, FP32 weight offset), with
-                       an optional fused residual add; `rmsnorm_offset_heads` runs it over
-                       the q and k heads of a qkv row (the q/k norms), each with its weight
+  rmsnorm_offset       RMSNorm with one rounding, out = bf16(x * rsqrt(mean(x^2) + eps) *
+                       (offset + w)): offset 1 is the zero-centred norm of Qwen3-Next /
+                       Qwen3.5, 0 Nemotron-H's; an optional fused residual add;
+                       `rmsnorm_offset_heads` runs it over the q and k heads of a qkv row
+                       (the q/k norms), each with its weight
   rmsnorm_gated        the gated RMSNorm of a linear-attention / Mamba output, per group:
                        norm_first (Qwen): bf16(bf16(bf16(x * inv) * w) * silu(z));
                        gate first (Nemotron-H): bf16(bf16(x * silu(z) * inv) * w)
   sigmoid_gate_mul     x = bf16(x * bf16(sigmoid(g))): the output gate of the gated attention
+  relu2                x = bf16(max(x, 0)^2): Nemotron-H's non-gated MLP activation
 
 Layouts and rounding: kernels/gated_norm.cu's opening comment. The twins compute the same
 FP32 formulas (numpy's sum order: within the BF16 tolerance of the kernels').
@@ -37,7 +39,7 @@ def _eps(what: str, eps: float) -> None:
 
 
 def _launch_offset(backend, stream, out_ptr, x_ptr, w_a, w_b, residual_ptr, n_tokens,
-                   heads_a, heads_b, dim, stride, eps, what) -> None:
+                   heads_a, heads_b, dim, stride, eps, what, offset=1.0) -> None:
     check_sizes(what, n_tokens=n_tokens, dim=dim, stride=stride, heads=heads_a + heads_b)
     _eps(what, eps)
     check_ptrs(what, out_ptr=out_ptr, x_ptr=x_ptr, w_a=w_a)
@@ -52,16 +54,19 @@ def _launch_offset(backend, stream, out_ptr, x_ptr, w_a, w_b, residual_ptr, n_to
                    (DevicePtr(out_ptr), DevicePtr(x_ptr), DevicePtr(w_a),
                     DevicePtr(w_b if heads_b else NULL), DevicePtr(residual_ptr or NULL),
                     np.int32(n_tokens), np.int32(heads_a), np.int32(heads_b), np.int32(dim),
-                    np.int32(stride), np.float32(eps)))
+                    np.int32(stride), np.float32(eps), np.float32(offset)))
 
 
 def rmsnorm_offset(backend, stream: int, out_ptr, x_ptr, weight_ptr, n_rows: int, hidden: int,
-                   eps: float, residual_ptr=NULL) -> None:
-    """out = bf16(x * rsqrt(mean(x^2) + eps) * (1 + w)), row by row. x, out [n_rows,
-    hidden] bf16, weight [hidden] bf16. With residual_ptr ([n_rows, hidden] bf16): residual =
-    bf16(residual + x) in place first, and the stored row is normalized. out may equal x."""
+                   eps: float, residual_ptr=NULL, offset: float = 1.0) -> None:
+    """out = bf16(x * rsqrt(mean(x^2) + eps) * (offset + w)), row by row (offset 1: the
+    zero-centred norm; 0: w as it is). x, out [n_rows, hidden] bf16, weight [hidden] bf16.
+    With residual_ptr ([n_rows, hidden] bf16): residual = bf16(residual + x) in place first,
+    and the stored row is normalized. out may equal x."""
+    if float(offset) not in (0.0, 1.0):
+        raise InvalidArgument(f"rmsnorm_offset: offset must be 0 or 1, got {offset}")
     _launch_offset(backend, stream, out_ptr, x_ptr, weight_ptr, NULL, residual_ptr, n_rows,
-                   1, 0, hidden, hidden, eps, "rmsnorm_offset")
+                   1, 0, hidden, hidden, eps, "rmsnorm_offset", offset)
 
 
 def rmsnorm_offset_heads(backend, stream: int, qkv_ptr, q_weight_ptr, k_weight_ptr,
@@ -117,6 +122,15 @@ def sigmoid_gate_mul(backend, stream: int, x_ptr, g_ptr, n_tokens: int, width: i
                     np.int32(g_stride)))
 
 
+def relu2(backend, stream: int, x_ptr, n: int) -> None:
+    """x = bf16(max(x, 0)^2) in place; x [n] bf16."""
+    check_sizes("relu2", n=n)
+    check_ptrs("relu2", x_ptr=x_ptr)
+    grid = max(1, min(-(-int(n) // GATE_THREADS), 65535))
+    backend.launch(backend.kernel(MODULE, "relu2"), (grid,), (GATE_THREADS,), 0, stream,
+                   (DevicePtr(x_ptr), np.int64(n)))
+
+
 # ---- the twins ------------------------------------------------------------------------------
 def _inv_rms(v: np.ndarray, eps) -> np.ndarray:
     """float32 [..., 1]: rsqrt(sum(v^2) / n + eps) over the last axis of float32 v."""
@@ -133,7 +147,7 @@ def _rows(ctx, ptr, n_tokens: int, stride: int, width: int) -> np.ndarray:
 
 @twin(MODULE, "rmsnorm_offset")
 def _offset_twin(ctx, out_ptr, x_ptr, w_a, w_b, residual_ptr, n_tokens, heads_a, heads_b, dim,
-                 stride, eps) -> None:
+                 stride, eps, offset) -> None:
     n, ha, hb, d, s = (int(v) for v in (n_tokens, heads_a, heads_b, dim, stride))
     x = _rows(ctx, x_ptr, n, s, (ha + hb) * d).reshape(n, ha + hb, d)
     v = bf16_to_f32(x)
@@ -143,9 +157,9 @@ def _offset_twin(ctx, out_ptr, x_ptr, w_a, w_b, residual_ptr, n_tokens, heads_a,
         res[:] = summed
         v = bf16_to_f32(summed)
     w = np.empty((ha + hb, d), np.float32)
-    w[:ha] = np.float32(1) + bf16_to_f32(ctx.read(w_a, d, np.uint16))
+    w[:ha] = np.float32(offset) + bf16_to_f32(ctx.read(w_a, d, np.uint16))
     if hb:
-        w[ha:] = np.float32(1) + bf16_to_f32(ctx.read(w_b, d, np.uint16))
+        w[ha:] = np.float32(offset) + bf16_to_f32(ctx.read(w_b, d, np.uint16))
     y = (v * _inv_rms(v, eps)) * w[None]
     _rows(ctx, out_ptr, n, s, (ha + hb) * d).reshape(n, ha + hb, d)[:] = f32_to_bf16(y)
 
@@ -181,3 +195,10 @@ def _gate_twin(ctx, x_ptr, g_ptr, n_tokens, width, g_stride) -> None:
     x = ctx.view(x_ptr, n * width, np.uint16).reshape(n, width)
     gate = bf16_to_f32(np.array(_rows(ctx, g_ptr, n, int(g_stride), width)))
     x[:] = f32_to_bf16(bf16_to_f32(x) * round_bf16(sigmoid_f32(gate)))
+
+
+@twin(MODULE, "relu2")
+def _relu2_twin(ctx, x_ptr, n) -> None:
+    x = ctx.view(x_ptr, int(n), np.uint16)
+    v = np.maximum(bf16_to_f32(x), np.float32(0))
+    x[:] = f32_to_bf16(v * v)

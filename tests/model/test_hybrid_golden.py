@@ -14,8 +14,8 @@ from tests.conftest import emu_available
 from tests.model.common import assert_matches_golden, golden, load, logits_rows
 
 # qwen3_5_vl: a released-style qwen3_5 checkpoint (text model under model.language_model.*,
-# a vision tower and an MTP head skipped by name)
-HYBRID_FIXTURES = ["qwen3_5_text", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_vl"]
+# a vision tower and an MTP head skipped by name); nemotron_h: Mamba2 layers (chunk 32)
+HYBRID_FIXTURES = ["qwen3_5_text", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_vl", "nemotron_h"]
 BACKENDS = ["cpu", pytest.param("emu", marks=[
     pytest.mark.gpu, pytest.mark.skipif(not emu_available(), reason="no C++ compiler")])]
 

@@ -30,14 +30,14 @@ def silu64(z):
     return z / (1.0 + np.exp(-z))
 
 
-def run_offset(backend, x, w, residual=None, in_place=False):
+def run_offset(backend, x, w, residual=None, in_place=False, offset=1.0):
     rows, hidden = x.shape
     with Buffers(backend) as b:
         xp, wp = b.put(x), b.put(w)
         op = xp if in_place else b.empty(x.shape, np.uint16)
         rp = b.put(residual) if residual is not None else NULL
         gn.rmsnorm_offset(backend, backend.default_stream(), op, xp, wp, rows, hidden, EPS,
-                          residual_ptr=rp)
+                          residual_ptr=rp, offset=offset)
         return (b.get(op, x.shape, np.uint16),
                 None if residual is None else b.get(rp, x.shape, np.uint16))
 
@@ -70,9 +70,17 @@ def run_gate(backend, x, g):
         return b.get(xp, x.shape, np.uint16)
 
 
-def ref_offset(x, w):
+def ref_offset(x, w, offset=1.0):
     xf = f64(x)
-    return round64(xf / np.sqrt(np.mean(xf * xf, axis=-1, keepdims=True) + EPS) * (1 + f64(w)))
+    return round64(xf / np.sqrt(np.mean(xf * xf, axis=-1, keepdims=True) + EPS) *
+                   (offset + f64(w)))
+
+
+def run_relu2(backend, x):
+    with Buffers(backend) as b:
+        p = b.put(x)
+        gn.relu2(backend, backend.default_stream(), p, x.size)
+        return b.get(p, x.shape, np.uint16)
 
 
 def ref_gated(x, z, w, group, norm_first):
@@ -89,7 +97,7 @@ def ref_gated(x, z, w, group, norm_first):
 
 
 def test_entry_points_exist():
-    assert {"rmsnorm_offset", "rmsnorm_gated", "sigmoid_gate_mul"} <= \
+    assert {"rmsnorm_offset", "rmsnorm_gated", "sigmoid_gate_mul", "relu2"} <= \
         set(kernel_source.entry_points(gn.MODULE))
 
 
@@ -101,6 +109,22 @@ def test_offset_matches_float64(host, rng, rows, hidden):
     # (1 + w), not w: a weight near zero does not zero the output
     assert np.abs(bf16_to_f32(out)).max() > 0.5
     assert np.array_equal(run_offset(host, x, w, in_place=True)[0], out)
+
+
+def test_offset_zero_is_the_one_rounding_norm_with_w(host, rng):
+    """offset 0: Nemotron-H's RMSNorm, bf16(x * inv * w) rounded once."""
+    x, w = rand_bf16(rng, (4, 96), 2.0), rand_bf16(rng, (96,), 0.3, 1.0)
+    out, _ = run_offset(host, x, w, offset=0.0)
+    assert_close(bf16_to_f32(out), ref_offset(x, w, 0.0), "twin_bf16")
+    assert not np.array_equal(out, run_offset(host, x, w)[0])
+    with pytest.raises(InvalidArgument, match="offset"):
+        gn.rmsnorm_offset(host, 0, 8, 8, 8, 1, 16, EPS, offset=0.5)
+
+
+def test_relu2_matches_float64(host, rng):
+    x = rand_bf16(rng, (7, 33), 2.0)
+    want = round64(np.maximum(f64(x), 0) ** 2)
+    assert np.array_equal(bf16_to_f32(run_relu2(host, x)), want)
 
 
 def test_offset_fused_residual(host, rng):
@@ -203,6 +227,15 @@ def test_gpu_gated_matches_twin(device, host, rng, norm_first, n, width, group, 
     w = rand_bf16(rng, (width if per_row else group,), 0.5, 1.0)
     assert_close(bf16_to_f32(run_gated(device, x, z, w, group, norm_first)),
                  bf16_to_f32(run_gated(host, x, z, w, group, norm_first)), "gpu_vs_twin_bf16")
+
+
+@pytest.mark.gpu
+def test_gpu_offset_zero_and_relu2_match_twin(device, host, rng):
+    x, w = rand_bf16(rng, (5, 200), 2.0), rand_bf16(rng, (200,), 0.3, 1.0)
+    assert_close(bf16_to_f32(run_offset(device, x, w, offset=0.0)[0]),
+                 bf16_to_f32(run_offset(host, x, w, offset=0.0)[0]), "gpu_vs_twin_bf16")
+    y = rand_bf16(rng, (3, 1001), 2.0)
+    assert np.array_equal(run_relu2(device, y), run_relu2(host, y))   # one rounding: exact
 
 
 @pytest.mark.gpu
