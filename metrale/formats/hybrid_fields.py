@@ -46,7 +46,8 @@ _QWEN_HYBRID = {
     "max_window_layers": _i(_NOT_READ), "mlp_bias": _i(_NOT_READ),
     "output_router_logits": _i("returns router logits for the auxiliary loss, not the logits"),
     "router_aux_loss_coef": _i(_TRAIN + ": the load-balancing loss"),
-    "quantization_config": _r("quantized hybrid checkpoints: refused whatever its value"),
+    "quantization_config": _r("refused: quantized experts wait for the quantized-MoE "
+                              "kernels (qwen3_5_text: see its scope)"),
 }
 
 _MOE = {
@@ -66,8 +67,13 @@ QWEN3_NEXT = {
     "mlp_only_layers": _h("layers with the dense MLP; an index outside the layers refused"),
 }
 
+_FP8 = _h("fine-grained fp8 as released (Qwen3.5-*-FP8: block-scaled e4m3 linears, "
+          "FP32 / BF16 / FP16 weight_scale_inv, modules_to_not_convert kept BF16; fields in "
+          "scope quantization_config.fp8); other methods refused")
+
 QWEN3_5_TEXT = {
     **_QWEN_HYBRID,
+    "quantization_config": _FP8,
     **{k: _i(_NOT_READ + " (qwen3_5_text is dense)") for k in (
         "num_experts", "num_experts_per_tok", "moe_intermediate_size",
         "shared_expert_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
@@ -142,6 +148,9 @@ NEMOTRON_H = {
 # the multimodal wrappers: their text_config is one of the scopes above
 _WRAPPER = {
     "text_config": _h("the text model (scope: its model_type)"),
+    "quantization_config": _h("qwen3_5: as qwen3_5_text's (a modules_to_not_convert name under "
+                              "model.language_model. read as the text model's); qwen3_5_moe: "
+                              "refused (quantized experts)"),
     "vision_config": _i(_VISION),
     "tie_word_embeddings": _h("the head shares the embedding when the top level or "
                               "text_config says so; the two disagreeing refused"),

@@ -19,6 +19,7 @@ from ..errors import FormatError, Unsupported
 from . import decoder_fields as df
 from .config_fields import _Cfg, _pick, _token_ids
 from .hybrid_config import HYBRID_ARCHS, WRAPPERS, HybridConfig, hybrid_fields
+from .hybrid_quant import hybrid_quantization
 from .moe_config import MOE_ARCHS, MoeConfig, moe_config, rope_theta
 from .moe_config import refuse_quantized as refuse_moe_quantized
 from .multimodal import VisionConfig, WhisperConfig, vision_config, whisper_config
@@ -154,14 +155,14 @@ def _hybrid(config: dict, gen: dict | None, source: str, arch: str) -> ModelMeta
     come from its text_config, as llava's."""
     text = config.get("text_config") if arch in WRAPPERS else None
     text = text if isinstance(text, dict) else None
-    for d, where in ((config, source), (text, f"{source} (text_config)")):
-        if d is not None:
-            df.refuse_quantized(d, where)
+    if text is not None:
+        df.refuse_quantized(text, f"{source} (text_config)")
+    quantization = hybrid_quantization(config, source, arch)
     dtype_of = config if text is None or "torch_dtype" in config or "dtype" in config else text
     return ModelMetadata(**hybrid_fields(config, source, arch),
                          bos_token_id=_bos(config, gen, source, text),
                          eos_token_ids=_eos(config, gen, source, text),
-                         dtype=_dtype(dtype_of, source))
+                         dtype=_dtype(dtype_of, source), quantization=quantization)
 
 
 def _whisper(config: dict, gen: dict | None, source: str) -> ModelMetadata:

@@ -54,6 +54,10 @@ def check_hybrid_checkpoint(source, meta) -> None:
     """Every tensor of the layout present with its shape; any other tensor refused unless
     skipped by name (the MTP head, a wrapper's vision tower: formats/hybrid_layout.py)."""
     from ..errors import FormatError
+    if meta.quantization is not None:   # FP8 linears: formats/quant/checkpoint.py
+        from ..formats.quant.checkpoint import check_quantized
+        check_quantized(source, meta)
+        return
     expected = expected_tensors(meta, source.tensor_names())
     check_tensors(source, expected, complete=False)
     unused = sorted(n for n in set(source.tensor_names()) - set(expected) if not skipped(n))

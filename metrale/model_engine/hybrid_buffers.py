@@ -43,9 +43,10 @@ class HybridBuffers:
         pw, conv, core = _widths(meta)
         gated = meta.hybrid.mamba is None   # the Qwen hybrids' attention output gate
         return {
-            "proj": T * pw * 2,           # [T, proj_width]: q|k|v|z|b|a or z|x B C|dt
+            "proj": T * pw * 2,           # [T, proj_width]: q|k|v|z or z|x B C|dt
             "conv": T * conv * 2,         # [T, conv_dim] conv output
             "core": T * core * 2,         # [T, value_dim / inner] delta rule / SSD output
+            "ab": T * 2 * meta.hybrid.gdn.num_v_heads * 2 if meta.hybrid.gdn else 0,  # b | a
             "gate": T * meta.num_heads * meta.head_dim * 2 if gated else 0,   # [T, H * D]
             "slots": T * 4,                               # int32 [rows or sequences]
             "start_pos": T * 4,                           # int32 [sequences]

@@ -1,10 +1,11 @@
 """A hybrid linear-attention checkpoint's weights on the device (formats/hybrid_config.py has
 the math, formats/hybrid_layout.py the tensors), rearranged at load for the kernels:
 
-- gated DeltaNet: one input projection [proj_width, hidden] with rows q | k | v | z | b | a
-  (qwen3_next's in_proj_qkvz / in_proj_ba are grouped per key head: [q k v z] and [b a] of
-  each group, regrouped here; qwen3_5's four projections concatenated), zero rows padding
-  proj_width to a multiple of 8 (16-byte rows for the conv's vector path); the conv weight
+- gated DeltaNet: the input projection as two linears, [conv_dim + value_dim, hidden] with
+  rows q | k | v | z and [2 * num_v_heads, hidden] with rows b | a (qwen3_next's in_proj_qkvz /
+  in_proj_ba are grouped per key head: [q k v z] and [b a] of each group, regrouped here;
+  qwen3_5's four projections concatenated; b and a apart because FP8 checkpoints leave
+  them BF16 while q|k|v|z are FP8); the conv weight
   [conv_dim, W] (HF's [conv_dim, 1, W]); A_log and dt_bias as FP32 (F32 checkpoint values
   kept exactly); the gated norm's weight [v_head_dim]; out_proj.
 - gated attention: q_proj's rows are [q_h | gate_h] per head; q | k | v go to one matrix and
@@ -15,6 +16,10 @@ the math, formats/hybrid_layout.py the tensors), rearranged at load for the kern
   q . k is a sum over the same permuted dims of both, so attention is unchanged.
 - norms, MLPs (dense gate|up fused, or moe_weights.py's sparse block), embedding, head as for
   the dense decoders.
+Every linear is uploaded from (module, rows) parts (`_linear`): BF16, or in an FP8 checkpoint
+(formats/hybrid_quant.py) an Fp8Linear kept at its bytes when every part is quantized (rows
+taken with their scale rows: scale_row maps each row to its block), else BF16 with the
+quantized parts dequantized exactly (linear.py's rule for a split group).
 """
 from __future__ import annotations
 
@@ -23,9 +28,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..formats.hybrid_layout import hybrid_tensors
+from ..formats.hybrid_quant import hybrid_linear_shapes
+from ..formats.quant.fp8 import HostFp8, concat_fp8
+from ..formats.quant.layout import dequant_bits
 from ..formats.upload import WeightUploader
 from ..gpu_runtime.types import NULL, DevicePtr
 from ..ops.bf16 import bf16_to_f32
+from .linear import Fp8Linear, fp8_bytes, linear_device_bytes
 from .moe_weights import MoeLayerWeights, upload_moe_layer
 
 
@@ -35,7 +44,8 @@ class HybridLayer:
     input_norm: DevicePtr            # [hidden], zero-centred (1 + w)
     post_norm: DevicePtr             # [hidden]
     # gated DeltaNet (NULL otherwise)
-    in_proj: DevicePtr = NULL        # [proj_width, hidden]: q | k | v | z | b | a | pad
+    in_proj: DevicePtr = NULL        # [proj_width, hidden]: q | k | v | z
+    in_proj_ab: DevicePtr = NULL     # [2 * num_v_heads, hidden]: b | a
     conv_w: DevicePtr = NULL         # [conv_dim, W]
     a_log: DevicePtr = NULL          # float32 [num_v_heads]
     dt_bias: DevicePtr = NULL        # float32 [num_v_heads]
@@ -56,8 +66,8 @@ class HybridLayer:
 
 
 def proj_width(g) -> int:
-    """Columns of the fused DeltaNet input projection, padded to a multiple of 8."""
-    return -(-g.proj_dim // 8) * 8
+    """Columns of the DeltaNet input projection q | k | v | z (a multiple of 16)."""
+    return g.conv_dim + g.value_dim
 
 
 def rotary_permutation(head_dim: int, rotary_dim: int) -> np.ndarray:
@@ -69,17 +79,23 @@ def rotary_permutation(head_dim: int, rotary_dim: int) -> np.ndarray:
 
 
 def hybrid_weight_bytes(meta) -> int:
-    """Device bytes HybridWeights holds: every tensor as BF16, A_log / dt_bias as FP32, the
-    DeltaNet projection's padding rows."""
-    total = 0
+    """Device bytes HybridWeights holds: BF16 tensors, A_log / dt_bias as FP32, an FP8
+    checkpoint's quantized linears at their device bytes (the estimate of the memory plan:
+    the loaded weights count what they uploaded, `HybridWeights.nbytes`)."""
+    qc, total = meta.quantization, 0
+    shapes = hybrid_linear_shapes(meta) if qc is not None else {}
     for name, shape in hybrid_tensors(meta).items():
-        n = int(np.prod(shape))
-        total += n * (4 if name.endswith(("A_log", "dt_bias")) else 2)
-    g = meta.hybrid.gdn
-    if g is not None:
-        pad = proj_width(g) - g.proj_dim
-        total += 2 * pad * meta.hidden_size * len(meta.hybrid.recurrent_layers)
+        module = name[:-len(".weight")]
+        if module in shapes and qc.converts(module):
+            total += linear_device_bytes(qc, *shapes[module])
+            continue
+        total += int(np.prod(shape)) * (4 if name.endswith(("A_log", "dt_bias")) else 2)
     return total
+
+
+def take_rows(h: HostFp8, rows: np.ndarray) -> HostFp8:
+    """Rows `rows` of an FP8 linear, each with its scale row (the scales stay whole)."""
+    return HostFp8(h.q[rows], h.scales, h.scale_row[rows], h.k, h.block_k)
 
 
 class HybridWeights:
@@ -91,6 +107,7 @@ class HybridWeights:
         self.nbytes = hybrid_weight_bytes(meta)
         self.embed_bytes = 2 * meta.vocab_size * meta.hidden_size
         self._source, self._meta = source, meta
+        self._shapes = hybrid_linear_shapes(meta, source.tensor_names())
         try:
             with WeightUploader(backend, source, self.nbytes, desc=source.description,
                                 progress=progress) as up:
@@ -99,7 +116,8 @@ class HybridWeights:
                 self.layers = [self._layer(i) for i in range(meta.num_layers)]
                 self.norm = self._own(up.upload("model.norm.weight"))
                 self.lm_head = self.embed_tokens if meta.tie_word_embeddings else \
-                    self._own(up.upload("lm_head.weight"))
+                    self._linear([("lm_head", None)])
+            self.nbytes = up.bytes_uploaded
         except BaseException:
             self.free()
             raise
@@ -119,45 +137,68 @@ class HybridWeights:
             self._attention(L, p + "self_attn.", hy.attention_layers.index(i))
         L.moe = upload_moe_layer(self, up, m, i)
         if L.moe is None:
-            L.gate_up = self._alloc(2 * m.intermediate_size * m.hidden_size * 2)
-            up.upload_into([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], L.gate_up)
-            L.down_proj = self._own(up.upload(p + "mlp.down_proj.weight"))
+            L.gate_up = self._linear([(p + "mlp.gate_proj", None), (p + "mlp.up_proj", None)])
+            L.down_proj = self._linear([(p + "mlp.down_proj", None)])
         return L
 
     def _gdn(self, L: HybridLayer, p: str, index: int) -> None:
-        g, hid, src = self._meta.hybrid.gdn, self._meta.hidden_size, self._source
+        g = self._meta.hybrid.gdn
         if g.fused_projections:   # rows grouped per key head: [q k v z] and [b a]
             r = g.num_v_heads // g.num_k_heads
-            qkvz = src.read_bf16(p + "in_proj_qkvz.weight").reshape(g.num_k_heads, -1, hid)
-            cut = np.cumsum([g.k_head_dim, g.k_head_dim, r * g.v_head_dim])
-            q, k, v, z = (a.reshape(-1, hid) for a in np.split(qkvz, cut, axis=1))
-            ba = src.read_bf16(p + "in_proj_ba.weight").reshape(g.num_k_heads, 2 * r, hid)
-            b, a = ba[:, :r].reshape(-1, hid), ba[:, r:].reshape(-1, hid)
-            parts = [q, k, v, z, b, a]
+            width, vz = 2 * g.k_head_dim + 2 * r * g.v_head_dim, r * g.v_head_dim
+            base = np.arange(g.num_k_heads)[:, None] * width
+
+            def rows(lo, count):
+                return (base + lo + np.arange(count)[None]).reshape(-1)
+            dk = g.k_head_dim
+            qkvz = np.concatenate([rows(0, dk), rows(dk, dk), rows(2 * dk, vz),
+                                   rows(2 * dk + vz, vz)])
+            ba = (np.arange(g.num_k_heads)[:, None] * 2 * r + np.arange(2 * r)[None])
+            L.in_proj = self._linear([(p + "in_proj_qkvz", qkvz)])
+            L.in_proj_ab = self._linear([(p + "in_proj_ba", np.concatenate(
+                [ba[:, :r].reshape(-1), ba[:, r:].reshape(-1)]))])
         else:
-            parts = [src.read_bf16(p + f"in_proj_{x}.weight") for x in ("qkv", "z", "b", "a")]
-        pad = np.zeros((proj_width(g) - g.proj_dim, hid), np.uint16)
-        L.in_proj = self._own(self._up.upload_array(np.concatenate(parts + [pad])))
+            L.in_proj = self._linear([(p + "in_proj_qkv", None), (p + "in_proj_z", None)])
+            L.in_proj_ab = self._linear([(p + "in_proj_b", None), (p + "in_proj_a", None)])
         L.conv_w = self._own(self._up.upload(p + "conv1d.weight"))   # [C, 1, W] = [C, W]
         L.a_log, L.dt_bias = self._f32(p + "A_log"), self._f32(p + "dt_bias")
         L.gated_norm = self._own(self._up.upload(p + "norm.weight"))
-        L.out_proj = self._own(self._up.upload(p + "out_proj.weight"))
+        L.out_proj = self._linear([(p + "out_proj", None)])
         L.state_index = index
 
     def _attention(self, L: HybridLayer, p: str, index: int) -> None:
         m, src = self._meta, self._source
-        H, KV, D, hid = m.num_heads, m.num_kv_heads, m.head_dim, m.hidden_size
+        H, KV, D = m.num_heads, m.num_kv_heads, m.head_dim
         perm = rotary_permutation(D, m.hybrid.rotary_dim)
-        qg = src.read_bf16(p + "q_proj.weight").reshape(H, 2, D, hid)   # [q_h | gate_h]
-        q = qg[:, 0][:, perm].reshape(H * D, hid)
-        k = src.read_bf16(p + "k_proj.weight").reshape(KV, D, hid)[:, perm].reshape(-1, hid)
-        v = src.read_bf16(p + "v_proj.weight")
-        L.qkv = self._own(self._up.upload_array(np.concatenate([q, k, v])))
-        L.gate = self._own(self._up.upload_array(qg[:, 1].reshape(H * D, hid)))
+        heads = np.arange(H)[:, None] * 2 * D          # q_proj: [q_h | gate_h] per head
+        q_rows, gate_rows = (heads + perm[None]).reshape(-1), (heads + D + np.arange(D)).reshape(-1)
+        k_rows = (np.arange(KV)[:, None] * D + perm[None]).reshape(-1)
+        L.qkv = self._linear([(p + "q_proj", q_rows), (p + "k_proj", k_rows), (p + "v_proj", None)])
+        L.gate = self._linear([(p + "q_proj", gate_rows)])
         L.q_norm = self._own(self._up.upload_array(src.read_bf16(p + "q_norm.weight")[perm]))
         L.k_norm = self._own(self._up.upload_array(src.read_bf16(p + "k_norm.weight")[perm]))
-        L.o_proj = self._own(self._up.upload(p + "o_proj.weight"))
+        L.o_proj = self._linear([(p + "o_proj", None)])
         L.kv_index = index
+
+    def _linear(self, parts):
+        """The linear of `parts` [(module, rows or None)] stacked along n: an Fp8Linear when
+        every part is quantized, else a BF16 DevicePtr (module docstring)."""
+        qc, src, up = self._meta.quantization, self._source, self._up
+        conv = [qc is not None and qc.converts(mod) for mod, _ in parts]
+        if all(conv):
+            hosts = []
+            for mod, rows in parts:
+                h = qc.read(src, mod, *self._shapes[mod])
+                hosts.append(h if rows is None else take_rows(h, rows))
+            h = concat_fp8(hosts)
+            ptrs = [self._own(up.upload_bytes(a)) for a in (h.q, h.scales, h.scale_row)]
+            return Fp8Linear(*ptrs, h.n, h.k, h.scales.shape[1], h.block_k, fp8_bytes(h))
+        bits = []
+        for (mod, rows), c in zip(parts, conv):
+            w = dequant_bits(qc.read(src, mod, *self._shapes[mod])) if c else \
+                np.asarray(src.read_bf16(mod + ".weight"))
+            bits.append(w if rows is None else w[rows])
+        return self._own(up.upload_array(np.concatenate(bits)))
 
     def _f32(self, name: str) -> DevicePtr:
         """A per-head parameter as float32: F32 / F16 checkpoint values exactly (F64 rounded

@@ -2,7 +2,7 @@
 math, hybrid_weights.py the device layout), and the per-step host plan of the recurrent
 layers (`RecurrentStep`, staged by hybrid.py before the layers run).
 
-    proj = x @ in_proj^T                     [n, proj_width]: q | k | v | z | b | a
+    proj = x @ in_proj^T, ab = x @ in_proj_ab^T     [n, q | k | v | z], [n, b | a]
     qkv  = silu(causal_conv1d(q | k | v))    with the conv window of each sequence's slot
     o    = gated_delta_rule(q, k, v, a, b)   with its FP32 state (g, beta, L2 norms inside)
     o    = rmsnorm(o) * w * silu(z)          per value head (gated_norm, norm first)
@@ -62,19 +62,20 @@ def gdn_layer(model, stream: int, L, n: int) -> None:
     K, Hv = g.key_dim, g.num_v_heads
     li = L.state_index
     run_linear(b, stream, hb.proj, ws.normed, L.in_proj, n, PW, hid)
+    run_linear(b, stream, hb.ab, ws.normed, L.in_proj_ab, n, 2 * Hv, hid)
     state, conv = arena.state_base(li), arena.conv_base(li)
-    ab = (C + V, C + V + Hv)   # columns of b and a in proj
 
     def kernels(row: int, rows: int, slots_ptr, decode: bool) -> None:
         conv_out, x = hb.conv.offset(2 * row * C), hb.proj.offset(2 * row * PW)
         q, core = conv_out, hb.core.offset(2 * row * V)
-        b_ptr, a_ptr = x.offset(2 * ab[0]), x.offset(2 * ab[1])
+        b_ptr = hb.ab.offset(2 * row * 2 * Hv)
+        a_ptr = b_ptr.offset(2 * Hv)
         if decode:
             causal_conv1d.causal_conv1d_update(b, stream, conv_out, C, x, PW, L.conv_w, 0,
                                                conv, arena.conv_stride, slots_ptr, rows, C,
                                                g.conv_kernel)
             gated_delta_rule.gdr_decode(b, stream, core, q, q.offset(2 * K), q.offset(4 * K),
-                                        C, a_ptr, b_ptr, PW, L.a_log, L.dt_bias, state,
+                                        C, a_ptr, b_ptr, 2 * Hv, L.a_log, L.dt_bias, state,
                                         arena.state_stride, slots_ptr, rows, g.num_k_heads,
                                         Hv, g.k_head_dim, g.v_head_dim)
             return
@@ -83,7 +84,7 @@ def gdn_layer(model, stream: int, L, n: int) -> None:
                                             hb.start_pos, step.n_seqs, step.max_len, C,
                                             g.conv_kernel)
         gated_delta_rule.gdr_prefill(b, stream, core, q, q.offset(2 * K), q.offset(4 * K), C,
-                                     a_ptr, b_ptr, PW, L.a_log, L.dt_bias, state,
+                                     a_ptr, b_ptr, 2 * Hv, L.a_log, L.dt_bias, state,
                                      arena.state_stride, slots_ptr, ws.qo_indptr, hb.start_pos,
                                      step.n_seqs, g.num_k_heads, Hv, g.k_head_dim,
                                      g.v_head_dim)
