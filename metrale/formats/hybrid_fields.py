@@ -42,6 +42,9 @@ _QWEN_HYBRID = {
                                 "proposer metrale does not run; transformers ignores its "
                                 "tensors too"),
     "mtp_use_dedicated_embeddings": _i("the MTP head's embeddings (not run, as above)"),
+    "attn_output_gate": _i(_NOT_READ + ": the output gate is always applied (the "
+                           "released configs say true)"),
+    "mamba_ssm_dtype": _i(_NOT_READ + " (the state is FP32 here)"),
     "use_sliding_window": _i(_NOT_READ), "sliding_window": _i(_NOT_READ),
     "max_window_layers": _i(_NOT_READ), "mlp_bias": _i(_NOT_READ),
     "output_router_logits": _i("returns router logits for the auxiliary loss, not the logits"),

@@ -360,8 +360,8 @@ class MemorySource:
         x = rng.standard_normal(min(n, _BLOCK) if n > _FULL_RANDOM_MAX else n,
                                 dtype=np.float32)
         x *= 0.02
-        if _is_norm_weight(name):
-            x += 1.0
+        if _is_norm_weight(name) and not _zero_centred(self._meta, name):
+            x += 1.0   # a norm weight near 1 (a zero-centred (1 + w) one: near 0)
         bits = f32_to_bf16(x)
         if bits.size != n:
             bits = np.resize(bits, n)  # tiles the block
@@ -377,6 +377,13 @@ class MemorySource:
 
     def tokenizer_path(self) -> Path | None:
         return None
+
+
+def _zero_centred(meta, name: str) -> bool:
+    """A norm whose weight enters as (1 + w): every RMSNorm of the Qwen hybrids but their
+    gated one (HF initialises those to zeros, the gated one to ones)."""
+    hy = meta.hybrid
+    return hy is not None and hy.mamba is None and not name.endswith("linear_attn.norm.weight")
 
 
 def _is_norm_weight(name: str) -> bool:
