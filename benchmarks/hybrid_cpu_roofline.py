@@ -38,7 +38,7 @@ def copy_bandwidth(threads: int, nbytes: int = 1 << 28, reps: int = 5) -> float:
     """GB/s of `threads` concurrent numpy copies of nbytes / threads each (2 n / t)."""
     part = nbytes // threads
     src = [np.ones(part, np.uint8) for _ in range(threads)]
-    dst = [np.empty(part, np.uint8) for _ in range(threads)]
+    dst = [np.ones(part, np.uint8) for _ in range(threads)]   # touched: no page faults timed
     best = float("inf")
     for _ in range(reps + 1):
         ts = [threading.Thread(target=np.copyto, args=(d, s)) for d, s in zip(dst, src)]

@@ -167,6 +167,8 @@ class HybridModel(TransformerModel):
 
     def _before_pass(self, items, stream: int, decode: bool, n_rows: int) -> None:
         hb, pool, arena = self._hb, self._states, self._arena
+        for seq, _ in items:   # the tensor API's passes reach here without _check_seq
+            self._check_seq(seq)
         self._after_default(stream)
         for seq, _ in items:
             self._retire_verify(seq, checkpoint_too=False)
@@ -303,6 +305,18 @@ class HybridModel(TransformerModel):
             self._retire_verify(seq)
         elif src is not None:
             self._arena.copy_slot(src, seq.ssm_slot, self.default_stream())
+
+    def _check_seq(self, seq, allow_freed: bool = False) -> None:
+        """TransformerModel's checks, and a live sequence must hold a state slot: the
+        tensor API's contiguous cache (a dense KV arena, no slot) is refused by name."""
+        super()._check_seq(seq, allow_freed)
+        if seq.arena is not None:
+            raise Unsupported("a hybrid model's sequences keep recurrent state in its state "
+                              "pool: the contiguous KV cache is not supported (use "
+                              "CacheConfig(kind='paged'))")
+        if not seq.freed and not self._states.held(seq.ssm_slot):
+            raise InvalidArgument(f"sequence {seq.seq_id} holds no recurrent-state slot "
+                                  "(a hybrid model's sequences come from alloc_sequence)")
 
     def _copy_kv_block(self, src: int, dst: int, stream: int) -> None:
         ws = self._ws

@@ -10,7 +10,7 @@ import pytest
 
 from metrale import CacheFull, InvalidArgument, Unsupported
 from metrale.kv import prefix_keys
-from tests.model.common import golden, load
+from tests.model.common import FIXTURES, golden, load
 
 NAME = "qwen3_5_text"
 IDS = golden(NAME)["input_ids"][0].tolist()
@@ -247,3 +247,22 @@ def test_info_shows_the_state_per_sequence_and_the_pool(capsys):
     assert main(["info", str(FIXTURES / NAME)]) == 0
     out = capsys.readouterr().out
     assert "state pool" in out and "gated DeltaNet on layers 0, 2, 3" in out
+
+
+def test_tensor_api_paged_matches_the_pointer_api_and_contiguous_is_refused():
+    import metrale
+    from metrale.kv import CacheConfig
+    g = metrale.load_generative(FIXTURES / NAME, device="cpu", progress=False)
+    cache = g.create_kv_cache(CacheConfig("paged", max_seq_len=256, block_size=16))
+    x = g.embed(np.asarray([IDS[:71]], np.int32))
+    logits = metrale.to_numpy(g.prefill(x[:, :70], cache, range(0, 70)))[0]
+    step = metrale.to_numpy(g.decode(x[:, 70:71], cache))[0]
+    m = load(NAME)
+    seq = m.alloc_sequence()
+    want = [bits(m, m.prefill(IDS[:70], seq, 0)), bits(m, m.decode(IDS[70], seq, 0))]
+    from metrale.ops.bf16 import bf16_to_f32
+    assert np.array_equal(logits, bf16_to_f32(want[0])) and \
+        np.array_equal(step, bf16_to_f32(want[1]))
+    contiguous = g.create_kv_cache(CacheConfig("contiguous", max_seq_len=64, block_size=16))
+    with pytest.raises(Unsupported, match="contiguous KV cache is not supported"):
+        g.prefill(x[:, :8], contiguous, range(0, 8))
