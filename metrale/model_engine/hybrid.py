@@ -111,6 +111,9 @@ class HybridModel(TransformerModel):
         self._graphs: dict[int, int] = {}
         self._use_graphs = backend.decode_graphs_by_default if graphs is None else bool(graphs)
         self._step, self._ssm_verify, self._ssm_event = None, None, None
+        self._verifying = False   # inside decode_verify (its rows keep their states)
+        self._ring_pos: dict[int, tuple[int, int]] = {}   # ring slot -> (seq id, position)
+        self._ssm_live_at = None   # (seq id, position) of a state a ring restore made live
         hy = meta.hybrid
         # the KV pool holds the full-attention layers only
         self._layer_meta = replace(meta, num_layers=len(hy.attention_layers))
@@ -163,12 +166,15 @@ class HybridModel(TransformerModel):
         self._decoder(self, stream, n, **kw)
 
     def _graphable(self, items) -> bool:
-        return all(len(t) == 1 for _, t in items)   # a verify runs its rows one by one
+        # a verify (even of one row: it keeps the state before it) runs its rows one by one
+        return not self._verifying and all(len(t) == 1 for _, t in items)
 
     def _before_pass(self, items, stream: int, decode: bool, n_rows: int) -> None:
         hb, pool, arena = self._hb, self._states, self._arena
         for seq, _ in items:   # the tensor API's passes reach here without _check_seq
             self._check_seq(seq)
+            if self._ssm_live_at is not None and self._ssm_live_at[0] == seq.seq_id:
+                self._ssm_live_at = None
         self._after_default(stream)
         for seq, _ in items:
             self._retire_verify(seq, checkpoint_too=False)
@@ -186,7 +192,7 @@ class HybridModel(TransformerModel):
             slots += [seq.ssm_slot] * n
         hb.h_slots[:n_rows] = slots + [pool.sink] * (n_rows - len(slots))
         hb.upload(stream, n_rows, start=False)
-        if all(n == 1 for _, n in items):   # every row its own sequence: one launch
+        if not self._verifying and all(n == 1 for _, n in items):   # one launch
             self._step = RecurrentStep(True)
             return
         verify = len(items) == 1   # decode_verify: keep the state before each row
@@ -235,7 +241,11 @@ class HybridModel(TransformerModel):
             raise InvalidArgument(f"decode_verify: {len(tokens)} tokens exceed the "
                                   f"{self._states.verify_slots} states a hybrid model keeps "
                                   "inside a verify (load option ssm_verify_states)")
-        return super().decode_verify(tokens, seq, stream)
+        self._verifying = True
+        try:
+            return super().decode_verify(tokens, seq, stream)
+        finally:
+            self._verifying = False
 
     def max_verify_tokens(self) -> int:
         return min(self._ws.max_rows, self._states.verify_slots)
@@ -291,7 +301,8 @@ class HybridModel(TransformerModel):
         """Drop positions >= new_len, the recurrent state with them: to 0 (fresh), or within
         the last verify of the sequence (its kept states); elsewhere InvalidArgument."""
         src = None
-        if 0 < new_len < seq.seq_len:
+        restored = self._ssm_live_at == (seq.seq_id, new_len)   # a ring restore's position
+        if 0 < new_len < seq.seq_len and not restored:
             rec = self._ssm_verify
             n = new_len - rec.start if rec is not None and rec.seq_id == seq.seq_id else -1
             if n < 0 or (rec.rows and n > rec.rows):
@@ -301,6 +312,8 @@ class HybridModel(TransformerModel):
                     "decode_verify of the sequence, or to 0)")
             src = self._verify_source(seq, n, "rollback")
         super()._truncate(seq, new_len)
+        if restored:
+            self._ssm_live_at = None
         if new_len == 0:
             self._retire_verify(seq)
         elif src is not None:

@@ -14,7 +14,9 @@ the original's `h_state_checkpoint` is j = 0, its `h_state_intermediates[n - 1]`
                                     refused rollback leaves the live state as it was
   commit_accepted_prefix(seq, n, k) n == k: nothing (the verify's final state is live);
                                     0 < n < k: rollback_ssm_states(seq, n); else refused
-  save/restore_decode_ssm_snapshot  live <-> the sequence's decode-rollback ring slot
+  save/restore_decode_ssm_snapshot  live <-> the sequence's decode-rollback ring slot (after
+                                    a restore, `rollback` to the snapshot's position keeps
+                                    the restored state)
   decode_marconi_checkpoint(seq)    at a checkpoint boundary, the live state is kept as the
                                     prefix state of the tokens so far (prefix reuse)
 
@@ -135,8 +137,13 @@ class ModelSsmState:
             ring = self._states.ring_slot(seq.ssm_slot, r)
             src, dst = (seq.ssm_slot, ring) if save else (ring, seq.ssm_slot)
             self._arena.copy_slot(src, dst, self.default_stream())
-            if not save:
-                self._retire_verify(seq)
+            if save:   # the position the snapshot belongs to (a later rollback's target)
+                self._ring_pos[ring] = (seq.seq_id, seq.seq_len)
+                return
+            self._retire_verify(seq)
+            owner, pos = self._ring_pos.get(ring, (None, None))
+            # the live state is now the one at `pos`: `rollback` to it keeps it as it is
+            self._ssm_live_at = (seq.seq_id, pos) if owner == seq.seq_id else None
 
     # prefix states (Marconi-style checkpoints) ----------------------------------------------
     def decode_marconi_checkpoint(self, seq) -> None:

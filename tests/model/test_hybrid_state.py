@@ -115,6 +115,13 @@ def test_rollback_ssm_states_gives_the_state_after_the_accepted_rows(m, accepted
     m.free_sequence(ref)
 
 
+def test_a_one_row_verify_keeps_the_state_before_it(m):
+    seq, ref = fresh(m, 30), fresh(m, 30)
+    m.decode_verify(IDS[30:31], seq, 0)
+    m.rollback_ssm_states(seq, 0)
+    assert state_of(m, seq) == state_of(m, ref)
+
+
 def test_a_refused_rollback_copies_nothing(m):
     seq, other = fresh(m, 30), fresh(m, 20)
     m.decode_verify(IDS[30:33], seq, 0)
@@ -176,6 +183,9 @@ def test_decode_rollback_ring(m):
     assert state_of(m, seq) != saved
     m.restore_decode_ssm_snapshot(seq, 1)
     assert state_of(m, seq) == saved == state_of(m, ref)
+    m.rollback(seq, 3)   # the KV back to the snapshot's position, the restored state kept
+    assert seq.seq_len == 20
+    assert np.array_equal(bits(m, m.decode(IDS[20], seq, 0)), bits(m, m.decode(IDS[20], ref, 0)))
     with pytest.raises(InvalidArgument, match="ring_slot"):
         m.save_decode_ssm_snapshot(seq, 2)
     no_ring = load(NAME)
