@@ -43,9 +43,10 @@ rmsnorm_offset(bf16 *out, const bf16 *x, const bf16 *w_a, const bf16 *w_b, bf16 
                float offset) {
     const int lane = threadIdx.x & 31;
     const int heads = heads_a + heads_b;
-    const long long r = (long long)blockIdx.x * GN_ROWS_PER_CTA + (threadIdx.x >> 5);
-    if (r >= (long long)n_tokens * heads) return;  // warp-uniform: a warp owns its row
-    const int t = (int)(r / heads), h = (int)(r % heads);
+    // rows < 2^31 (the launcher checks): 32-bit division (a 64-bit one spills on sm_80)
+    const int r = blockIdx.x * GN_ROWS_PER_CTA + (threadIdx.x >> 5);
+    if (r >= n_tokens * heads) return;  // warp-uniform: a warp owns its row
+    const int t = r / heads, h = r % heads;
     const long long off = (long long)t * stride + (long long)h * dim;
     const bf16 *xr = x + off;
     bf16 *o = out + off;

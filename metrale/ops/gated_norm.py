@@ -49,6 +49,8 @@ def _launch_offset(backend, stream, out_ptr, x_ptr, w_a, w_b, residual_ptr, n_to
         raise InvalidArgument(f"{what}: stride {stride} is shorter than the "
                               f"{int(heads_a) + int(heads_b)} rows of {dim} it holds")
     rows = int(n_tokens) * (int(heads_a) + int(heads_b))
+    if rows >= 2**31:
+        raise InvalidArgument(f"{what}: {rows} rows exceed the kernel's 32-bit row index")
     backend.launch(backend.kernel(MODULE, "rmsnorm_offset"), (-(-rows // ROWS_PER_CTA),),
                    (32 * ROWS_PER_CTA,), 0, stream,
                    (DevicePtr(out_ptr), DevicePtr(x_ptr), DevicePtr(w_a),
