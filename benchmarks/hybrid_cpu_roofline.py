@@ -8,8 +8,9 @@ A decode step must read every weight (the tied embedding as the head: whole), ea
 layer's FP32 state and conv window (read and written) and the K/V of the full-attention
 layers (bench/roofline.py `model_step_bytes`). The roofline is the host's copy bandwidth
 (2 * bytes / time of numpy copies, one per thread the GEMMs use, best of 5), measured in
-the same run, interleaved with the decode repetitions: `fraction = step bytes x tokens/s /
-copy bandwidth` (1.0: the step ran at the speed of copying the bytes it must read).
+the same run, interleaved with the decode repetitions (after three untimed repetitions: the
+first ones after a load run up to 2x slower here): `fraction = step bytes x tokens/s / copy
+bandwidth` (1.0: the step ran at the speed of copying the bytes it must read).
 The step's time per kind of launch (GEMMs, the recurrent kernels, the rest) comes from one
 profiled step.
 """
@@ -99,7 +100,8 @@ def main(argv=None) -> int:
                      max_prefill_tokens=max(args.prompt_len, 16))
     prompt = np.random.default_rng(0).integers(4, m.vocab_size(), args.prompt_len).tolist()
     threads = usable_cpus()   # the threads the native GEMMs run on
-    decode_rep(m, prompt, 2)   # warm-up
+    for _ in range(3):   # warm-up: the first repetitions after a load run up to 2x slower
+        decode_rep(m, prompt, args.gen_len)
     toks, bws = [], []
     for _ in range(args.reps):   # interleaved: the roofline and the decode, alternately
         bws.append(copy_bandwidth(threads))

@@ -147,23 +147,43 @@ def _rows(ctx, ptr, n_tokens: int, stride: int, width: int) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(flat, (n_tokens, width), (2 * stride, 2))
 
 
+def _offset_weight(ctx, w_ptr, d: int, offset) -> np.ndarray:
+    """float32 (offset + w) [d], converted once and cached with the weight's allocation (a
+    decode step would convert it at every launch)."""
+    def convert():
+        return np.float32(offset) + bf16_to_f32(ctx.read(w_ptr, d, np.uint16))
+    w = ctx.backend.converted(w_ptr, 2 * d, f"gated_norm.offset{float(offset)}", convert,
+                              4 * d)
+    return convert() if w is None else w
+
+
 @twin(MODULE, "rmsnorm_offset")
 def _offset_twin(ctx, out_ptr, x_ptr, w_a, w_b, residual_ptr, n_tokens, heads_a, heads_b, dim,
                  stride, eps, offset) -> None:
     n, ha, hb, d, s = (int(v) for v in (n_tokens, heads_a, heads_b, dim, stride))
-    x = _rows(ctx, x_ptr, n, s, (ha + hb) * d).reshape(n, ha + hb, d)
+    h = ha + hb
+    if s == h * d:   # contiguous rows (every norm but the q/k heads'): plain views
+        x = ctx.read(x_ptr, n * s, np.uint16).reshape(n, h, d)
+        res = ctx.view(residual_ptr, n * s, np.uint16).reshape(n, h, d) \
+            if int(residual_ptr) else None
+    else:
+        x = np.array(_rows(ctx, x_ptr, n, s, h * d)).reshape(n, h, d)
+        res = _rows(ctx, residual_ptr, n, s, h * d).reshape(n, h, d) \
+            if int(residual_ptr) else None
     v = bf16_to_f32(x)
-    if int(residual_ptr):
-        res = _rows(ctx, residual_ptr, n, s, (ha + hb) * d).reshape(n, ha + hb, d)
+    if res is not None:
         summed = f32_to_bf16(bf16_to_f32(res) + v)
         res[:] = summed
         v = bf16_to_f32(summed)
-    w = np.empty((ha + hb, d), np.float32)
-    w[:ha] = np.float32(offset) + bf16_to_f32(ctx.read(w_a, d, np.uint16))
+    w = _offset_weight(ctx, w_a, d, offset)
     if hb:
-        w[ha:] = np.float32(offset) + bf16_to_f32(ctx.read(w_b, d, np.uint16))
-    y = (v * _inv_rms(v, eps)) * w[None]
-    _rows(ctx, out_ptr, n, s, (ha + hb) * d).reshape(n, ha + hb, d)[:] = f32_to_bf16(y)
+        w = np.concatenate([np.broadcast_to(w, (ha, d)),
+                            np.broadcast_to(_offset_weight(ctx, w_b, d, offset), (hb, d))])
+    y = f32_to_bf16((v * _inv_rms(v, eps)) * w)
+    if s == h * d:
+        ctx.view(out_ptr, n * s, np.uint16).reshape(n, h, d)[:] = y
+    else:
+        _rows(ctx, out_ptr, n, s, h * d).reshape(n, h, d)[:] = y
 
 
 @twin(MODULE, "rmsnorm_gated")
