@@ -840,6 +840,29 @@ def bench_lora(B, S, adapters: int = 4, rank: int = 16):
                   flops=2 * m * n * rank)
 
 
+def bench_gated_norm(B, S):
+    """The hybrid models' norms and gates at Qwen3.5-0.8B's shapes: bound by the rows read and
+    written."""
+    from metrale.ops import gated_norm as gn
+    T, hid = S["tokens"], S["hidden"]
+    Hk, Hv, dk, dv = S["gdn"]
+    x, out, res, w = B.buf(T * hid * 2), B.buf(T * hid * 2), B.buf(T * hid * 2), B.buf(hid * 2)
+    B.run("gated_norm", "rmsnorm_offset+residual", dict(n_rows=T, hidden=hid),
+          lambda s: gn.rmsnorm_offset(B.be, s, out, x, w, T, hid, 1e-6, residual_ptr=res),
+          nbytes=4 * T * hid * 2)
+    V = Hv * dv
+    core, z, wv = B.buf(T * V * 2), B.buf(T * V * 2), B.buf(dv * 2)
+    B.run("gated_norm", "rmsnorm_gated norm-first", dict(tokens=T, width=V, group=dv),
+          lambda s: gn.rmsnorm_gated(B.be, s, core, core, z, wv, T, V, dv, dv, V, 1e-6, True),
+          nbytes=3 * T * V * 2)
+    B.run("gated_norm", "sigmoid_gate_mul", dict(tokens=T, width=V),
+          lambda s: gn.sigmoid_gate_mul(B.be, s, core, z, T, V, V), nbytes=3 * T * V * 2)
+    I = S["inter"]
+    act = B.buf(T * I * 2)
+    B.run("gated_norm", "relu2", dict(n=T * I), lambda s: gn.relu2(B.be, s, act, T * I),
+          nbytes=2 * T * I * 2)
+
+
 # ops module -> its benchmark (the gemm module's kernels are "gemv"; cuBLAS is "gemm")
 FAMILIES = {
     "embedding": [bench_embedding], "rmsnorm": [bench_rmsnorm],
@@ -857,6 +880,7 @@ FAMILIES = {
     "tensor_parallel": [bench_tensor_parallel],
     "causal_conv1d": [bench_causal_conv1d], "gated_delta_rule": [bench_gated_delta_rule],
     "mamba2_ssd": [bench_mamba2_ssd], "lora": [bench_lora],
+    "gated_norm": [bench_gated_norm],
 }
 # helpers of metrale/ops with no kernel of their own (attention_tile: the twin of a header
 # that attention.cu and dense_attention.cu share, benchmarked through them; attention_native:

@@ -3,9 +3,11 @@
 H200 from the EmuBackend's counters, at real model shapes:
 
   Qwen3.5-0.8B gated DeltaNet layer: causal_conv1d_update over 6144 channels + gdr_decode
-      (16 key / 16 value heads x 128; FP32 state 1 MiB per sequence and layer);
+      (16 key / 16 value heads x 128; FP32 state 1 MiB per sequence and layer) + the gated
+      RMSNorm of its output (gated_norm.rmsnorm_gated, norm first);
   Nemotron-H-8B Mamba2 layer: causal_conv1d_update over 10240 channels + mamba2_step
-      (128 heads x 64, d_state 128, 8 groups; FP32 state 4 MiB per sequence and layer).
+      (128 heads x 64, d_state 128, 8 groups; FP32 state 4 MiB per sequence and layer) + its
+      gated RMSNorm (silu(z) first, 8 groups).
 
     python benchmarks/recurrent_estimate.py [--batch 1,8,64] [--json FILE]
 
@@ -30,6 +32,7 @@ from metrale.gpu_runtime.emu import estimate as est  # noqa: E402
 from metrale.gpu_runtime.emu.trace import ProfileEmuBackend  # noqa: E402
 from metrale.ops import causal_conv1d as cc  # noqa: E402
 from metrale.ops import gated_delta_rule as gdr  # noqa: E402
+from metrale.ops import gated_norm as gn  # noqa: E402
 from metrale.ops import mamba2_ssd as m2  # noqa: E402
 
 
@@ -55,6 +58,8 @@ def gdn_layer(be, n):
     gdr.gdr_decode(be, 0, out, y, y.offset(2 * Hk * dk), y.offset(4 * Hk * dk), C, ab,
                    ab.offset(2 * Hv), 2 * Hv, par, par, _buf(be, n * ss * 4), ss, slots, n, Hk,
                    Hv, dk, dv)
+    gn.rmsnorm_gated(be, 0, out, out, _buf(be, n * Hv * dv * 2), _buf(be, dv * 2), n, Hv * dv,
+                     dv, dv, Hv * dv, 1e-6, True)
     return n * ss * 4
 
 
@@ -70,6 +75,8 @@ def mamba_layer(be, n):
     m2.mamba2_step(be, 0, out, y, C, y.offset(2 * H * P), y.offset(2 * (H * P + G * N)), C, dt,
                    H, par, par, par, 0.0, float("inf"), _buf(be, n * ss * 4), ss, slots, n, H,
                    G, P, N)
+    gn.rmsnorm_gated(be, 0, out, out, _buf(be, n * H * P * 2), _buf(be, H * P * 2), n, H * P,
+                     H * P // G, H * P, H * P, 1e-5, False)
     return n * ss * 4
 
 

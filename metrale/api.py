@@ -13,7 +13,8 @@ def load(path_or_source, device="auto", *, kv_blocks=None, block_size=16, max_ba
          fp32_logits=False, tensor_parallel_size=1, **options):
     """Load a checkpoint directory, `.safetensors` or `.gguf` file or `ModelSource`.
 
-    Returns a `TransformerModel` (llama, mistral, qwen2, qwen3), a `WhisperModel`
+    Returns a `TransformerModel` (llama, mistral, qwen2, qwen3, the MoE families), a
+    `HybridModel` (qwen3_next, qwen3_5: linear-attention layers), a `WhisperModel`
     (whisper) or a multimodal `LlavaModel` (llava). `device`: "auto" | "cpu" | "cuda[:N]"
     or a backend instance.
 
@@ -60,6 +61,10 @@ def load(path_or_source, device="auto", *, kv_blocks=None, block_size=16, max_ba
             raise Unsupported(f"{source.description}: llava support is not available: {e}")
         return LlavaModel(be, source, kv_blocks=kv_blocks, block_size=block_size,
                           max_batch=max_batch, fp32_logits=fp32_logits, **options)
+    if meta.hybrid is not None:   # linear-attention / SSM layers (issue 39)
+        from .model_engine import HybridModel
+        return HybridModel(be, source, kv_blocks=kv_blocks, block_size=block_size,
+                           max_batch=max_batch, fp32_logits=fp32_logits, **options)
     from .model_engine import TransformerModel
     return TransformerModel(be, source, kv_blocks=kv_blocks, block_size=block_size,
                             max_batch=max_batch, fp32_logits=fp32_logits, **options)

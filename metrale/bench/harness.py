@@ -133,7 +133,7 @@ def run_bench(cfg: BenchConfig, backend=None, peer=None, on_row=None) -> dict:
         (None if on_gpu or peer is not None or tp > 1 else CPU_DEFAULT_SECONDS)
     source = open_source(cfg.model)
     meta = source.metadata()
-    if meta.architecture not in DECODER_ARCHS:
+    if meta.architecture not in DECODER_ARCHS and meta.hybrid is None:
         raise InvalidArgument(f"{source.description}: bench runs decoder-only models, not "
                               f"{meta.architecture!r}")
     warm_len = min(cfg.prompt_len, 32)

@@ -11,7 +11,10 @@
   tied to the LM head (then the LM head reads all of it); every other weight is read whole,
   except a mixture-of-experts layer's routed experts: only those the step's tokens chose
   (the active bytes: top_k experts per layer at batch 1; for n rows the number expected
-  under uniform routing, formats/moe_config.inactive_parameters).
+  under uniform routing, formats/moe_config.inactive_parameters). A hybrid model's step also
+  moves each row's recurrent state, read and written (2x its bytes, as the copy bandwidth
+  counts a copy's read and its write), and its K and V are those of the full-attention
+  layers only.
 
 `roofline_fraction = decode_step_bytes / step time / copy bandwidth`: 1.0 means the step ran
 at the speed of a plain copy of the bytes it had to read.
@@ -29,8 +32,17 @@ def is_device(backend) -> bool:
 
 
 def kv_bytes_per_token(meta) -> int:
-    """K and V of one position in every layer, BF16."""
-    return meta.num_layers * 2 * meta.num_kv_heads * meta.head_dim * 2
+    """K and V of one position in every layer that has them (a hybrid: its full-attention
+    layers), BF16."""
+    hybrid = getattr(meta, "hybrid", None)
+    layers = meta.num_layers if hybrid is None else len(hybrid.attention_layers)
+    return layers * 2 * meta.num_kv_heads * meta.head_dim * 2
+
+
+def state_step_bytes(meta) -> int:
+    """The recurrent state a decode step moves per row: read and written (0 without)."""
+    hybrid = getattr(meta, "hybrid", None)
+    return 0 if hybrid is None else 2 * hybrid.state_bytes()
 
 
 def weight_read_bytes(meta, n_rows: int, held: tuple[int, int] | None = None) -> int:
@@ -51,7 +63,8 @@ def decode_step_bytes(meta, kv_lens: Iterable[int], held: tuple[int, int] | None
     lengths after the step, i.e. including the position being written); `held` as
     weight_read_bytes takes it."""
     lens = [int(x) for x in kv_lens]
-    return weight_read_bytes(meta, len(lens), held) + sum(lens) * kv_bytes_per_token(meta)
+    return weight_read_bytes(meta, len(lens), held) + sum(lens) * kv_bytes_per_token(meta) + \
+        len(lens) * state_step_bytes(meta)
 
 
 def model_step_bytes(model, kv_lens: Iterable[int]) -> int:

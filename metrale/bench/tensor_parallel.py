@@ -36,10 +36,12 @@ def rank_backend(device, tp: int):
 
 
 def load_model(backend, source, tp: int, **options):
-    """A TransformerModel, or this rank's TensorParallelModel when tp > 1."""
+    """A TransformerModel (a HybridModel for the recurrent families), or this rank's
+    TensorParallelModel when tp > 1."""
     if tp == 1:
-        from ..model_engine import TransformerModel
-        return TransformerModel(backend, source, **options)
+        from ..model_engine import HybridModel, TransformerModel
+        hybrid = source.metadata().hybrid is not None
+        return (HybridModel if hybrid else TransformerModel)(backend, source, **options)
     from ..model_engine.tp.model import load_rank
     return load_rank(backend, source, tensor_parallel_size=tp, **options)
 

@@ -158,7 +158,8 @@ def run(args) -> int:
         raise
     # other architectures get the harness's own refusal
     from ..formats import DECODER_ARCHS
-    positions = meta.max_position_embeddings if meta.architecture in DECODER_ARCHS else None
+    positions = meta.max_position_embeddings if meta.architecture in DECODER_ARCHS or \
+        meta.hybrid is not None else None
     prompt_len, gen_len, note = fit_lengths(args.prompt_len, args.gen_len, positions, model)
     if note:
         print(note, file=sys.stderr)

@@ -94,7 +94,7 @@ def run(args) -> int:
         return run_presets(args)
     import math
 
-    from ..bench.roofline import decode_step_bytes, weight_read_bytes
+    from ..bench.roofline import decode_step_bytes, kv_bytes_per_token, weight_read_bytes
     from ..formats import DECODER_ARCHS, expected_tensors
     from ..formats.layout import head_name
     from ..formats.moe_config import inactive_parameters
@@ -102,6 +102,7 @@ def run(args) -> int:
 
     from ..model_engine.gguf_weights import held_bytes, held_types, keeps_packed
     from ..model_engine.memory_plan import weight_bytes
+    from .info_hybrid import hybrid_info, print_hybrid
     from .info_math import math_fields, stored_dtypes
     source = open_checkpoint(args.model)
     meta = source.metadata()
@@ -117,11 +118,14 @@ def run(args) -> int:
     held = held_bytes(meta, source) if keeps_packed(source) else None
     w = weight_bytes(meta) if held is None else held[0]
     kv_layer = 2 * meta.num_kv_heads * meta.head_dim * 2   # one layer's K and V, BF16
-    kv_tok = meta.num_layers * kv_layer
+    kv_tok = kv_bytes_per_token(meta)   # a hybrid: its full-attention layers only
     kv = kv_tok * context * args.batch
     kv_and_ws = kv
     groups = None
-    if meta.architecture in DECODER_ARCHS:
+    hybrid = None if meta.hybrid is None else hybrid_info(meta, context, args.batch)
+    if hybrid is not None:   # KV pool, state pool and workspaces (info_hybrid.py)
+        kv_and_ws = hybrid["kv_state_workspaces_bytes"]
+    elif meta.architecture in DECODER_ARCHS:
         # The decoder's own estimate: KV pool (+1 padding block) and every workspace; a
         # sliding-window group beside full layers holds a bounded pool (kv_groups.py)
         from ..model_engine.kv_groups import group_layers, window_blocks
@@ -171,14 +175,16 @@ def run(args) -> int:
         # tied to the head; a MoE layer's chosen experts only) and the KV cache of `context`
         # positions (bench/roofline.py)
         "decode_step_bytes": decode_step_bytes(meta, [context], held) if meta.architecture in
-        DECODER_ARCHS else None,
+        DECODER_ARCHS or hybrid else None,
+        # a hybrid's recurrent layers, state per sequence and state pool (info_hybrid.py)
+        "recurrent": hybrid,
         "quantization": None if getattr(meta, "quantization", None) is None else
         meta.quantization.method,
         # a token reads all weights but the routed experts it did not choose (MoE); a decode
         # step of `batch` rows reads the weights its rows need (bench/roofline.py)
         "active_parameters": n_params - inactive_parameters(meta, 1),
         "decode_step_weight_bytes": weight_read_bytes(meta, args.batch, held) if meta.architecture
-        in DECODER_ARCHS else None,
+        in DECODER_ARCHS or hybrid else None,
         "context": context, "batch": args.batch,
         "memory_needed_bytes": w + kv_and_ws,
         "lora": lora,
@@ -208,9 +214,12 @@ def run(args) -> int:
     print(f"weights        {human_bytes(w)}" + ("" if held is None else
           f" as held (block types at their stored bytes; {human_bytes(weight_bytes(meta))} "
           "dequantized at load with gguf_dequantize=True)"))
+    if hybrid is not None:
+        print_hybrid(info, human_bytes)
     if info["decode_step_bytes"] is not None:
         print(f"decode step    {human_bytes(info['decode_step_bytes'])} read per batch-1 step "
-              f"at {context:,} tokens (weights + KV cache)")
+              f"at {context:,} tokens (weights + KV cache" +
+              (" + the recurrent state, read and written)" if hybrid else ")"))
     if meta.moe is not None:
         print(f"step weights   {human_bytes(info['decode_step_weight_bytes'])} read per decode "
               f"step at batch {args.batch} (the experts the rows choose, expected under "
@@ -219,7 +228,8 @@ def run(args) -> int:
     if lora is not None:
         print("\n".join(lora_lines(lora, human_bytes)))
     print(f"memory needed  {human_bytes(info['memory_needed_bytes'])} for batch {args.batch} "
-          f"x {context:,} tokens (weights + KV cache + workspaces"
-          f"{' + LoRA slots' if lora else ''})")
+          f"x {context:,} tokens (weights + KV cache + " +
+          ("state pool + " if hybrid else "") + "workspaces" +
+          (" + LoRA slots" if lora else "") + ")")
     print(f"tokenizer      {info['tokenizer'] or 'none (use --ids)'}")
     return 0

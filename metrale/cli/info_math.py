@@ -172,6 +172,9 @@ def math_fields(meta, source, head_stored: bool) -> dict[str, str]:
                             f"{w.max_target_positions}")
         out["activation"] = (f"{w.activation_function} (MLP); embedding scale none "
                              "(transformers never applies scale_embedding)")
+    if getattr(meta, "hybrid", None) is not None:   # linear-attention layers
+        from .info_hybrid import hybrid_math
+        out.update(hybrid_math(meta))
     if meta.moe is not None:
         out["experts"] = experts_text(meta)
     out["biases"] = biases_text(meta)

@@ -31,7 +31,6 @@ from typing import Sequence
 
 from ..errors import CacheFull, InvalidArgument, NonFiniteLogits
 from ..model_engine.forward import PrefillSlice
-from ..model_engine.transformer import MAX_VERIFY_ROWS
 from .generate import check_max_new, check_prompt, check_prompt_fits, limit_advice
 from .models import eos_ids, pointer_model
 from .sampler import DeviceSampler, nonfinite_message
@@ -203,7 +202,8 @@ class Scheduler:
             if r.prefilled < len(r.prompt):
                 continue
             if r.fed < len(r.output) - 1:
-                replays.append((r, min(MAX_VERIFY_ROWS, len(r.output) - 1 - r.fed)))
+                replays.append((r, min(self.model.max_verify_tokens(),
+                                       len(r.output) - 1 - r.fed)))
             else:
                 decode.append(r)
         return decode, replays

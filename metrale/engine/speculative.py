@@ -94,6 +94,8 @@ def speculative_generate(target, draft, prompt_ids: Sequence[int], max_new_token
             # output <= t_limit) or the draft can hold (kk + 1 positions)
             kk = max(0, min(k, max_new - len(out), t_limit - fed - 2, d_limit - fed - 1))
             proposals, feed = [], last
+            if kk and dm.has_ssm_layers():   # a recurrent draft rewinds to this checkpoint
+                dm.checkpoint_ssm_states(dseq)
             for _ in range(kk):
                 feed = dm.argmax_on_device(dm.decode(feed, dseq, ds), ds)
                 proposals.append(feed)
@@ -108,7 +110,13 @@ def speculative_generate(target, draft, prompt_ids: Sequence[int], max_new_token
             accepted += j
             proposed += kk
             tm.rollback(tseq, kk - j)              # keep last + accepted proposals
-            if kk and j == kk:
+            if kk and dm.has_ssm_layers():
+                # decode steps cannot be rewound one by one in a recurrent draft: back to
+                # the checkpoint, then the kept tokens again as verify rows (each row the
+                # bits of a decode step)
+                dm.rollback(dseq, kk)
+                dm.decode_verify([last] + proposals[:j + (j == kk)], dseq, ds)
+            elif kk and j == kk:
                 dm.decode(proposals[-1], dseq, ds)   # the draft never consumed its last one
             elif kk:
                 dm.rollback(dseq, kk - 1 - j)

@@ -32,6 +32,9 @@ LAYER_COUNTS = {
     "whisper": (("encoder_layers", "model.encoder.layers."),
                 ("decoder_layers", "model.decoder.layers.")),
     "gemma3": (("text_config.num_hidden_layers", "model.layers."),),   # its text model
+    # the hybrid wrappers' text models (names as hybrid_layout.canonical_name gives them)
+    "qwen3_5": (("text_config.num_hidden_layers", "model.layers."),),
+    "qwen3_5_moe": (("text_config.num_hidden_layers", "model.layers."),),
 }
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from .field_status import HONOURED, IRRELEVANT, REFUSED, Field  # noqa: F401 (re-exported)
 from .field_status import honoured as _h, irrelevant as _i, refused as _r
 from .gemma_fields import GEMMA3, GEMMA_SCOPES, SIGLIP_VISION
+from .hybrid_fields import HYBRID_SCOPES, VISION_SCOPES
 from .moe_fields import MOE_SCOPES
 from .gpt_oss_fields import GPT_OSS
 from .phi3_fields import PHI3
@@ -162,6 +163,10 @@ ROPE = {
     "full_attention": _h("gemma3: the full layers' rope dict (per-layer-type parameters)"),
     "sliding_attention": _h("gemma3: the sliding layers' rope dict (per-layer-type "
                             "parameters)"),
+    # qwen3_5's multimodal rope: text positions are equal on its three axes, where the
+    # sections' frequencies are the plain rope's (hybrid_config.py)
+    "mrope_section": _h("qwen3_5: text-only positions make the multimodal rope the plain one"),
+    "mrope_interleaved": _h("qwen3_5: as mrope_section"),
 }
 
 WHISPER = {
@@ -333,6 +338,11 @@ FIELD_TABLE: dict[str, dict[str, Field]] = {
     "gemma3": {**_COMMON, **GEMMA3}, "siglip_vision_model": SIGLIP_VISION,
     "phi3": {**_DECODER, **PHI3},   # phi3_fields.py
     "gpt_oss": {**_DECODER, **GPT_OSS},   # gpt_oss_fields.py
+    # hybrid linear-attention families (hybrid_fields.py): the text models over the decoder
+    # fields, the multimodal wrappers over the common ones
+    **{arch: {**(_COMMON if "text_config" in fields else _DECODER), **fields}
+       for arch, fields in HYBRID_SCOPES.items()},
+    **VISION_SCOPES,
     "whisper": WHISPER, "llava": LLAVA, "clip_vision_model": CLIP_VISION,
     "generation_config": GENERATION_CONFIG, "gguf": GGUF,
     **QUANT_SCOPES,   # quantization_config.<method> (quant/fields.py)

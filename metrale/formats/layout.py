@@ -10,6 +10,7 @@ import math
 from typing import TYPE_CHECKING
 
 from .gpt_oss_config import oss_layer_tensors
+from .hybrid_layout import hybrid_tensors
 from .moe_config import moe_layer_tensors
 
 if TYPE_CHECKING:
@@ -164,6 +165,8 @@ def expected_tensors(meta: "ModelMetadata",
         t = whisper_tensors(meta)
     elif meta.architecture == "llava":
         t = llava_tensors(meta)
+    elif getattr(meta, "hybrid", None) is not None:
+        t = hybrid_tensors(meta)
     else:
         t = decoder_tensors(meta)
     head = head_name(meta)

@@ -2,9 +2,11 @@
 
 Architectures: llama, mistral, qwen2, qwen3 and the mixture-of-experts qwen2_moe, qwen3_moe,
 mixtral (decoder-only; moe_config.py), gemma2 and gemma3_text (gemma_config.py; a gemma3
-checkpoint loads as its text model), whisper (encoder-decoder) and llava (a CLIP tower +
-projector in front of a dense decoder-only text model). How a family's block departs from
-Llama's is `ModelMetadata.variant` (decoder_variant.py). Rope settings come either from the
+checkpoint loads as its text model), the hybrid linear-attention decoders (qwen3_next,
+qwen3_5_text, qwen3_5_moe_text and the qwen3_5 / qwen3_5_moe text models; hybrid_config.py),
+whisper (encoder-decoder) and llava (a CLIP tower + projector in front of a dense
+decoder-only text model). How a family's block departs from Llama's is
+`ModelMetadata.variant` (decoder_variant.py). Rope settings come either from the
 older `rope_scaling` + top-level `rope_theta` keys or from the newer `rope_parameters` key
 (transformers >= 5), which holds `rope_theta` inside.
 """
@@ -24,6 +26,8 @@ from .config_fields import _Cfg, _pick, _token_ids
 from .decoder_variant import DecoderVariant
 from .gemma4_config import GEMMA4_ARCHS
 from .gemma4_config import refuse as refuse_gemma4
+from .hybrid_config import HYBRID_ARCHS, WRAPPERS, HybridConfig, hybrid_fields
+from .hybrid_quant import hybrid_quantization
 from .moe_config import MOE_ARCHS, MoeConfig, moe_config, rope_theta
 from .moe_config import refuse_quantized as refuse_moe_quantized
 from .multimodal import VisionConfig, WhisperConfig, vision_config, whisper_config
@@ -34,9 +38,9 @@ __all__ = ["ModelMetadata", "RopeScaling", "parse_rope", "ARCHITECTURES", "DECOD
 
 DENSE_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 # mixture-of-experts: moe_config.py; gemma: gemma_config.py ("gemma3": its text model);
-# phi3: phi3_config.py
+# phi3: phi3_config.py; the hybrids: hybrid_config.py
 DECODER_ARCHS = DENSE_ARCHS + MOE_ARCHS + gemma.GEMMA_ARCHS + ("gemma3", "phi3", "gpt_oss")
-ARCHITECTURES = DECODER_ARCHS + ("whisper", "llava")
+ARCHITECTURES = DECODER_ARCHS + HYBRID_ARCHS + ("whisper", "llava")
 _DTYPES = ("bfloat16", "float16", "float32")
 
 
@@ -74,6 +78,7 @@ class ModelMetadata:
     quantization: Any = None              # formats/quant/: the quantization_config (None: floats)
     moe: MoeConfig | None = None          # qwen2_moe / qwen3_moe / mixtral (moe_config.py)
     variant: DecoderVariant = DecoderVariant()   # the block's departures from Llama's
+    hybrid: HybridConfig | None = None    # linear-attention layers (hybrid_config.py)
     config: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False,
                                       repr=False)
     generation_config: Mapping[str, Any] | None = field(default=None, compare=False,
@@ -100,6 +105,8 @@ class ModelMetadata:
         if arch in ("whisper", "llava", "gemma3"):
             parse = {"whisper": _whisper, "llava": _llava, "gemma3": _gemma3}[arch]
             meta = parse(config, generation_config, source)
+        elif arch in HYBRID_ARCHS:
+            meta = _hybrid(config, generation_config, source, arch)
         else:
             meta = _decoder(config, generation_config, source, arch)
         return replace(meta, config=_frozen(config),
@@ -178,6 +185,21 @@ def _decoder(config: dict, gen: dict | None, source: str, arch: str) -> ModelMet
              else None),
         variant=variant,
     )
+
+
+def _hybrid(config: dict, gen: dict | None, source: str, arch: str) -> ModelMetadata:
+    """A hybrid linear-attention decoder (hybrid_config.py); a wrapper's ids and dtype may
+    come from its text_config, as llava's."""
+    text = config.get("text_config") if arch in WRAPPERS else None
+    text = text if isinstance(text, dict) else None
+    if text is not None:
+        df.refuse_quantized(text, f"{source} (text_config)")
+    quantization = hybrid_quantization(config, source, arch)
+    dtype_of = config if text is None or "torch_dtype" in config or "dtype" in config else text
+    return ModelMetadata(**hybrid_fields(config, source, arch),
+                         bos_token_id=_bos(config, gen, source, text),
+                         eos_token_ids=_eos(config, gen, source, text),
+                         dtype=_dtype(dtype_of, source), quantization=quantization)
 
 
 def _whisper(config: dict, gen: dict | None, source: str) -> ModelMetadata:

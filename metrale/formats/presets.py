@@ -149,6 +149,30 @@ _TINY_MOE = {  # a small qwen3_moe for CPU benchmarks of the MoE path
     "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16", "hidden_act": "silu",
 }
 
+# Qwen3.5-0.8B's text model: the text_config of its published config.json (a qwen3_5
+# checkpoint: the vision tower and the MTP head are not part of the text model), with the
+# text model's own model_type; 18 gated-DeltaNet and 6 gated-attention layers
+_QWEN35_08B = {
+    "model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"],
+    "vocab_size": 248320, "hidden_size": 1024, "intermediate_size": 3584,
+    "num_hidden_layers": 24, "num_attention_heads": 8, "num_key_value_heads": 2,
+    "head_dim": 256, "attention_bias": False, "attn_output_gate": True,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 16, "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-6,
+    "full_attention_interval": 4, "max_position_embeddings": 262144,
+    "tie_word_embeddings": True, "mtp_num_hidden_layers": 1,
+    "mtp_use_dedicated_embeddings": False, "hidden_act": "silu",
+    "layer_types": ["linear_attention"] * 3 + ["full_attention"]
+    + ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3
+    + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"]
+    + ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3
+    + ["full_attention"],
+    "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10],
+                        "rope_type": "default", "rope_theta": 10000000,
+                        "partial_rotary_factor": 0.25},
+    "eos_token_id": 248044, "torch_dtype": "bfloat16",
+}
+
 PRESETS: dict[str, dict] = {
     "tiny": _TINY,
     "llama-3.1-8b": _LLAMA_31_8B,
@@ -167,6 +191,7 @@ PRESETS: dict[str, dict] = {
     "mixtral-8x7b": _MIXTRAL_8X7B,
     "qwen1.5-moe-a2.7b": _QWEN15_MOE_A27B,
     "whisper-small": _WHISPER_SMALL,
+    "qwen3.5-0.8b": _QWEN35_08B,
 }
 
 # generation_config.json of the presets that need one (Whisper's special ids).

@@ -20,15 +20,13 @@ from ..errors import FormatError
 from ..ops.bf16 import f32_to_bf16
 from .config_bounds import check_decoder_sizes, check_layer_counts
 from .hub import hub_hint
+from .key_names import canonical_key, unloaded_prefixes
 from .layout import expected_tensors
 from .metadata import DECODER_ARCHS, ModelMetadata
 from .presets import preset_config
 from .safetensors import SafetensorsFile
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-# a gemma3 checkpoint loads as its text model (images refused): these stay unread
-GEMMA3_VISION = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
-                 "model.multi_modal_projector.")
 INDEX_NAME = "model.safetensors.index.json"
 
 
@@ -197,28 +195,11 @@ class DirectorySource:
     @property
     def unloaded_prefixes(self) -> tuple[str, ...]:
         """Names no load reads: a gemma3 checkpoint's vision tower and projector."""
-        return GEMMA3_VISION if self._config.get("model_type") == "gemma3" else ()
+        return unloaded_prefixes(self._config.get("model_type"))
 
     def _canonical(self, raw: str) -> str:
-        """Map newer transformers LLaVA key layouts onto the llava-hf one (layout.py); a
-        gemma3 checkpoint's text model (either layout) onto the plain decoder's names."""
-        if self._config.get("model_type") == "gemma3":
-            for old in ("model.language_model.", "language_model.model."):
-                if raw.startswith(old):
-                    return "model." + raw[len(old):]
-            return "lm_head.weight" if raw == "language_model.lm_head.weight" else raw
-        if self._config.get("model_type") != "llava":
-            return raw
-        for old, new in (("model.language_model.", "language_model.model."),
-                         ("model.vision_tower.", "vision_tower."),
-                         ("model.multi_modal_projector.", "multi_modal_projector.")):
-            if raw.startswith(old):
-                raw = new + raw[len(old):]
-        if raw == "lm_head.weight":
-            raw = "language_model.lm_head.weight"
-        if raw.startswith("vision_tower.") and not raw.startswith("vision_tower.vision_model."):
-            raw = "vision_tower.vision_model." + raw[len("vision_tower."):]
-        return raw
+        """One name per tensor whatever the layout (key_names.py)."""
+        return canonical_key(self._config.get("model_type"), raw)
 
     # ModelSource ------------------------------------------------------------------
     def config(self) -> dict:
@@ -233,7 +214,7 @@ class DirectorySource:
         # counts and sizes against the tensors held, before anything is sized by them
         check_layer_counts(self._config, self._where, where)
         meta = ModelMetadata.from_config(self._config, self._gen, source=where)
-        if meta.architecture in DECODER_ARCHS:
+        if meta.architecture in DECODER_ARCHS or meta.hybrid is not None:
             check_decoder_sizes(meta, self._where, self.tensor_shape, where)
         return meta
 
@@ -375,8 +356,8 @@ class MemorySource:
         x = rng.standard_normal(min(n, _BLOCK) if n > _FULL_RANDOM_MAX else n,
                                 dtype=np.float32)
         x *= 0.02
-        if _is_norm_weight(name):
-            x += 1.0
+        if _is_norm_weight(name) and not _zero_centred(self._meta, name):
+            x += 1.0   # a norm weight near 1 (a zero-centred (1 + w) one: near 0)
         bits = f32_to_bf16(x)
         if bits.size != n:
             bits = np.resize(bits, n)  # tiles the block
@@ -392,6 +373,13 @@ class MemorySource:
 
     def tokenizer_path(self) -> Path | None:
         return None
+
+
+def _zero_centred(meta, name: str) -> bool:
+    """A norm whose weight enters as (1 + w): every RMSNorm of the Qwen hybrids but their
+    gated one (HF initialises those to zeros, the gated one to ones)."""
+    hy = meta.hybrid
+    return hy is not None and hy.mamba is None and not name.endswith("linear_attn.norm.weight")
 
 
 def _is_norm_weight(name: str) -> bool:

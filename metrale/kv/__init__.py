@@ -1,6 +1,7 @@
-"""Layer 3: KV cache configuration and the paged block pool."""
+"""Layer 3: KV cache configuration, the paged block pool and the recurrent-state pool."""
 from .block_pool import BlockPool
 from .config import CacheConfig
 from .prefix import prefix_keys
+from .state_pool import StatePool
 
-__all__ = ["BlockPool", "CacheConfig", "prefix_keys"]
+__all__ = ["BlockPool", "CacheConfig", "StatePool", "prefix_keys"]

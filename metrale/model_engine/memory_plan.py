@@ -30,6 +30,11 @@ def weight_bytes(meta, packed_source=None) -> int:
     if packed_source is not None:
         from .gguf_weights import held_bytes
         return held_bytes(meta, packed_source)[0]
+    if getattr(meta, "hybrid", None) is not None:   # linear-attention / Mamba2 layers
+        from .hybrid_weights import hybrid_weight_bytes
+        from .nemotron import nemotron_weight_bytes
+        return nemotron_weight_bytes(meta) if meta.hybrid.mamba is not None else \
+            hybrid_weight_bytes(meta)
     if getattr(meta, "quantization", None) is not None:
         from .linear import quantized_weight_bytes
         return quantized_weight_bytes(meta)

@@ -124,9 +124,10 @@ class DecoderPasses:
                               self._meta.vocab_size)
                 splice(stream)
             out = ws.normed if hidden_out is None else hidden_out
-            run_decoder(self, stream, n, decode=False, n_seqs=1, max_q_len=n, out_ptr=out,
-                        embeds_uploaded=embeds is not None or splice is not None,
-                        arena=seq.arena, lora=self._lora_step(lora_rows, stream, False))
+            self._before_pass([(seq, n)], stream, False, 1)
+            self._run_layers(stream, n, decode=False, n_seqs=1, max_q_len=n, out_ptr=out,
+                             embeds_uploaded=embeds is not None or splice is not None,
+                             arena=seq.arena, lora=self._lora_step(lora_rows, stream, False))
         seq.tokens.extend(int(t) for t in (chunk if recorded is None else recorded))
         seq.seq_len += n
         self._trim_windows(seq, seq.seq_len)   # the next query's window (kv_groups.py)
@@ -170,9 +171,11 @@ class DecoderPasses:
                 ends.append(n)
             ws.h_indptr[len(items)] = n
             ws.upload_step(stream, n, len(items))
-            run_decoder(self, stream, n, decode=False, n_seqs=len(items),
-                        max_q_len=max(len(c) for _, c, _ in items), out_ptr=ws.normed,
-                        lora=self._lora_step(lora_rows, stream, False))
+            self._before_pass([(seq, len(chunk)) for seq, chunk, _ in items], stream, False,
+                              len(items))
+            self._run_layers(stream, n, decode=False, n_seqs=len(items),
+                             max_q_len=max(len(c) for _, c, _ in items), out_ptr=ws.normed,
+                             lora=self._lora_step(lora_rows, stream, False))
         for seq, chunk, _ in items:
             seq.tokens.extend(int(t) for t in chunk)
             seq.seq_len += len(chunk)
@@ -225,7 +228,8 @@ class DecoderPasses:
                     ws.h_kv_lens[r] = p + 1
                     r += 1
             arena = rows[0][0].arena
-            graphs = self._use_graphs and arena is None and embeds is None
+            graphs = self._use_graphs and arena is None and embeds is None and \
+                self._graphable(items)
             padded = self._graph_rows(n) if graphs else n
             for r in range(n, padded):  # padding rows read the sink block's first slot,
                 ws.h_tokens[r] = 0        # which the first of them writes: only one, as
@@ -241,6 +245,7 @@ class DecoderPasses:
             if embeds is not None:
                 self.backend.copy_h2d_async(np.ascontiguousarray(embeds, np.uint16), ws.residual,
                                             stream)
+            self._before_pass([(s, len(t)) for s, t in items], stream, True, padded)
             lora = self._lora_step(lora_rows, stream, True, padded if graphs else None)
             if graphs:
                 self._replay_decode_graph(padded, stream, lora)
@@ -259,9 +264,24 @@ class DecoderPasses:
     def _decode_body(self, n: int, stream: int, embeds_uploaded: bool = False,
                      arena=None, lora=None) -> None:
         ws = self._ws
-        run_decoder(self, stream, n, decode=True, n_seqs=n, max_q_len=1, out_ptr=ws.final_hidden,
-                    embeds_uploaded=embeds_uploaded, arena=arena, lora=lora)
+        self._run_layers(stream, n, decode=True, n_seqs=n, max_q_len=1,
+                         out_ptr=ws.final_hidden, embeds_uploaded=embeds_uploaded, arena=arena,
+                         lora=lora)
         lm_head(self, stream, ws.final_hidden, n, ws.logits)
+
+    # what a model with recurrent layers overrides (model_engine/hybrid.py) -------------
+    def _run_layers(self, stream: int, n: int, **kw) -> None:
+        """Run the decoder stack over the `n` rows of the step (layers.run_decoder)."""
+        run_decoder(self, stream, n, **kw)
+
+    def _before_pass(self, items, stream: int, decode: bool, n_rows: int) -> None:
+        """Called once a pass's metadata is staged, right before its layers run, with the
+        pass's `(seq, new_tokens)` and its row (decode) or sequence (prefill) count;
+        nothing to do where every layer keeps its state in the KV cache."""
+
+    def _graphable(self, items) -> bool:
+        """Whether a decode step of these `(seq, tokens)` may replay a captured graph."""
+        return True
 
     def _graph_rows(self, n: int) -> int:
         """Rows a graphed decode of `n` rows runs: the ladder rung where the backend pads

@@ -6,7 +6,7 @@ token feed, the legacy forward. (LoRA adapters are real: adapters.py.)
 
 A probe answers what the model has. An action the original's default refuses raises
 `Unsupported`; an action whose default is a no-op stays one only where that is exactly
-right for a model without the feature (nothing to checkpoint when there is no SSM state).
+right for a model without the feature.
 """
 from __future__ import annotations
 
@@ -100,48 +100,6 @@ class ModelDraft:
         return None   # no proposer state to trim
 
 
-class ModelSsmState:
-    """Recurrent (SSM) state: this model has none, so there is nothing to checkpoint,
-    roll back or commit — KV rollback (`rollback`) is the whole of it."""
-
-    def has_ssm_layers(self) -> bool:
-        return False
-
-    def decode_rollback_unsupported(self) -> bool:
-        return False
-
-    def decode_rollback_ring_slots(self) -> int:
-        return 0
-
-    def ssm_snapshot_occupancy(self) -> tuple[int, int] | None:
-        return None
-
-    def checkpoint_ssm_states(self, seq) -> None:
-        return None
-
-    def rollback_ssm_states(self, seq, num_accepted: int) -> None:
-        return None
-
-    def start_checkpoint_async(self, seq) -> None:
-        return None
-
-    def start_rollback_and_checkpoint_async(self, seq, num_accepted: int) -> None:
-        return None
-
-    def sync_secondary(self) -> None:
-        return None
-
-    def commit_accepted_prefix(self, seq, num_accepted: int, k: int) -> None:
-        return None
-
-    def save_decode_ssm_snapshot(self, seq, ring_slot: int) -> None:
-        return None
-
-    def restore_decode_ssm_snapshot(self, seq, ring_slot: int) -> None:
-        return None
-
-    def decode_marconi_checkpoint(self, seq) -> None:
-        return None
 
 
 class ModelEp:

@@ -39,3 +39,5 @@ class SequenceState:
     # LongRoPE: every position rotates with the long factors (its prompt was longer than
     # original_max_position_embeddings; formats/phi3_config.py)
     rope_long: bool = False
+    # a hybrid model's recurrent-state slot (kv/state_pool.py); -1: none
+    ssm_slot: int = -1

@@ -39,9 +39,10 @@ from .passes import DecoderPasses
 from .prefill import PromptPrefill
 from .prefix_reclaim import PrefixReclaimFor
 from .adapters import ModelAdapters
-from .probes import ModelCircuit, ModelDeviceFeed, ModelDraft, ModelEp, ModelSsmState
+from .probes import ModelCircuit, ModelDeviceFeed, ModelDraft, ModelEp
 from .readout import LogitsReadout
 from .sequence import SequenceState
+from .ssm_state import ModelSsmState
 from .streams import ModelStreams
 from .verify import ModelVerify
 from .weights import DecoderWeights, check_checkpoint

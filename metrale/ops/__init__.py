@@ -15,9 +15,10 @@ from . import gemm_fused  # decode GEMMs with rmsnorm / act_mul / the residual a
 from . import gemm_gguf  # llama.cpp's block formats kept at their bytes
 from . import causal_conv1d, gated_delta_rule, mamba2_ssd  # hybrid models' recurrent layers
 from . import lora  # the grouped LoRA GEMMs (adapters per row)
+from . import gated_norm  # hybrid models' norms and gates
 
 __all__ = ["activation", "argmax", "attention", "attention_tc", "cast", "conv1d",
            "dense_attention", "elementwise", "embedding", "gemm", "gemm_q", "gemm_tc", "kv_cache",
            "rmsnorm", "rope", "sampling", "tensor_parallel", "vision", "moe_combine",
            "moe_gemm", "moe_router", "gemm_fused", "gemm_gguf", "causal_conv1d",
-           "gated_delta_rule", "mamba2_ssd", "lora"]
+           "gated_delta_rule", "mamba2_ssd", "lora", "gated_norm"]

@@ -105,9 +105,10 @@ def test_fixture_configs_hold_only_listed_keys():
         scopes = [(cfg["model_type"], cfg)]
         if isinstance(cfg.get("text_config"), dict):
             scopes.append((cfg["text_config"].get("model_type", "llama"), cfg["text_config"]))
-        if isinstance(cfg.get("vision_config"), dict):
-            vis = cfg["vision_config"]
-            scopes.append((vis.get("model_type", "clip_vision_model"), vis))
+        if isinstance(cfg.get("vision_config"), dict):   # llava's CLIP, or a skipped tower
+            v = cfg["vision_config"]
+            scopes.append((v.get("model_type", "clip_vision_model") if cfg["model_type"] !=
+                           "llava" else "clip_vision_model", v))
         for scope, c in scopes:
             rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
             extra = {f"{scope}.{k}" for k in c if k not in FIELD_TABLE[scope]}

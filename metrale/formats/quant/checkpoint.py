@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from ...errors import FormatError
+from ..hybrid_layout import skipped
 from ..metadata import ModelMetadata
 from .layout import QUANT_SUFFIXES, dequant_bits, linear_shapes, quantized_layout
 from ..source import HARMLESS_UNUSED, check_tensors
@@ -48,7 +49,8 @@ def check_quantized(source, meta) -> dict[str, tuple[int, ...]]:
                               f"{source.tensor_dtype(name)}; expected {'/'.join(dtypes)}")
     check_tensors(source, floats, complete=False)
     unused = sorted(n for n in names - set(floats) - set(specs)
-                    if not any(p.fullmatch(n) for p in HARMLESS_UNUSED))
+                    if not any(p.fullmatch(n) for p in HARMLESS_UNUSED)
+                    and not (meta.hybrid is not None and skipped(n)))   # MTP, vision
     if unused:
         hint = (" (static activation scales are not supported)"
                 if any(re.search(r"(input|activation)_scale$", n) for n in unused) else "")

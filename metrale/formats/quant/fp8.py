@@ -12,7 +12,8 @@ quant_config.py, compressors/quantized_compressors/naive_quantized.py, utils/mat
 
 Fine-grained, for a Linear of in_features k, out_features n, weight_block_size [bn, bk]:
   M.weight            float8_e4m3fn [n, k]
-  M.weight_scale_inv  float32 [ceil(n / bn), ceil(k / bk)] (a scalar when weight_block_size
+  M.weight_scale_inv  float32 (or bfloat16 / float16, as Qwen3.5-*-FP8 store them; widened
+                      exactly) [ceil(n / bn), ceil(k / bk)] (a scalar when weight_block_size
                       is null: one scale per tensor)
   w[j, i] = bf16(f32(e4m3(weight[j, i]) * weight_scale_inv[j / bn, i / bk])): despite its
   name the scale multiplies (HF's dequantization: both to float32, multiply, to BF16).
@@ -109,7 +110,8 @@ class Fp8Config:
         return (n, 1) if self.strategy == "channel" else (1,)
 
     def tensor_specs(self, module: str, n: int, k: int) -> dict[str, tuple]:
-        dts = ("F32",) if self.method == "fp8" else ("F32", "BF16")
+        # fine-grained: BF16 / F16 scales too (Qwen3.5-*-FP8); HF widens them to FP32
+        dts = ("F32", "BF16", "F16") if self.method == "fp8" else ("F32", "BF16")
         return {f"{module}.weight": ((n, k), ("F8_E4M3",), True),
                 f"{module}.{self.scale_name}": (self.scale_shape(n, k), dts, True)}
 
@@ -124,6 +126,8 @@ class Fp8Config:
         s = np.asarray(source.read_raw(sname))
         if source.tensor_dtype(sname) == "BF16":
             s = bf16_to_f32(s.view(np.uint16))
+        elif source.tensor_dtype(sname) == "F16":
+            s = s.view(np.float16).astype(np.float32)   # exact
         s = np.ascontiguousarray(s, np.float32).reshape(self.scale_shape(n, k))
         if self.strategy == "tensor":
             s = s.reshape(1, 1)

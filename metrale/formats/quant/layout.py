@@ -21,6 +21,9 @@ QUANT_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx", "weight_scale_inv", "w
 def linear_shapes(meta, names=None) -> dict[str, tuple[int, int]]:
     """HF module name -> (out_features n, in_features k) of every linear the model runs
     (the output head when the checkpoint has one of its own)."""
+    if getattr(meta, "hybrid", None) is not None:   # the hybrid families' linears
+        from ..hybrid_quant import hybrid_linear_shapes
+        return hybrid_linear_shapes(meta, names)
     h, d = meta.hidden_size, meta.head_dim
     q, kv, inter = meta.num_heads * d, meta.num_kv_heads * d, meta.intermediate_size
     dims = {"self_attn.q_proj": (q, h), "self_attn.k_proj": (kv, h),
