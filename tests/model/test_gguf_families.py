@@ -171,3 +171,30 @@ def test_phi3_longrope_factors_are_refused_by_name(tmp_path_factory, tmp_path):
                                                         np.ones(4)})
     with pytest.raises(Unsupported, match=r"'rope_factors_long\.weight' \(Phi-3's LongRoPE"):
         open_source(p)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_key_read_or_written_is_in_the_field_table(arch, tmp_path_factory):
+    from metrale.formats.gguf.config import classify, hf_config
+    from metrale.formats.gguf.file import GGUFFile
+    from tests.formats.test_gguf_field_table import Recording
+    g = GGUFFile(made(tmp_path_factory, arch, "bf16")[0])
+    log: set = set()
+    hf_config(Recording(g.fields, log), g.tensors, arch)
+    assert any(k.startswith(arch + ".") for k in log)
+    assert not [k for k in log | set(g.fields) if classify(k, arch) is None]
+
+
+@pytest.mark.parametrize("arch, layers, scalar", [
+    ("gemma2", 26, 256), ("gemma2", 42, 256), ("gemma2", 46, 144),
+    ("gemma3", 34, 256), ("gemma3", 62, 168)])
+def test_gemma_query_scale_is_llama_cpps(arch, layers, scalar):
+    """llama.cpp's f_attention_scale: (hidden / heads) ** -0.5 for the 27B models (46 / 62
+    layers; their HF query_pre_attn_scalar is 144 / 168), head_dim ** -0.5 otherwise."""
+    from metrale.formats.gguf.archs import family_config
+    hidden, heads = {"gemma2": (4608, 32), "gemma3": (5376, 32)}[arch]
+    values = {"attention.sliding_window": 4096}
+    cfg = family_config(arch, lambda name, default=None, required=False:
+                        values.get(name, default), {}, "t",
+                        dict(hidden=hidden, heads=heads, kv=16, head_dim=256, layers=layers))
+    assert cfg["query_pre_attn_scalar"] == scalar

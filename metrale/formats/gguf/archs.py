@@ -23,7 +23,11 @@ its metadata stands for.
             soft-capping; layers alternate sliding / full (layer 0 sliding); a tied head.
   gemma3    gemma2's block with q/k norms (also + 1), no attention soft-capping, every sixth
             layer full, sliding layers on a rope base of 10000 (llama.cpp's fixed values:
-            the converter writes no pattern and no local base).
+            the converter writes no pattern and no local base); final soft-capping when
+            the file has the key (the converter writes it when the config sets it; HF's
+            Gemma3ForCausalLM applies it, llama.cpp's sliding-window graph does not).
+Where llama.cpp departs from the HF model the converter read (phi3's window, gemma3's final
+cap, the embedding scale sqrt(hidden) that HF rounds to BF16), the HF model is what loads.
 Gemma 2 / 3's query scale is not in the file: llama.cpp uses head_dim ** -0.5, except for
 the 27B models (46 / 62 layers) where it is (hidden / heads) ** -0.5; so does this reader
 (query_pre_attn_scalar).
