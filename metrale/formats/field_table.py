@@ -241,7 +241,8 @@ _DESCRIBES = "describes the file (provenance, naming, licence), not the model's 
 _LLAMACPP_GEN = "llama.cpp's recommended sampling; not part of the forward pass (HF's GGUF " \
                 "loader ignores it too)"
 GGUF = {
-    "general.architecture": _h("llama, qwen2, qwen3 (the HF model_type); others refused"),
+    "general.architecture": _h("llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3 "
+                               "(gguf/archs.py: their HF model_type); others refused"),
     "general.alignment": _h("alignment of the tensor data (default 32)"),
     "general.type": _h("'model' only; adapters (LoRA) and projectors refused"),
     "general.quantization_version": _h("2 only (every GGUF block layout read here)"),
@@ -272,20 +273,31 @@ GGUF = {
     "{arch}.attention.causal": _h("true only"),
     "{arch}.attention.max_alibi_bias": _h("0 only (ALiBi refused)"),
     "{arch}.attention.clamp_kqv": _h("0 only (clamped q/k/v refused)"),
-    "{arch}.attention.sliding_window": _h("0 only (these families attend to the whole "
-                                          "context in llama.cpp)"),
+    "{arch}.attention.sliding_window": _h("phi3, gemma2, gemma3: sliding_window; 0 only "
+                                          "elsewhere (llama.cpp attends to the whole "
+                                          "context there)"),
     "{arch}.attention.layer_norm_epsilon": _r("LayerNorm: not an RMSNorm model"),
-    "{arch}.rope.dimension_count": _h("must equal head_dim (partial rotary refused)"),
+    "{arch}.rope.dimension_count": _h("must equal head_dim; phi3: the rotated dims "
+                                      "(partial_rotary_factor)"),
     "{arch}.rope.freq_base": _h("rope_theta (absent: 10000); float32, read back as its "
                                 "shortest decimal"),
-    "{arch}.rope.scaling.type": _h("none or linear; yarn, longrope and others refused"),
+    "{arch}.rope.scaling.type": _h("none or linear; yarn for qwen2 / qwen3 / qwen3moe "
+                                   "(their converter writes it); longrope and others "
+                                   "refused"),
     "{arch}.rope.scaling.factor": _h("linear factor"),
     "{arch}.rope.scale_linear": _h("the older key of the linear factor"),
-    "{arch}.rope.scaling.original_context_length": _i("read by yarn only (refused)"),
+    "{arch}.rope.scaling.original_context_length": _h(
+        "yarn's original_max_position_embeddings; phi3: original_max_position_embeddings "
+        "(read by LongRoPE only, refused)"),
     "{arch}.rope.scaling.finetuned": _i("records whether the model was tuned for the "
                                         "scaled context; not the math"),
-    "{arch}.expert_count": _h("0 only (mixture-of-experts GGUFs refused)"),
-    "{arch}.expert_used_count": _h("0 only"),
+    "{arch}.expert_count": _h("qwen3moe: num_experts; 0 only elsewhere"),
+    "{arch}.expert_used_count": _h("qwen3moe: num_experts_per_tok; 0 only elsewhere"),
+    "{arch}.expert_feed_forward_length": _h("qwen3moe: moe_intermediate_size"),
+    "{arch}.expert_weights_norm": _h("qwen3moe: true only (norm_topk_prob; llama.cpp's "
+                                     "qwen3moe renormalises whatever it says)"),
+    "{arch}.attn_logit_softcapping": _h("gemma2: attn_logit_softcapping"),
+    "{arch}.final_logit_softcapping": _h("gemma2, gemma3: final_logit_softcapping"),
     "{arch}.use_parallel_residual": _h("false only"),
     "{arch}.tensor_data_layout": _h("'Meta AI original pth' and the default store the "
                                     "same interleaved rotary rows, undone the same way"),

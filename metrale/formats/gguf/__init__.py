@@ -2,6 +2,7 @@
 
   file.py       the container: metadata key/values and the tensor directory, from an mmap
   config.py     the metadata as the config.json it stands for (field_table.GGUF)
+  archs.py      what each architecture (qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3) adds
   shapes.py     its counts and sizes checked against the tensor directory
   quants.py     ggml's block formats dequantized to BF16
   tokenizer.py  a `tokenizers.Tokenizer` from tokenizer.ggml.*

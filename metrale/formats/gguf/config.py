@@ -18,9 +18,10 @@ import numpy as np
 
 from ...errors import FormatError, Unsupported
 from ..field_table import GGUF, HONOURED, REFUSED, Field
+from .archs import ARCH_KEYS, ARCH_VALUES, MODEL_TYPE, YARN, family_config, ffn_rows
 from .shapes import check_block_count, check_dim
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3")
+ARCHITECTURES = tuple(MODEL_TYPE)
 
 # HONOURED keys that accept only one (neutral) value: key -> allowed values
 _NEUTRAL = {
@@ -63,7 +64,11 @@ def check_keys(fields: dict, arch: str, where: str) -> None:
         entry, field = hit
         if field.status == REFUSED:
             raise Unsupported(f"{where}: metadata key {key!r} ({field.why}) is not supported")
-        allowed = _NEUTRAL.get(entry)
+        if arch not in ARCH_KEYS.get(entry, (arch,)):
+            raise Unsupported(f"{where}: metadata key {key!r} is not read for architecture "
+                              f"{arch!r} (only {', '.join(ARCH_KEYS[entry])}); it may change "
+                              "the model, so the file is refused")
+        allowed = None if entry in ARCH_VALUES.get(arch, ()) else _NEUTRAL.get(entry)
         if field.status == HONOURED and allowed is not None and \
                 not any(_same(value, a) for a in allowed):
             raise Unsupported(f"{where}: {key} = {value!r} is not supported ({field.why})")
@@ -100,7 +105,10 @@ def hf_config(fields: dict, tensors: dict, where: str) -> dict:
     head_dim = hidden // heads if head_dim is None else \
         _int(head_dim, f"{arch}.attention.key_length", where)
     kv = _int(get("attention.head_count_kv", heads), f"{arch}.attention.head_count_kv", where)
-    ffn = _int(get("feed_forward_length", required=True), f"{arch}.feed_forward_length", where)
+    ffn_key = "feed_forward_length"    # qwen3moe's dense size is unused: may be absent
+    if arch == "qwen3moe" and get(ffn_key) is None:
+        ffn_key = "expert_feed_forward_length"
+    ffn = _int(get(ffn_key, required=True), f"{arch}.{ffn_key}", where)
     layers = _int(get("block_count", required=True), f"{arch}.block_count", where)
     tokens = fields.get("tokenizer.ggml.tokens")
     vocab_key = f"{arch}.vocab_size" if f"{arch}.vocab_size" in fields else \
@@ -111,20 +119,25 @@ def hf_config(fields: dict, tensors: dict, where: str) -> dict:
     check_block_count(layers, f"{arch}.block_count", tensors, where)
     check_dim(tensors, "token_embd.weight", 0, vocab_key, vocab, where)
     check_dim(tensors, "token_embd.weight", 1, f"{arch}.embedding_length", hidden, where)
-    check_dim(tensors, "blk.0.ffn_gate.weight", 0, f"{arch}.feed_forward_length", ffn, where)
+    rows_of, per = ffn_rows(arch)
+    check_dim(tensors, rows_of, 0, f"{arch}.feed_forward_length", per * ffn, where,
+              shown=None if per == 1 else f"{ffn} (x {per}: gate|up)")
     for key, n, t in (("head_count", heads, "q"), ("head_count_kv", kv, "k")):
         check_dim(tensors, f"blk.0.attn_{t}.weight", 0, f"{arch}.attention.{key}",
                   n * head_dim, where, shown=f"{n} (x head_dim {head_dim})")
+    check_dim(tensors, "blk.0.attn_qkv.weight", 0, f"{arch}.attention.head_count(_kv)",
+              (heads + 2 * kv) * head_dim, where,
+              shown=f"{heads} + 2 x {kv} (x head_dim {head_dim})")
     if get("attention.value_length", head_dim) != head_dim:
         raise Unsupported(f"{where}: {arch}.attention.value_length "
                           f"{get('attention.value_length')} differs from key_length {head_dim}")
     rot = get("rope.dimension_count", head_dim)
-    if rot != head_dim:
+    if rot != head_dim and arch != "phi3":   # phi3: partial rotary (archs.family_config)
         raise Unsupported(f"{where}: {arch}.rope.dimension_count {rot} is not head_dim "
                           f"{head_dim} (partial rotary embeddings are not supported)")
     names = set(tensors)
     cfg = {
-        "model_type": arch,
+        "model_type": MODEL_TYPE[arch],
         "vocab_size": vocab,
         "hidden_size": hidden,
         "intermediate_size": ffn,
@@ -141,10 +154,14 @@ def hf_config(fields: dict, tensors: dict, where: str) -> dict:
         "tie_word_embeddings": "output.weight" not in names,
         "dtype": "float32",   # what ggml's dequantized values are (HF loads them so)
     }
-    if arch in ("llama", "qwen3"):
+    if arch in ("llama", "qwen3", "qwen3moe"):
         cfg["attention_bias"] = "blk.0.attn_q.bias" in names
     if arch == "llama":
         cfg["mlp_bias"] = "blk.0.ffn_gate.bias" in names
+    cfg.update(family_config(arch, get, tensors, where, dict(
+        hidden=hidden, heads=heads, kv=kv, head_dim=head_dim, layers=layers)))
+    if arch in ("gemma2", "gemma3"):
+        del cfg["hidden_act"]      # Gemma reads hidden_activation
     bos = fields.get("tokenizer.ggml.bos_token_id")
     if bos is not None:
         cfg["bos_token_id"] = int(bos)
@@ -169,9 +186,17 @@ def _rope_scaling(get, arch: str, where: str) -> dict | None:
         kind, factor = "linear", get("rope.scale_linear")
     if kind == "none":
         return None
-    if kind != "linear":
+    kinds = ("linear", "yarn") if arch in YARN else ("linear",)
+    if kind not in kinds:
         raise Unsupported(f"{where}: {arch}.rope.scaling.type {kind!r} is not supported "
-                          "(supported: none, linear)")
+                          f"(supported: none, {', '.join(kinds)})")
     if factor is None:
-        raise FormatError(f"{where}: linear rope scaling without {arch}.rope.scaling.factor")
-    return {"rope_type": "linear", "factor": f32_value(factor)}
+        raise FormatError(f"{where}: {kind} rope scaling without {arch}.rope.scaling.factor")
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": f32_value(factor)}
+    # Qwen2Model's converter writes yarn's factor and original context; llama.cpp's
+    # defaults for the rest (beta_fast 32, beta_slow 1, mscale 0.1 ln(factor) + 1) are HF's
+    orig = get("rope.scaling.original_context_length", required=True)
+    return {"rope_type": "yarn", "factor": f32_value(factor),
+            "original_max_position_embeddings": _int(
+                orig, f"{arch}.rope.scaling.original_context_length", where)}

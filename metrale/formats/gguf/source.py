@@ -11,7 +11,11 @@ Rotary layout: llama.cpp's converter permutes the rows of a llama q_proj / k_pro
 their biases) per head from HF's half-split rotary layout into interleaved pairs (its NORM
 rope: convert_hf_to_gguf.py `LlamaModel.permute`, row h*d + 2i + j <- h*d + j*d/2 + i for
 head h, pair i, half j); `read_bf16` undoes it (`unpermute_rows`, as transformers' GGUF
-loader does), and `read_planes` on the planes' rows (it moves whole rows). qwen2 / qwen3 use llama.cpp's NEOX rope, which is HF's layout: no permutation.
+loader does), and `read_planes` on the planes' rows (it moves whole rows). The other
+architectures (gguf/archs.py) use llama.cpp's NEOX rope, which is HF's layout: no
+permutation. Gemma's norm weights are stored as w + 1: read as (stored - 1), exact in
+float32, then rounded to BF16. qwen3moe's stacked experts [E, ...] are read per expert, as
+HF's `mlp.experts.{e}.*` (each expert's bytes are contiguous).
 """
 from __future__ import annotations
 
@@ -23,11 +27,13 @@ import numpy as np
 
 from ...errors import FormatError, Unsupported
 from ...ops.gguf_planes import PACKED, plane_bytes
+from .archs import EXPERT_NAMES, NORM_PLUS_ONE, PERMUTED, REFUSED_TENSORS, layer_names
 from .config import hf_config
 from .file import GGUFFile, file_type_name
 from .packed import Planes, split_blocks
-from .quants import SUPPORTED_NAMES, check_tensor_types, dequantize_bf16
+from .quants import SUPPORTED_NAMES, check_tensor_types, dequantize_bf16, dequantize_f32
 from .tokenizer import check_token_ids
+from ...ops.bf16 import f32_to_bf16
 from ..metadata import ModelMetadata
 
 # llama.cpp tensor name -> HF name ({n}: the layer)
@@ -36,27 +42,31 @@ TENSOR_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-LAYER_NAMES = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
 _LAYER = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # elements split into planes per step of read_planes: bounds its temporaries (~8 bytes an
 # element) at ~32 MiB whatever the tensor
 _SPLIT_ELEMENTS = 1 << 22
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """The HF name of a llama.cpp tensor name, or None for one these families lack."""
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
+    """The HF name of a llama.cpp tensor name in architecture `arch` (gguf/archs.py), or
+    None for one it lacks (qwen3moe's stacked experts: `expert_names`)."""
     if gguf_name in TENSOR_NAMES:
         return TENSOR_NAMES[gguf_name]
     m = _LAYER.fullmatch(gguf_name)
-    if m and m.group(2) in LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    names = layer_names(arch)
+    if m and m.group(2) in names:
+        return f"model.layers.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"
     return None
+
+
+def expert_names(gguf_name: str, n_experts: int) -> list[str] | None:
+    """HF's per-expert names of a stacked expert tensor blk.N.ffn_*_exps.weight, in order."""
+    m = _LAYER.fullmatch(gguf_name)
+    if not m or m.group(2) not in EXPERT_NAMES or m.group(3) != "weight":
+        return None
+    return [f"model.layers.{m.group(1)}.mlp.experts.{e}.{EXPERT_NAMES[m.group(2)]}.weight"
+            for e in range(n_experts)]
 
 
 def unpermute_rows(x: np.ndarray, n_heads: int) -> np.ndarray:
@@ -78,7 +88,7 @@ def _group(gguf_name: str) -> str:
 
 
 class GGUFSource:
-    """A .gguf file (llama / qwen2 / qwen3 architectures); see the module docstring."""
+    """A .gguf file of an architecture of gguf/archs.py; see the module docstring."""
 
     CONVERTED_DTYPES = SUPPORTED_NAMES   # stored types read_bf16 converts (check_tensors)
 
@@ -88,10 +98,10 @@ class GGUFSource:
         self.weights_description = str(self.path)
         self.file = GGUFFile(self.path)
         self.fields = self.file.fields
-        if "rope_freqs.weight" in self.file.tensors:
-            raise Unsupported(f"{self.description}: tensor 'rope_freqs.weight' (llama.cpp's "
-                              "per-frequency rope factors, e.g. Llama 3.1's rope scaling) is "
-                              "not supported")
+        for name, why in REFUSED_TENSORS.items():
+            if name in self.file.tensors:
+                raise Unsupported(f"{self.description}: tensor {name!r} ({why}) is not "
+                                  "supported")
         # refused by type (and the file's type) before anything else
         check_tensor_types(self.file.tensors, self.fields, self.description)
         self._config = hf_config(self.fields, self.file.tensors, self.description)
@@ -99,12 +109,20 @@ class GGUFSource:
         # load and never stop a generation; the merges are checked when the tokenizer is
         # built (tokenizer())
         check_token_ids(self.fields, self.description, self._config["vocab_size"])
-        self._names: dict[str, str] = {}      # HF name -> GGUF name
-        for g in self.file.tensors:
-            name = hf_name(g)
+        arch = self.fields["general.architecture"]
+        # HF name -> (GGUF name, expert index or None)
+        self._names: dict[str, tuple[str, int | None]] = {}
+        for g, info in self.file.tensors.items():
+            experts = expert_names(g, self._config.get("num_experts", 0)) \
+                if arch == "qwen3moe" else None
+            if experts is not None and len(info.shape) == 3 and \
+                    info.shape[0] == len(experts):
+                self._names.update((n, (g, e)) for e, n in enumerate(experts))
+                continue
             # an unknown tensor keeps its GGUF name: check_tensors refuses it as unused
-            self._names[name or g] = g
-        self._permuted = self._config["model_type"] == "llama"
+            self._names[hf_name(g, arch) or g] = (g, None)
+        self._permuted = arch in PERMUTED
+        self._norm_plus_one = arch in NORM_PLUS_ONE
 
     # ModelSource ------------------------------------------------------------------
     def config(self) -> dict:
@@ -124,13 +142,24 @@ class GGUFSource:
         return list(self._names)
 
     def _info(self, name: str):
+        """The directory entry of the GGUF tensor holding `name` (all experts for one)."""
         try:
-            return self.file.tensors[self._names[name]]
+            return self.file.tensors[self._names[name][0]]
         except KeyError:
             raise FormatError(f"{self.description}: missing tensor {name!r}") from None
 
+    def _raw(self, name: str) -> tuple[np.ndarray, int, tuple[int, ...]]:
+        """(stored bytes, ggml type, shape) of tensor `name`: one expert's slice of a
+        stacked expert tensor (its bytes are contiguous: whole rows of whole blocks)."""
+        info = self._info(name)
+        raw, expert = self.file.raw(info.name), self._names[name][1]
+        if expert is None:
+            return raw, info.ggml_type, info.shape
+        per = info.nbytes // info.shape[0]
+        return raw[expert * per:(expert + 1) * per], info.ggml_type, info.shape[1:]
+
     def tensor_shape(self, name: str) -> tuple[int, ...]:
-        return self._info(name).shape
+        return self._raw(name)[2]
 
     def tensor_dtype(self, name: str) -> str:
         """The stored ggml type ("Q4_1", "F32", ...); read_bf16 converts every one of
@@ -144,10 +173,17 @@ class GGUFSource:
         meta = self.metadata()
         return meta.num_heads if ".q_proj." in name else meta.num_kv_heads
 
+    def _shifted(self, name: str) -> bool:
+        """Whether tensor `name` is a norm weight the converter stored as w + 1."""
+        return self._norm_plus_one and name.endswith("norm.weight")
+
     def read_bf16(self, name: str) -> np.ndarray:
         """uint16 BF16 bits [*shape] of tensor `name`, dequantized, in HF's row order."""
-        info = self._info(name)
-        bits = dequantize_bf16(self.file.raw(info.name), info.ggml_type, info.shape)
+        raw, t, shape = self._raw(name)
+        if self._shifted(name):
+            n = int(np.prod(shape, dtype=np.int64))
+            return f32_to_bf16(dequantize_f32(raw, t, n) - np.float32(1)).reshape(shape)
+        bits = dequantize_bf16(raw, t, shape)
         heads = self._permuted_heads(name)
         if heads is not None:
             bits = np.ascontiguousarray(unpermute_rows(bits, heads))
@@ -158,7 +194,8 @@ class GGUFSource:
         type for a 2-D tensor of a block type of ops/gguf_planes.PACKED, else None (F32,
         F16, BF16 and 1-D tensors are read as BF16)."""
         info = self._info(name)
-        return info.ggml_type if info.ggml_type in PACKED and len(info.shape) == 2 else None
+        return info.ggml_type if info.ggml_type in PACKED and len(info.shape) == 2 and \
+            self._names[name][1] is None else None
 
     def planes_nbytes(self, name: str) -> int:
         """Bytes of tensor `name`'s planes (`read_planes`), of a `packed_type` tensor."""
@@ -195,14 +232,14 @@ class GGUFSource:
     def read_bf16_into(self, name: str, out: np.ndarray) -> None:
         """`read_bf16(name)` written into `out` (C-contiguous uint16 of the tensor's size):
         dequantized in place, without a staging buffer (formats/upload.py)."""
-        info = self._info(name)
-        if out.dtype != np.uint16 or out.size != int(np.prod(info.shape, dtype=np.int64)):
+        raw, t, shape = self._raw(name)
+        if out.dtype != np.uint16 or out.size != int(np.prod(shape, dtype=np.int64)):
             raise FormatError(f"{self.description}: read_bf16_into({name!r}) needs a uint16 "
-                              f"buffer of {int(np.prod(info.shape))} elements")
-        if self._permuted_heads(name) is not None:
-            out.reshape(info.shape)[...] = self.read_bf16(name)
+                              f"buffer of {int(np.prod(shape))} elements")
+        if self._permuted_heads(name) is not None or self._shifted(name):
+            out.reshape(shape)[...] = self.read_bf16(name)
         else:
-            dequantize_bf16(self.file.raw(info.name), info.ggml_type, info.shape, out=out)
+            dequantize_bf16(raw, t, shape, out=out)
 
     def stored_types(self) -> str:
         """The tensors' stored ggml types by group, e.g. "MOSTLY_Q4_K_M (general.file_type):
