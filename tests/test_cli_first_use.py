@@ -458,7 +458,11 @@ def test_sigint_at_any_moment_of_a_run_is_one_line(when):
     import time
     p = subprocess.Popen([sys.executable, "-m", "metrale", "generate", "preset:tiny", "--ids",
                           "1,2", "--max-new-tokens", "100000", "--ignore-eos", "--device",
-                          "cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          "cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         # a shell's background job (CI's lanes) starts with SIGINT ignored,
+                         # and Python keeps an ignored SIGINT: the child gets the terminal's
+                         # default, as a user's run has
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     if when == "generating":
         assert p.stdout.read(1)   # the first streamed token id
     else:

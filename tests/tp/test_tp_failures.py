@@ -169,7 +169,16 @@ def test_the_sigint_handler_is_held_while_a_group_lives():
     group holds it and puts it back after the last; a program's own handler is kept."""
     from metrale.gpu_runtime.comm.interrupts import AbortOnInterrupt
     default = signal.default_int_handler
-    assert signal.getsignal(signal.SIGINT) is default
+    # Python's handler, as an interactive run has it (a background job, e.g. CI's lanes,
+    # starts with SIGINT ignored; put back at the end)
+    before = signal.signal(signal.SIGINT, default)
+    try:
+        _held_and_released(AbortOnInterrupt, default)
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def _held_and_released(AbortOnInterrupt, default):
     first, second = AbortOnInterrupt(0, 2), AbortOnInterrupt(0, 2)
     try:
         assert signal.getsignal(signal.SIGINT) is not default
