@@ -23,6 +23,7 @@ from .field_status import honoured as _h, irrelevant as _i, refused as _r
 from .gemma_fields import GEMMA3, GEMMA_SCOPES, SIGLIP_VISION
 from .moe_fields import MOE_SCOPES
 from .gpt_oss_fields import GPT_OSS
+from .deepseek_fields import DEEPSEEK_SCOPES
 from .phi3_fields import PHI3
 from .quant.fields import QUANT_SCOPES
 
@@ -333,6 +334,7 @@ FIELD_TABLE: dict[str, dict[str, Field]] = {
     "gemma3": {**_COMMON, **GEMMA3}, "siglip_vision_model": SIGLIP_VISION,
     "phi3": {**_DECODER, **PHI3},   # phi3_fields.py
     "gpt_oss": {**_DECODER, **GPT_OSS},   # gpt_oss_fields.py
+    **{arch: {**_DECODER, **fields} for arch, fields in DEEPSEEK_SCOPES.items()},
     "whisper": WHISPER, "llava": LLAVA, "clip_vision_model": CLIP_VISION,
     "generation_config": GENERATION_CONFIG, "gguf": GGUF,
     **QUANT_SCOPES,   # quantization_config.<method> (quant/fields.py)
