@@ -35,7 +35,7 @@ from .checks import check_ptrs, check_sizes
 from .registry import twin
 
 MODULE = "mla_decode"
-HEADS_PER_CTA = 16          # heads sharing one CTA's pass over the latent rows
+HEADS_PER_CTA = 8           # heads sharing one CTA's read of the latent rows (MLA_HEADS)
 THREADS = 256
 MAX_LATENT_DIM = 1024       # formats/deepseek_config.py MAX_LATENT_DIM
 
@@ -56,11 +56,17 @@ def mla_workspace_bytes(n_rows: int, num_heads: int, kv_lora_rank: int,
 def mla_decode(backend, stream: int, out_ptr, q_ptr, cache_ptr, block_tables_ptr,
                kv_lens_ptr, n_rows: int, num_heads: int, kv_lora_rank: int, rope_dim: int,
                block_size: int, max_blocks_per_seq: int, scale: float, workspace_ptr,
-               max_splits: int) -> None:
+               max_splits: int, qo_indptr_ptr=None, n_seqs: int = 0,
+               row_base: int = 0) -> None:
     """out bf16 [n_rows, H, kv_lora_rank] = attention of the absorbed queries q bf16
     [n_rows, H, kv_lora_rank + rope_dim] over the latent cache bf16 [blocks, block_size,
-    kv_lora_rank + rope_dim]; block_tables int32 [n_rows, max_blocks_per_seq]; kv_lens int32
-    [n_rows] (each >= 1, read on the device); workspace: mla_workspace_bytes."""
+    kv_lora_rank + rope_dim]; workspace: mla_workspace_bytes(n_rows, ...).
+    Without `qo_indptr_ptr` row r is sequence r: block_tables int32 [n_rows,
+    max_blocks_per_seq], kv_lens int32 [n_rows] (each >= 1, read on the device). With it
+    (int32 [n_seqs + 1], a prefill's or verify's query rows per sequence) the launch's row r
+    is query row g = row_base + r of sequence s (qo_indptr[s] <= g < qo_indptr[s + 1]),
+    causal: it sees kv_lens[s] - (qo_indptr[s + 1] - 1 - g) positions of table row s. A
+    row's bits depend only on its own query, length and cache rows (batch invariance)."""
     what = "mla_decode"
     check_sizes(what, n_rows=n_rows, num_heads=num_heads, kv_lora_rank=kv_lora_rank,
                 rope_dim=rope_dim, block_size=block_size,
@@ -75,8 +81,14 @@ def mla_decode(backend, stream: int, out_ptr, q_ptr, cache_ptr, block_tables_ptr
     check_ptrs(what, align=4, out_ptr=out_ptr, q_ptr=q_ptr, cache_ptr=cache_ptr,
                block_tables_ptr=block_tables_ptr, kv_lens_ptr=kv_lens_ptr,
                workspace_ptr=workspace_ptr)
+    if qo_indptr_ptr is not None and (int(n_seqs) < 1 or int(row_base) < 0):
+        raise InvalidArgument(f"{what}: n_seqs={n_seqs} must be >= 1 and row_base="
+                              f"{row_base} >= 0")
+    indptr = DevicePtr(0 if qo_indptr_ptr is None else qo_indptr_ptr)
+    seq_args = (indptr, np.int32(n_seqs if qo_indptr_ptr is not None else 0),
+                np.int32(row_base))
     args = (DevicePtr(workspace_ptr), DevicePtr(q_ptr), DevicePtr(cache_ptr),
-            DevicePtr(block_tables_ptr), DevicePtr(kv_lens_ptr), np.int32(n_rows),
+            DevicePtr(block_tables_ptr), DevicePtr(kv_lens_ptr), *seq_args, np.int32(n_rows),
             np.int32(num_heads), np.int32(kv_lora_rank), np.int32(rope_dim),
             np.int32(block_size), np.int32(max_blocks_per_seq),
             np.float32(float(scale) * LOG2E), np.int32(max_splits))
@@ -86,7 +98,7 @@ def mla_decode(backend, stream: int, out_ptr, q_ptr, cache_ptr, block_tables_ptr
     backend.launch(backend.kernel(MODULE, "mla_decode_combine"), (int(n_rows), int(num_heads)),
                    (THREADS,), 0, stream,
                    (DevicePtr(out_ptr), DevicePtr(workspace_ptr), DevicePtr(kv_lens_ptr),
-                    np.int32(n_rows), np.int32(num_heads), np.int32(kv_lora_rank),
+                    *seq_args, np.int32(n_rows), np.int32(num_heads), np.int32(kv_lora_rank),
                     np.int32(max_splits)))
 
 
@@ -103,14 +115,29 @@ def _rows_of(ctx, cache_ptr, table, start, stop, bs, D) -> np.ndarray:
     return out
 
 
+def _row_lens(ctx, kv_lens_ptr, indptr_ptr, n_seqs, row_base, n) -> tuple:
+    """(kv_len int64 [n], sequence int64 [n]) of the launch's rows (see mla_decode)."""
+    if not int(indptr_ptr):
+        return ctx.read(kv_lens_ptr, n, np.int32).astype(np.int64), np.arange(n)
+    ns = int(n_seqs)
+    ind = ctx.read(indptr_ptr, ns + 1, np.int32).astype(np.int64)
+    lens = ctx.read(kv_lens_ptr, ns, np.int32).astype(np.int64)
+    g = int(row_base) + np.arange(n)
+    seq = np.searchsorted(ind, g, side="right") - 1
+    if (seq < 0).any() or (seq >= ns).any():
+        raise KernelError("mla_decode: a query row lies outside qo_indptr")
+    return lens[seq] - (ind[seq + 1] - 1 - g), seq
+
+
 @twin(MODULE, "mla_decode_split")
-def _split_twin(ctx, ws_ptr, q_ptr, cache_ptr, tables_ptr, kv_lens_ptr, n_rows, num_heads,
-                kv_lora_rank, rope_dim, block_size, max_blocks, scale_log2, max_splits) -> None:
+def _split_twin(ctx, ws_ptr, q_ptr, cache_ptr, tables_ptr, kv_lens_ptr, indptr_ptr, n_seqs,
+                row_base, n_rows, num_heads, kv_lora_rank, rope_dim, block_size, max_blocks,
+                scale_log2, max_splits) -> None:
     n, H, R = int(n_rows), int(num_heads), int(kv_lora_rank)
     D, bs, mb, msp = R + int(rope_dim), int(block_size), int(max_blocks), int(max_splits)
     S = DECODE_SPLIT_TOKENS
-    kv_lens = ctx.read(kv_lens_ptr, n, np.int32).astype(np.int64)
-    tables = ctx.read(tables_ptr, n * mb, np.int32).reshape(n, mb)
+    kv_lens, seq_of = _row_lens(ctx, kv_lens_ptr, indptr_ptr, n_seqs, row_base, n)
+    tables = ctx.read(tables_ptr, (int(seq_of.max()) + 1) * mb, np.int32).reshape(-1, mb)
     acc = ctx.view(ws_ptr, n * H * msp * R, np.float32).reshape(n, H, msp, R)
     ml = ctx.view(int(ws_ptr) + n * H * msp * R * 4, n * H * msp * 2,
                   np.float32).reshape(n, H, msp, 2)
@@ -122,7 +149,8 @@ def _split_twin(ctx, ws_ptr, q_ptr, cache_ptr, tables_ptr, kv_lens_ptr, n_rows, 
                               f"min(max_blocks_per_seq * block_size, max_splits * {S})]")
         q = bf16_to_f32(ctx.read(int(q_ptr) + r * H * D * 2, H * D, np.uint16)).reshape(H, D)
         for s in range(-(-L // S)):
-            rows = _rows_of(ctx, cache_ptr, tables[r], s * S, min(L, (s + 1) * S), bs, D)
+            rows = _rows_of(ctx, cache_ptr, tables[seq_of[r]], s * S, min(L, (s + 1) * S),
+                            bs, D)
             t = (q @ rows.T).astype(np.float32) * c          # [H, tokens], base-2 logits
             m = t.max(axis=1)
             p = np.exp2(t - m[:, None]).astype(np.float32)
@@ -132,10 +160,10 @@ def _split_twin(ctx, ws_ptr, q_ptr, cache_ptr, tables_ptr, kv_lens_ptr, n_rows, 
 
 
 @twin(MODULE, "mla_decode_combine")
-def _combine_twin(ctx, out_ptr, ws_ptr, kv_lens_ptr, n_rows, num_heads, kv_lora_rank,
-                  max_splits) -> None:
+def _combine_twin(ctx, out_ptr, ws_ptr, kv_lens_ptr, indptr_ptr, n_seqs, row_base, n_rows,
+                  num_heads, kv_lora_rank, max_splits) -> None:
     n, H, R, msp = int(n_rows), int(num_heads), int(kv_lora_rank), int(max_splits)
-    kv_lens = ctx.read(kv_lens_ptr, n, np.int32).astype(np.int64)
+    kv_lens, _ = _row_lens(ctx, kv_lens_ptr, indptr_ptr, n_seqs, row_base, n)
     acc = ctx.read(ws_ptr, n * H * msp * R, np.float32).reshape(n, H, msp, R)
     ml = ctx.read(int(ws_ptr) + n * H * msp * R * 4, n * H * msp * 2,
                   np.float32).reshape(n, H, msp, 2)

@@ -103,3 +103,23 @@ def test_bad_arguments(host):
         DR.moe_topk_grouped(host, 0, 8, 8, 8, 1, 8, 5, 4, 2, 1, True, 1.0)
     with pytest.raises(InvalidArgument, match="mode"):
         DR.moe_topk_grouped(host, 0, 8, 8, 8, 1, 8, 1, 8, 1, 1, True, 1.0)
+
+
+def test_entry_points_exist():
+    from metrale.gpu_runtime import kernel_source
+    assert set(kernel_source.entry_points(DR.MODULE)) == {"moe_topk_grouped"}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("E, k, ng, tg, mode", [(8, 2, 4, 2, 1), (64, 6, 8, 3, 1),
+                                                (256, 8, 8, 4, 1), (8, 2, 2, 1, 0),
+                                                (160, 6, 8, 3, 0), (64, 6, 1, 1, 0)])
+def test_gpu_matches_twin(device, host, E, k, ng, tg, mode):
+    rng = np.random.default_rng(E + k)
+    logits = (rng.standard_normal((13, E)) * 2).astype(np.float32)
+    logits[3] = 0.5                                   # a row of ties
+    bias = (rng.standard_normal(E) * 0.2).astype(np.float32) if mode else None
+    args = (logits, k, ng, tg, mode, mode == 1, 2.5, bias)
+    (gi, gw), (hi, hw) = run(device, *args), run(host, *args)
+    assert np.array_equal(gi, hi)
+    assert_close(gw, hw, "gpu_vs_twin_fp32")

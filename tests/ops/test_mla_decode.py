@@ -114,3 +114,20 @@ def test_bad_arguments(host):
         M.mla_decode(host, 0, 8, 8, 8, 8, 8, 1, 1, 64, 16, 16, 1, float("nan"), 8, 1)
     with pytest.raises(InvalidArgument, match="max_kv_len"):
         M.mla_max_splits(0)
+
+
+def test_entry_points_exist():
+    from metrale.gpu_runtime import kernel_source
+    assert set(kernel_source.entry_points(M.MODULE)) == {"mla_decode_split",
+                                                         "mla_decode_combine"}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lens, H", [([1, 40], 3), ([300, 9], 10), ([513], 16)])
+def test_gpu_matches_twin(device, host, lens, H):
+    rng = np.random.default_rng(7)
+    R, rope, bs = 64, 16, 16
+    q, cache, tables, L, mb = make_case(rng, lens, H=H, R=R, rope=rope, bs=bs)
+    got = run(device, q, cache, tables, L, 0.13, R, rope, bs, mb)
+    want = run(host, q, cache, tables, L, 0.13, R, rope, bs, mb)
+    assert_close(got, want, "gpu_vs_twin_bf16")
