@@ -60,10 +60,6 @@ def load(path_or_source, device="auto", *, kv_blocks=None, block_size=16, max_ba
             raise Unsupported(f"{source.description}: llava support is not available: {e}")
         return LlavaModel(be, source, kv_blocks=kv_blocks, block_size=block_size,
                           max_batch=max_batch, fp32_logits=fp32_logits, **options)
-    if meta.mla is not None:   # parsed and described (metrale info), not yet run
-        raise Unsupported(f"{source.description}: {meta.architecture}'s multi-head latent "
-                          "attention is not one of TransformerModel's layer passes yet "
-                          "(the MLA decode twin is ops/mla_decode.py)")
     from .model_engine import TransformerModel
     return TransformerModel(be, source, kv_blocks=kv_blocks, block_size=block_size,
                             max_batch=max_batch, fp32_logits=fp32_logits, **options)

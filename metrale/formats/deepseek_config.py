@@ -149,12 +149,6 @@ def refuse_unsupported(c: _Cfg, arch: str) -> None:
         raise Unsupported(f"{c.source}: norm_topk_prob=true on deepseek_v2 is not supported: "
                           "transformers' deepseek_v2 router never renormalises, DeepSeek's "
                           "own code would; the two differ")
-    kv = d.get("num_key_value_heads")
-    heads = c.int("num_attention_heads", _default(c, arch, "num_attention_heads"))
-    if kv is not None and c.int("num_key_value_heads") != heads:
-        raise Unsupported(f"{c.source}: num_key_value_heads={kv!r} differs from "
-                          f"num_attention_heads={heads}: MLA expands every head from the "
-                          "latent (transformers' repeat_kv fails on it)")
 
 
 def mla_config(c: _Cfg, arch: str, rope_parameters: dict, rope_scaled: bool,

@@ -14,8 +14,12 @@ _SHARED = {
     "num_hidden_layers": _h("layer count"),
     "num_attention_heads": _h("query heads; every head has its own key and value expanded "
                               "from the latent"),
-    "num_key_value_heads": _h("absent, null or num_attention_heads only; another value is "
-                              "refused (transformers' repeat_kv fails on MLA's expanded heads)"),
+    "num_key_value_heads": _i("every head's key and value are expanded from the one latent "
+                              "by kv_b_proj; transformers' attention (sdpa, its default) runs "
+                              "the same whatever this says (saved configs carry the class "
+                              "default 128 beside 4 heads)"),
+    "qk_head_dim": _i("derived: qk_nope_head_dim + qk_rope_head_dim (the HF config's "
+                      "__post_init__ overwrites it)"),
     "head_dim": _i("overwritten by qk_rope_head_dim in the HF config's __post_init__"),
     "max_position_embeddings": _h("the context limit (yarn raises it to factor * "
                                   "original_max_position_embeddings)"),

@@ -44,11 +44,13 @@ from .readout import LogitsReadout
 from .sequence import SequenceState
 from .streams import ModelStreams
 from .verify import ModelVerify
+from .deepseek import DeepseekWeights
 from .weights import DecoderWeights, check_checkpoint
 from .workspace import Workspace
 
 DECODER_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe",
-                         "mixtral", "gemma2", "gemma3_text", "gemma3", "phi3", "gpt_oss")
+                         "mixtral", "gemma2", "gemma3_text", "gemma3", "phi3", "gpt_oss",
+                         "deepseek_v2", "deepseek_v3")
 MAX_VERIFY_ROWS = 16
 
 
@@ -124,6 +126,8 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
         try:
             self._weights = (DecoderWeights(backend, source, meta, progress=progress,
                                             packed=packed)
+                             if _shard is None and meta.mla is None else
+                             DeepseekWeights(backend, source, meta, progress=progress)
                              if _shard is None else
                              _shard.upload_weights(backend, source, meta, progress))
             self._ws = Workspace(backend, self._layer_meta, max_tokens=max_prefill_tokens,

@@ -122,7 +122,6 @@ def test_every_field_read_is_in_the_table(config):
     ({"attention_bias": True}, Unsupported, "attention_bias"),
     ({"topk_method": "greedy"}, Unsupported, "topk_method"),
     ({"scoring_func": "softmax"}, Unsupported, "scoring_func"),
-    ({"num_key_value_heads": 1}, Unsupported, "num_key_value_heads"),
     ({"partial_rotary_factor": 0.5}, Unsupported, "partial_rotary_factor"),
     ({"n_group": 7}, FormatError, "n_group"),
     ({"topk_group": 9}, FormatError, "topk_group"),
