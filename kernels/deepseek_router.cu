@@ -68,6 +68,7 @@ moe_topk_grouped(int *topk_ids, float *topk_weights, const float *logits, const 
         if (lane == 0)
             for (int e = 0; e < E; ++e) total = __fadd_rn(total, s[e]);
         total = __shfl_sync(0xffffffffu, total, 0);
+        __syncwarp();   // lane 0's reads of s before the other lanes overwrite it
         for (int e = lane; e < E; e += 32) {
             s[e] = __fdiv_rn(s[e], total);
             c[e] = s[e];

@@ -19,13 +19,15 @@
 // (decode, verify, prefill) computes it.
 //   mla_decode_split: grid (max_splits, n_rows, ceil(H / MLA_HEADS)), block 256 (8 warps).
 //     The CTA stages its MLA_HEADS (8) heads' queries (float32, shared) and reads each of the
-//     split's latent rows once for all of them: warp w takes tokens w, w + 8, ...; a lane
-//     multiplies its elements d = lane, lane + 32, ... of the row into 8 per-head sums
-//     (butterfly-reduced), giving the base-2 scores s = scale * log2(e) * qa . row. Warp j
+//     split's latent rows once for all of them: warp w takes tokens 4w..4w+3, then 32 later,
+//     ...; a lane multiplies its elements d = lane, lane + 32, ... of the 4 rows into 4 x 8
+//     per-head sums (each staged query element read once for 4 tokens; butterfly-reduced),
+//     giving the base-2 scores s = scale * log2(e) * qa . row. Warp j
 //     then takes head j: m = max s, p = exp2(s - m), l = sum p (lane-strided, butterfly).
 //     Last, thread c accumulates acc[j][c] = sum_t p[j][t] * row_t[c] for c = tid, tid + 256,
-//     ... < R in increasing t: the split's rows are read a second time here, from L1/L2 (a
-//     split is 256 rows of at most 2 KB). A split past the row's length writes nothing.
+//     ... < R in increasing t (the weights of 4 tokens in one 16-byte broadcast load): the
+//     split's rows are read a second time here, from L1/L2 (a split is 256 rows of at most
+//     2 KB). A split past the row's length writes nothing.
 //   mla_decode_combine: grid (n_rows, H), block 256: M = max m_s, L = sum_s l_s 2^(m_s - M)
 //     and out[c] = bf16(sum_s acc_s[c] 2^(m_s - M) / L), splits in increasing order.
 // Limits (checked by the launcher, ops/mla_decode.py): R + rope <= 1024, R % 32 == 0.
@@ -35,6 +37,7 @@
 #define MLA_HEADS 8
 #define MLA_THREADS 256
 #define MLA_MAX_DIM 1024
+#define MLA_TOK 4       // tokens a warp scores at once
 
 __device__ __forceinline__ int mla_row_seq(const int *kv_lens, const int *qo_indptr,
                                            int n_seqs, int row_base, int r, int *len) {
@@ -55,7 +58,7 @@ mla_decode_split(float *workspace, const bf16 *qa, const bf16 *cache, const int 
                  int n_rows, int num_heads, int R, int rope, int block_size,
                  int max_blocks, float scale_log2, int max_splits) {
     __shared__ float q_s[MLA_HEADS][MLA_MAX_DIM];
-    __shared__ float p_s[MLA_HEADS][MLA_SPLIT];
+    __shared__ __align__(16) float p_s[MLA_HEADS][MLA_SPLIT];
     const int split = blockIdx.x, r = blockIdx.y, h0 = blockIdx.z * MLA_HEADS;
     const int D = R + rope, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int L;
@@ -70,23 +73,39 @@ mla_decode_split(float *workspace, const bf16 *qa, const bf16 *cache, const int 
     }
     __syncthreads();
     const int *table = block_tables + (long long)s * max_blocks;
-    // scores: one warp per token, every head from the same read of the row
-    for (int t = warp; t < nt; t += MLA_THREADS / 32) {
-        const int pos = t0 + t;
-        const bf16 *row = cache + ((long long)table[pos / block_size] * block_size +
-                                   pos % block_size) * D;
-        float acc[MLA_HEADS];
+    // scores: a warp takes MLA_TOK tokens at a time (w * MLA_TOK, + 8 * MLA_TOK, ...), every
+    // head from the same read of each row, each staged query element used MLA_TOK times
+    for (int t = warp * MLA_TOK; t < nt; t += (MLA_THREADS / 32) * MLA_TOK) {
+        const int cnt = min(MLA_TOK, nt - t);
+        const bf16 *rows[MLA_TOK];
 #pragma unroll
-        for (int j = 0; j < MLA_HEADS; ++j) acc[j] = 0.f;
-        for (int d = lane; d < D; d += 32) {
-            const float v = bf2f(row[d]);
-#pragma unroll
-            for (int j = 0; j < MLA_HEADS; ++j) acc[j] += q_s[j][d] * v;
+        for (int u = 0; u < MLA_TOK; ++u) {
+            const int pos = t0 + t + (u < cnt ? u : 0);
+            rows[u] = cache + ((long long)table[pos / block_size] * block_size +
+                               pos % block_size) * D;
         }
+        float acc[MLA_TOK][MLA_HEADS];
 #pragma unroll
-        for (int j = 0; j < MLA_HEADS; ++j) {
-            const float sc = warp_sum(acc[j]);
-            if (lane == 0) p_s[j][t] = sc * scale_log2;
+        for (int u = 0; u < MLA_TOK; ++u)
+#pragma unroll
+            for (int j = 0; j < MLA_HEADS; ++j) acc[u][j] = 0.f;
+        for (int d = lane; d < D; d += 32) {
+            float v[MLA_TOK];
+#pragma unroll
+            for (int u = 0; u < MLA_TOK; ++u) v[u] = bf2f(rows[u][d]);
+#pragma unroll
+            for (int j = 0; j < MLA_HEADS; ++j) {
+                const float qv = q_s[j][d];
+#pragma unroll
+                for (int u = 0; u < MLA_TOK; ++u) acc[u][j] += qv * v[u];
+            }
+        }
+        for (int u = 0; u < cnt; ++u) {
+#pragma unroll
+            for (int j = 0; j < MLA_HEADS; ++j) {
+                const float sc = warp_sum(acc[u][j]);
+                if (lane == 0) p_s[j][t + u] = sc * scale_log2;
+            }
         }
     }
     __syncthreads();
@@ -116,7 +135,25 @@ mla_decode_split(float *workspace, const bf16 *qa, const bf16 *cache, const int 
         float acc[MLA_HEADS];
 #pragma unroll
         for (int j = 0; j < MLA_HEADS; ++j) acc[j] = 0.f;
-        for (int t = 0; t < nt; ++t) {
+        int t = 0;
+        for (; t + 4 <= nt; t += 4) {   // four tokens' weights in one 16-byte shared load
+            float v[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int pos = t0 + t + u;
+                v[u] = bf2f(cache[((long long)table[pos / block_size] * block_size +
+                                   pos % block_size) * D + c]);
+            }
+#pragma unroll
+            for (int j = 0; j < MLA_HEADS; ++j) {
+                const float4 p = *reinterpret_cast<const float4 *>(&p_s[j][t]);
+                acc[j] += p.x * v[0];
+                acc[j] += p.y * v[1];
+                acc[j] += p.z * v[2];
+                acc[j] += p.w * v[3];
+            }
+        }
+        for (; t < nt; ++t) {
             const int pos = t0 + t;
             const float v = bf2f(cache[((long long)table[pos / block_size] * block_size +
                                         pos % block_size) * D + c]);
