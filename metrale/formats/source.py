@@ -196,7 +196,11 @@ class DirectorySource:
 
     @property
     def unloaded_prefixes(self) -> tuple[str, ...]:
-        """Names no load reads: a gemma3 checkpoint's vision tower and projector."""
+        """Names no load reads: a gemma3 checkpoint's vision tower and projector; a DeepSeek-V3
+        checkpoint's MTP layers (deepseek_config.mtp_prefixes)."""
+        if self._config.get("model_type") == "deepseek_v3":
+            from .deepseek_config import mtp_prefixes
+            return mtp_prefixes(self._config)
         return GEMMA3_VISION if self._config.get("model_type") == "gemma3" else ()
 
     def _canonical(self, raw: str) -> str:

@@ -114,3 +114,29 @@ def test_lora_and_contiguous_cache_refused():
         from metrale.kv.contiguous import ContiguousArena   # noqa: F401
         from metrale.model_engine.deepseek import run_deepseek_decoder
         run_deepseek_decoder(m, 0, 1, n_seqs=1, out_ptr=m._ws.normed, arena=object())
+
+
+def test_mtp_layer_tensors_are_left_out(tmp_path):
+    """A V3 checkpoint with its MTP layer (model.layers.{num_hidden_layers}.*) loads without
+    it, as transformers does; the same tensor past the MTP layers is refused as unused."""
+    import json
+    import shutil
+
+    from metrale.errors import FormatError
+    from metrale.formats import DirectorySource
+    from tests.formats.st_util import tensors_bytes
+    src = FIXTURES / "deepseek_v3"
+    stored = DirectorySource(src)
+    tensors = {n: ("BF16", np.asarray(stored.read_bf16(n))) for n in stored.tensor_names()}
+    for extra, ok in (("model.layers.3.enorm.weight", True),
+                      ("model.layers.4.enorm.weight", False)):
+        d = tmp_path / extra
+        shutil.copytree(src, d)
+        t = dict(tensors, **{extra: ("BF16", np.full(64, 0x3F80, np.uint16))})
+        (d / "model.safetensors").write_bytes(tensors_bytes(t))
+        assert json.loads((d / "config.json").read_text())["num_nextn_predict_layers"] == 1
+        if ok:
+            metrale.load(d, "cpu", progress=False).teardown()
+        else:
+            with pytest.raises(FormatError, match="model.layers.4.enorm.weight"):
+                metrale.load(d, "cpu", progress=False)
