@@ -281,7 +281,10 @@ def deepseek_moe_tensors(m, p: str) -> dict[str, tuple[int, ...]]:
 def mtp_prefixes(config: dict) -> tuple[str, ...]:
     """The tensor-name prefixes of DeepSeek-V3's MTP layers, `model.layers.{num_hidden_layers
     + j}.` for j < num_nextn_predict_layers: not loaded (MTP drafts are not implemented;
-    transformers ignores them too, `_keys_to_ignore_on_load_unexpected`)."""
+    transformers ignores them too, `_keys_to_ignore_on_load_unexpected`). () for any other
+    model_type."""
+    if config.get("model_type") != "deepseek_v3":
+        return ()
     n = config.get("num_hidden_layers", DEFAULTS["deepseek_v3"]["num_hidden_layers"])
     k = config.get("num_nextn_predict_layers", config.get("num_mtp_layers", 1))
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (n, k)):

@@ -19,6 +19,7 @@ import numpy as np
 from ..errors import FormatError
 from ..ops.bf16 import f32_to_bf16
 from .config_bounds import check_decoder_sizes, check_layer_counts
+from .deepseek_config import mtp_prefixes
 from .hub import hub_hint
 from .layout import expected_tensors
 from .metadata import DECODER_ARCHS, ModelMetadata
@@ -196,12 +197,8 @@ class DirectorySource:
 
     @property
     def unloaded_prefixes(self) -> tuple[str, ...]:
-        """Names no load reads: a gemma3 checkpoint's vision tower and projector; a DeepSeek-V3
-        checkpoint's MTP layers (deepseek_config.mtp_prefixes)."""
-        if self._config.get("model_type") == "deepseek_v3":
-            from .deepseek_config import mtp_prefixes
-            return mtp_prefixes(self._config)
-        return GEMMA3_VISION if self._config.get("model_type") == "gemma3" else ()
+        """Names no load reads: gemma3's vision tower and projector; DeepSeek-V3's MTP layers."""
+        return GEMMA3_VISION if self._config.get("model_type") == "gemma3" else mtp_prefixes(self._config)
 
     def _canonical(self, raw: str) -> str:
         """Map newer transformers LLaVA key layouts onto the llava-hf one (layout.py); a
