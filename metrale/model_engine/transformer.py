@@ -75,6 +75,10 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
             raise Unsupported(f"{source.description}: model_type {meta.architecture!r} is not "
                               f"a decoder-only architecture ({', '.join(DECODER_ARCHITECTURES)})")
         _check_options(block_size, max_batch, max_prefill_tokens, kv_blocks, max_seq_len)
+        if meta.mla is not None and (_shard is not None or max_loras or loras):
+            raise Unsupported(f"{source.description}: {meta.architecture} (multi-head latent "
+                              "attention): LoRA adapters and tensor parallelism are not "
+                              "served on it")
         lora_opts = lora_options(source, meta, max_loras, max_lora_rank, loras)
         self.backend = backend
         self._meta = meta

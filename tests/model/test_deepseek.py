@@ -109,6 +109,8 @@ def test_info_reports_the_latent_kv_bytes(capsys):
 
 
 def test_lora_and_contiguous_cache_refused():
+    with pytest.raises(Unsupported, match="LoRA adapters and tensor parallelism"):
+        load("deepseek_v3", max_loras=1)
     m = load("deepseek_v3")
     with pytest.raises(Unsupported, match="latent KV cache"):
         from metrale.kv.contiguous import ContiguousArena   # noqa: F401
