@@ -10,14 +10,19 @@ math), and its device buffers. For the `n` token rows of a step:
     o   = lat_h @ W_UV_h^T                                         mla_expand_v         [n, H, v]
 Decode, verify and prefill run the same absorbed attention (prefill's rows see their causal
 prefix through qo_indptr), so a position's bits are the same whichever path computes it;
-prefill never expands keys and values, the cache holds only the latent. Prefill rows go
-through the attention in chunks of `max_rows` (the split-K workspace's rows).
+prefill never expands keys and values, the cache holds only the latent. Rows go through
+the attention MLA_CHUNK_ROWS at a time (the split-K workspace's rows).
 """
 from __future__ import annotations
 
 from ..gpu_runtime.types import NULL
 from ..ops import mla_decode, mla_project, rmsnorm
 from .linear import run_linear
+
+# Query rows per attention launch: the split-K workspace holds rows x H x splits x
+# (kv_lora_rank + 2) floats (V3 at 163840 positions: 2.7 GB for 16 rows), so larger decode
+# batches and prefill chunks run in launches of 16 rows (rows are independent: same bits)
+MLA_CHUNK_ROWS = 16
 
 
 class MlaBuffers:

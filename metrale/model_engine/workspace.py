@@ -10,7 +10,7 @@ import numpy as np
 
 from ..gpu_runtime.types import DevicePtr
 from ..ops import attention
-from .mla import MlaBuffers
+from .mla import MLA_CHUNK_ROWS, MlaBuffers
 from .moe import MoeBuffers, mlp_width
 
 
@@ -79,8 +79,8 @@ class Workspace:
             # mixture-of-experts buffers (moe.py), for as many rows as the activations
             self.moe = MoeBuffers(a, meta, max(T, R)) if MoeBuffers.estimate_bytes(
                 meta, 1) else None
-            self.mla = MlaBuffers(a, meta, T, R, block_size * max_blocks_per_seq) \
-                if meta.mla is not None else None
+            self.mla = MlaBuffers(a, meta, T, min(R, MLA_CHUNK_ROWS),
+                                  block_size * max_blocks_per_seq) if meta.mla is not None else None
         except BaseException:
             self.free()
             raise
@@ -160,7 +160,7 @@ class Workspace:
         kv = planes * ((meta.num_layers - nw) * (num_blocks + 1) + nw * (window_blocks + 1)) \
             * block_size * row * 2
         mla = 0 if meta.mla is None else MlaBuffers.estimate_bytes(
-            meta, T, R, block_size * max_blocks_per_seq)
+            meta, T, min(R, MLA_CHUNK_ROWS), block_size * max_blocks_per_seq)
         return act + md + dec + logits + kv + MoeBuffers.estimate_bytes(meta, max(T, R)) + mla
 
 
