@@ -29,8 +29,9 @@ def is_device(backend) -> bool:
 
 
 def kv_bytes_per_token(meta) -> int:
-    """K and V of one position in every layer, BF16."""
-    return meta.num_layers * 2 * meta.num_kv_heads * meta.head_dim * 2
+    """K and V of one position in every layer, BF16 (MLA: its latent row)."""
+    from ..formats.deepseek_config import kv_bytes_per_token_layer
+    return meta.num_layers * kv_bytes_per_token_layer(meta)
 
 
 def weight_read_bytes(meta, n_rows: int, held: tuple[int, int] | None = None) -> int:

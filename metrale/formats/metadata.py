@@ -37,10 +37,9 @@ __all__ = ["ModelMetadata", "RopeScaling", "parse_rope", "ARCHITECTURES", "DECOD
 DENSE_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 # mixture-of-experts: moe_config.py; gemma: gemma_config.py ("gemma3": its text model);
 # phi3: phi3_config.py
-DECODER_ARCHS = DENSE_ARCHS + MOE_ARCHS + gemma.GEMMA_ARCHS + ("gemma3", "phi3", "gpt_oss")
-# deepseek_v2 / deepseek_v3 (deepseek_config.py): parsed and described; their MLA decoder
-# is not one of the layer passes of TransformerModel yet
-ARCHITECTURES = DECODER_ARCHS + DEEPSEEK_ARCHS + ("whisper", "llava")
+DECODER_ARCHS = DENSE_ARCHS + MOE_ARCHS + gemma.GEMMA_ARCHS + ("gemma3", "phi3", "gpt_oss") \
+    + DEEPSEEK_ARCHS
+ARCHITECTURES = DECODER_ARCHS + ("whisper", "llava")
 _DTYPES = ("bfloat16", "float16", "float32")
 
 

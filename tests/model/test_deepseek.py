@@ -106,6 +106,11 @@ def test_info_reports_the_latent_kv_bytes(capsys):
     info = json.loads(capsys.readouterr().out)
     assert info["kv_bytes_per_token"] == 3 * (32 + 8) * 2   # layers * latent * bf16
     assert info["architecture"] == "deepseek_v3"
+    # the decoder estimates (workspaces, a decode step's bytes) are made for it too
+    from metrale.bench.roofline import kv_bytes_per_token
+    from metrale.formats import open_source
+    assert kv_bytes_per_token(open_source(FIXTURES / "deepseek_v3").metadata()) == 240
+    assert info["decode_step_bytes"] and info["memory_needed_bytes"] > info["weight_bytes"]
 
 
 def test_lora_and_contiguous_cache_refused():
