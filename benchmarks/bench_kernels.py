@@ -51,11 +51,14 @@ FULL = dict(hidden=4096, inter=14336, H=32, KV=8, D=128, vocab=128256, tokens=20
             image=336, patch=14, vit_hidden=1024, cast_n=1 << 26, enc_len=1500, enc_heads=12,
             moe=(128, 8, 2048, 768),   # experts, top-k, hidden, expert width: Qwen3-30B-A3B
             gdn=(16, 16, 128, 128),    # key heads, value heads, d_k, d_v: Qwen3.5-0.8B
-            ssd=(128, 8, 64, 128, 128))   # heads, groups, head_dim, d_state, chunk: Nemotron-H-8B
+            ssd=(128, 8, 64, 128, 128),   # heads, groups, head_dim, d_state, chunk: Nemotron-H-8B
+            # heads, kv_lora_rank, rope, nope, v dims: DeepSeek-V3's MLA; its router
+            mla=(128, 512, 64, 128, 128), ds_router=(256, 8, 8, 4))
 SMALL = dict(hidden=256, inter=512, H=4, KV=2, D=64, vocab=2048, tokens=64, rows=(1, 4),
              kv_len=256, block=16, mel=16, d_model=64, frames=64, image=56, patch=14,
              vit_hidden=64, cast_n=1 << 14, enc_len=64, enc_heads=4, moe=(16, 4, 256, 128),
-             gdn=(2, 4, 32, 32), ssd=(4, 2, 32, 64, 32))
+             gdn=(2, 4, 32, 32), ssd=(4, 2, 32, 64, 32), mla=(4, 64, 16, 32, 32),
+             ds_router=(16, 4, 4, 2))
 
 
 class Bench:
@@ -864,6 +867,64 @@ def bench_gated_norm(B, S):
 
 
 # ops module -> its benchmark (the gemm module's kernels are "gemv"; cuBLAS is "gemm")
+def bench_mla_decode(B, S):
+    """DeepSeek-V3's absorbed MLA decode: every head over one read of the latent cache."""
+    from metrale.ops import mla_decode
+    H, R, dr = S["mla"][:3]
+    D, bs, L = R + dr, S["block"], S["kv_len"]
+    for n in S["rows"]:
+        mb = -(-L // bs)
+        cache = B.buf(n * mb * bs * D * 2)
+        tables = B.upload(np.arange(n * mb, dtype=np.int32).reshape(n, mb))
+        lens = B.upload(np.full(n, L, np.int32))
+        q, out = B.buf(n * H * D * 2), B.buf(n * H * R * 2)
+        splits = mla_decode.mla_max_splits(mb * bs)
+        ws = B.buf(mla_decode.mla_workspace_bytes(n, H, R, splits))
+        B.run("mla_decode", "mla_decode", dict(n_seqs=n, kv_len=L, heads=H, latent=D),
+              lambda s, n=n, cache=cache, tables=tables, lens=lens, mb=mb, ws=ws, q=q, out=out,
+              sp=splits: mla_decode.mla_decode(B.be, s, out, q, cache, tables, lens, n, H, R,
+                                               dr, bs, mb, 0.1, ws, sp),
+              nbytes=n * L * D * 2 + n * H * (D + R) * 2, flops=2 * n * H * L * (D + R))
+
+
+def bench_mla_project(B, S):
+    from metrale.ops import mla_project
+    H, R, dr, dn, dv = S["mla"]
+    T = S["tokens"]
+    q, c, kr = B.buf(T * H * (dn + dr) * 2), B.buf(T * R * 2), B.buf(T * dr * 2)
+    pos = B.upload(np.arange(T, dtype=np.int32))
+    table = B.upload(np.ones((T, dr), np.float32))
+    cache = B.buf(T * (R + dr) * 2)
+    kvb = B.buf(H * (dn + dv) * R * 2)
+    qa, lat, o = B.buf(T * H * (R + dr) * 2), B.buf(T * H * R * 2), B.buf(T * H * dv * 2)
+    for n in S["rows"]:
+        B.run("mla_project", "mla_rope_cache", dict(n_tokens=n, heads=H),
+              lambda s, n=n: mla_project.mla_rope_cache(B.be, s, q, c, kr, pos, table, cache, pos,
+                                                        n, H, dn, dr, R, T, True),
+              nbytes=n * (2 * H * dr + R + 2 * dr) * 2)
+        B.run("mla_project", "mla_absorb_q", dict(n_tokens=n, heads=H, nope=dn, latent=R),
+              lambda s, n=n: mla_project.mla_absorb_q(B.be, s, qa, q, kvb, n, H, dn, dr, dv, R),
+              nbytes=H * dn * R * 2 + n * H * (dn + R) * 2, flops=2 * n * H * dn * R)
+        B.run("mla_project", "mla_expand_v", dict(n_tokens=n, heads=H, v=dv, latent=R),
+              lambda s, n=n: mla_project.mla_expand_v(B.be, s, o, lat, kvb, n, H, dn, dv, R),
+              nbytes=H * dv * R * 2 + n * H * (dv + R) * 2, flops=2 * n * H * dv * R)
+
+
+def bench_deepseek_router(B, S):
+    from metrale.ops import deepseek_router
+    E, k, ng, tg = S["ds_router"]
+    for n in (*S["rows"], S["tokens"]):
+        logits = B.upload(np.random.default_rng(0).standard_normal((n, E)).astype(np.float32))
+        bias = B.upload(np.zeros(E, np.float32))
+        ids, w = B.buf(n * k * 4), B.buf(n * k * 4)
+        B.run("deepseek_router", "moe_topk_grouped", dict(n_tokens=n, experts=E, top_k=k,
+                                                         n_group=ng, topk_group=tg),
+              lambda s, n=n, logits=logits, bias=bias, ids=ids, w=w:
+              deepseek_router.moe_topk_grouped(B.be, s, ids, w, logits, n, E, k, ng, tg, 1, True,
+                                               2.5, bias),
+              nbytes=n * E * 4 + n * k * 8)
+
+
 FAMILIES = {
     "embedding": [bench_embedding], "rmsnorm": [bench_rmsnorm],
     "activation": [bench_activation], "cast": [bench_cast],
@@ -881,6 +942,8 @@ FAMILIES = {
     "causal_conv1d": [bench_causal_conv1d], "gated_delta_rule": [bench_gated_delta_rule],
     "mamba2_ssd": [bench_mamba2_ssd], "lora": [bench_lora],
     "gated_norm": [bench_gated_norm],
+    "mla_decode": [bench_mla_decode], "mla_project": [bench_mla_project],
+    "deepseek_router": [bench_deepseek_router],
 }
 # helpers of metrale/ops with no kernel of their own (attention_tile: the twin of a header
 # that attention.cu and dense_attention.cu share, benchmarked through them; attention_native:

@@ -33,10 +33,11 @@ def is_device(backend) -> bool:
 
 def kv_bytes_per_token(meta) -> int:
     """K and V of one position in every layer that has them (a hybrid: its full-attention
-    layers), BF16."""
+    layers), BF16 (MLA: its latent row)."""
+    from ..formats.deepseek_config import kv_bytes_per_token_layer
     hybrid = getattr(meta, "hybrid", None)
     layers = meta.num_layers if hybrid is None else len(hybrid.attention_layers)
-    return layers * 2 * meta.num_kv_heads * meta.head_dim * 2
+    return layers * kv_bytes_per_token_layer(meta)
 
 
 def state_step_bytes(meta) -> int:

@@ -98,6 +98,7 @@ def run(args) -> int:
     from ..formats import DECODER_ARCHS, expected_tensors
     from ..formats.layout import head_name
     from ..formats.moe_config import inactive_parameters
+    from ..formats.deepseek_config import kv_bytes_per_token_layer
     from collections import Counter
 
     from ..model_engine.gguf_weights import held_bytes, held_types, keeps_packed
@@ -117,7 +118,8 @@ def run(args) -> int:
     # a GGUF's block-type tensors as the device holds them: at their stored bytes
     held = held_bytes(meta, source) if keeps_packed(source) else None
     w = weight_bytes(meta) if held is None else held[0]
-    kv_layer = 2 * meta.num_kv_heads * meta.head_dim * 2   # one layer's K and V, BF16
+    # one layer's K and V, BF16 (MLA: its latent and roped key, deepseek_config.py)
+    kv_layer = kv_bytes_per_token_layer(meta)
     kv_tok = kv_bytes_per_token(meta)   # a hybrid: its full-attention layers only
     kv = kv_tok * context * args.batch
     kv_and_ws = kv

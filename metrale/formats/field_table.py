@@ -24,6 +24,7 @@ from .gemma_fields import GEMMA3, GEMMA_SCOPES, SIGLIP_VISION
 from .hybrid_fields import HYBRID_SCOPES, VISION_SCOPES
 from .moe_fields import MOE_SCOPES
 from .gpt_oss_fields import GPT_OSS
+from .deepseek_fields import DEEPSEEK_SCOPES
 from .phi3_fields import PHI3
 from .quant.fields import QUANT_SCOPES
 
@@ -355,6 +356,7 @@ FIELD_TABLE: dict[str, dict[str, Field]] = {
     **{arch: {**(_COMMON if "text_config" in fields else _DECODER), **fields}
        for arch, fields in HYBRID_SCOPES.items()},
     **VISION_SCOPES,
+    **{arch: {**_DECODER, **fields} for arch, fields in DEEPSEEK_SCOPES.items()},
     "whisper": WHISPER, "llava": LLAVA, "clip_vision_model": CLIP_VISION,
     "generation_config": GENERATION_CONFIG, "gguf": GGUF,
     **QUANT_SCOPES,   # quantization_config.<method> (quant/fields.py)

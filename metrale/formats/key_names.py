@@ -6,9 +6,11 @@ checkpoints mapped onto one name per tensor.
 - gemma3: the text model of either layout onto the plain decoder's names; its vision tower
   and projector are held but never read (`GEMMA3_VISION`).
 - qwen3_5 / qwen3_5_moe wrappers: the text model's names (hybrid_layout.py).
+- deepseek_v3: its MTP layers are held but not loaded (deepseek_config.mtp_prefixes).
 """
 from __future__ import annotations
 
+from .deepseek_config import mtp_prefixes
 from .hybrid_layout import canonical_name
 
 # a gemma3 checkpoint loads as its text model (images refused): these stay unread
@@ -20,9 +22,9 @@ _LLAVA_PREFIXES = (("model.language_model.", "language_model.model."),
                    ("model.multi_modal_projector.", "multi_modal_projector."))
 
 
-def unloaded_prefixes(model_type) -> tuple[str, ...]:
-    """Name prefixes a checkpoint of `model_type` holds but no load reads."""
-    return GEMMA3_VISION if model_type == "gemma3" else ()
+def unloaded_prefixes(config: dict) -> tuple[str, ...]:
+    """Name prefixes a checkpoint with this config.json holds but no load reads."""
+    return GEMMA3_VISION if config.get("model_type") == "gemma3" else mtp_prefixes(config)
 
 
 def canonical_key(model_type, raw: str) -> str:

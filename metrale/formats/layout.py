@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from .gpt_oss_config import oss_layer_tensors
 from .hybrid_layout import hybrid_tensors
+from .deepseek_config import deepseek_layer_tensors, deepseek_moe_tensors
 from .moe_config import moe_layer_tensors
 
 if TYPE_CHECKING:
@@ -26,13 +27,16 @@ def decoder_tensors(m: "ModelMetadata", prefix: str = "") -> dict[str, tuple[int
     for n in range(m.num_layers):
         p = f"{prefix}model.layers.{n}."
         t[p + "input_layernorm.weight"] = (h,)
-        if var.fused_projections:   # Phi-3: q|k|v and gate|up stored fused
+        if m.mla is not None:   # DeepSeek's latent attention (deepseek_config.py)
+            t.update(deepseek_layer_tensors(m, p))
+        elif var.fused_projections:   # Phi-3: q|k|v and gate|up stored fused
             t[p + "self_attn.qkv_proj.weight"] = (q + 2 * kv, h)
         else:
             t[p + "self_attn.q_proj.weight"] = (q, h)
             t[p + "self_attn.k_proj.weight"] = (kv, h)
             t[p + "self_attn.v_proj.weight"] = (kv, h)
-        t[p + "self_attn.o_proj.weight"] = (h, q)
+        if m.mla is None:
+            t[p + "self_attn.o_proj.weight"] = (h, q)
         if var.attention_sinks:
             t[p + "self_attn.sinks"] = (m.num_heads,)
         if m.attention_bias:
@@ -49,8 +53,9 @@ def decoder_tensors(m: "ModelMetadata", prefix: str = "") -> dict[str, tuple[int
             t[p + "pre_feedforward_layernorm.weight"] = (h,)
             t[p + "post_feedforward_layernorm.weight"] = (h,)
         if m.moe is not None and m.moe.sparse_layers[n]:   # a MoE block instead of the MLP
-            t.update(moe_layer_tensors(m, p) if m.moe.oss is None else
-                     oss_layer_tensors(m, p))   # gpt-oss's own layout
+            t.update(oss_layer_tensors(m, p) if m.moe.oss is not None else  # gpt-oss
+                     deepseek_moe_tensors(m, p) if m.moe.deepseek is not None else
+                     moe_layer_tensors(m, p))
             continue
         if var.fused_projections:
             t[p + "mlp.gate_up_proj.weight"] = (2 * i, h)

@@ -24,6 +24,8 @@ from . import gpt_oss_config as oss
 from . import phi3_config as phi3
 from .config_fields import _Cfg, _pick, _token_ids
 from .decoder_variant import DecoderVariant
+from .deepseek_config import DEEPSEEK_ARCHS, MlaConfig, deepseek_fields
+from .deepseek_config import DEFAULTS as DEEPSEEK_DEFAULTS
 from .gemma4_config import GEMMA4_ARCHS
 from .gemma4_config import refuse as refuse_gemma4
 from .hybrid_config import HYBRID_ARCHS, WRAPPERS, HybridConfig, hybrid_fields
@@ -38,8 +40,9 @@ __all__ = ["ModelMetadata", "RopeScaling", "parse_rope", "ARCHITECTURES", "DECOD
 
 DENSE_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 # mixture-of-experts: moe_config.py; gemma: gemma_config.py ("gemma3": its text model);
-# phi3: phi3_config.py; the hybrids: hybrid_config.py
-DECODER_ARCHS = DENSE_ARCHS + MOE_ARCHS + gemma.GEMMA_ARCHS + ("gemma3", "phi3", "gpt_oss")
+# phi3: phi3_config.py; the hybrids: hybrid_config.py; deepseek: deepseek_config.py
+DECODER_ARCHS = DENSE_ARCHS + MOE_ARCHS + gemma.GEMMA_ARCHS + ("gemma3", "phi3", "gpt_oss") \
+    + DEEPSEEK_ARCHS
 ARCHITECTURES = DECODER_ARCHS + HYBRID_ARCHS + ("whisper", "llava")
 _DTYPES = ("bfloat16", "float16", "float32")
 
@@ -77,6 +80,7 @@ class ModelMetadata:
     vision: VisionConfig | None = None    # multimodal.py
     quantization: Any = None              # formats/quant/: the quantization_config (None: floats)
     moe: MoeConfig | None = None          # qwen2_moe / qwen3_moe / mixtral (moe_config.py)
+    mla: MlaConfig | None = None          # deepseek_v2 / v3 latent attention (deepseek_config.py)
     variant: DecoderVariant = DecoderVariant()   # the block's departures from Llama's
     hybrid: HybridConfig | None = None    # linear-attention layers (hybrid_config.py)
     config: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False,
@@ -107,6 +111,13 @@ class ModelMetadata:
             meta = parse(config, generation_config, source)
         elif arch in HYBRID_ARCHS:
             meta = _hybrid(config, generation_config, source, arch)
+        elif arch in DEEPSEEK_ARCHS:
+            # the HF class's token ids when neither file gives one
+            ids = {k: v for k, v in DEEPSEEK_DEFAULTS[arch].items() if k.endswith("token_id")}
+            meta = ModelMetadata(**deepseek_fields(config, source, arch),
+                                 bos_token_id=_bos(config, generation_config, source, ids),
+                                 eos_token_ids=_eos(config, generation_config, source, ids),
+                                 dtype=_dtype(config, source))
         else:
             meta = _decoder(config, generation_config, source, arch)
         return replace(meta, config=_frozen(config),

@@ -194,8 +194,8 @@ class DirectorySource:
 
     @property
     def unloaded_prefixes(self) -> tuple[str, ...]:
-        """Names no load reads: a gemma3 checkpoint's vision tower and projector."""
-        return unloaded_prefixes(self._config.get("model_type"))
+        """Names no load reads: gemma3's vision tower and projector; DeepSeek-V3's MTP layers."""
+        return unloaded_prefixes(self._config)
 
     def _canonical(self, raw: str) -> str:
         """One name per tensor whatever the layout (key_names.py)."""

@@ -39,6 +39,7 @@ from ..ops import activation, attention, elementwise, rmsnorm, rope
 from ..ops import attention_tc, gemm_fused
 from .linear import Fp8Linear, Q4Linear, fused_operand, run_embedding, run_linear
 from .moe import moe_mlp
+from .deepseek import run_deepseek_decoder
 
 
 def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_len: int,
@@ -53,6 +54,9 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
     LoRA deltas, added to each fused projection's output after its bias (PEFT's order:
     base layer, then delta); with it a decode step runs unfused.
     """
+    if model._meta.mla is not None:   # DeepSeek's latent attention (deepseek.py)
+        return run_deepseek_decoder(model, stream, n, n_seqs=n_seqs, out_ptr=out_ptr,
+                                    embeds_uploaded=embeds_uploaded, arena=arena, lora=lora)
     b, ws, m, W = model.backend, model._ws, model._layer_meta, model._weights
     tp = model._tp
     H, KV, D, hid = m.num_heads, m.num_kv_heads, m.head_dim, m.hidden_size

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from ..errors import OutOfMemory
 from ..formats import expected_tensors
+from ..formats.deepseek_config import kv_bytes_per_token_layer
 from .kv_groups import group_layers, window_blocks
 from .workspace import Workspace
 
@@ -72,7 +73,7 @@ def plan_memory(backend, meta, *, kv_blocks, block_size, max_rows, max_tokens, m
     # the checkpoint's context (max_position_embeddings; yarn: its scaled length)
     context = meta.context_length or meta.max_position_embeddings
     limit = context if max_seq_len is None else min(max_seq_len, context)
-    layer_block = 2 * block_size * meta.num_kv_heads * meta.head_dim * 2
+    layer_block = block_size * kv_bytes_per_token_layer(meta)   # MLA: its latent row
     per_block = meta.num_layers * layer_block
     free = backend.free_memory()
     # a sliding-window group beside full layers has a pool of its own (kv_groups.py)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from ..formats.field_table import HF_ACTIVATIONS
 from ..gpu_runtime.types import NULL
-from ..ops import activation, gemm_tc, moe_combine, moe_gemm, moe_router
+from ..ops import activation, deepseek_router, gemm_tc, moe_combine, moe_gemm, moe_router
 from .moe_mxfp4 import Mxfp4Experts
 
 
@@ -82,8 +82,15 @@ def moe_mlp(model, stream: int, n: int, W) -> None:
     E, k, hid, inter = moe.num_experts, moe.top_k, m.hidden_size, moe.expert_intermediate_size
     act = HF_ACTIVATIONS[m.hidden_act]
     gemm_tc.gemm_tc(b, stream, mb.router_logits, ws.normed, W.router, n, E, hid, out_fp32=True)
-    moe_router.moe_topk_softmax(b, stream, mb.topk_ids, mb.topk_weights, mb.router_logits, n,
-                                E, k, moe.norm_topk_prob, bias_ptr=W.router_bias)
+    if moe.deepseek is None:
+        moe_router.moe_topk_softmax(b, stream, mb.topk_ids, mb.topk_weights, mb.router_logits,
+                                    n, E, k, moe.norm_topk_prob, bias_ptr=W.router_bias)
+    else:   # DeepSeek's group-limited choice (ops/deepseek_router.py)
+        r = moe.deepseek
+        deepseek_router.moe_topk_grouped(
+            b, stream, mb.topk_ids, mb.topk_weights, mb.router_logits, n, E, k, r.n_group,
+            r.topk_group, int(r.scoring == "sigmoid"), moe.norm_topk_prob,
+            r.routed_scaling_factor, bias_ptr=W.correction_bias)
     shared = gate = NULL
     s = moe.shared_expert_intermediate_size
     if s:   # qwen2_moe: the shared expert first (its scratch is free again afterwards)

@@ -33,6 +33,7 @@ class MoeLayerWeights:
     router_bias: DevicePtr = NULL    # [E] (gpt-oss)
     gate_up_bias: DevicePtr = NULL   # [E, 2 * I], gate then up (gpt-oss)
     down_bias: DevicePtr = NULL      # [E, hidden] (gpt-oss)
+    correction_bias: DevicePtr = NULL  # float32 [E] (DeepSeek-V3 e_score_correction_bias)
 
 
 def upload_moe_layer(weights, up, meta, layer: int) -> MoeLayerWeights | None:

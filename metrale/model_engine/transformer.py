@@ -45,11 +45,13 @@ from .sequence import SequenceState
 from .ssm_state import ModelSsmState
 from .streams import ModelStreams
 from .verify import ModelVerify
+from .deepseek import DeepseekWeights
 from .weights import DecoderWeights, check_checkpoint
 from .workspace import Workspace
 
 DECODER_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe",
-                         "mixtral", "gemma2", "gemma3_text", "gemma3", "phi3", "gpt_oss")
+                         "mixtral", "gemma2", "gemma3_text", "gemma3", "phi3", "gpt_oss",
+                         "deepseek_v2", "deepseek_v3")
 MAX_VERIFY_ROWS = 16
 
 
@@ -74,6 +76,10 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
             raise Unsupported(f"{source.description}: model_type {meta.architecture!r} is not "
                               f"a decoder-only architecture ({', '.join(DECODER_ARCHITECTURES)})")
         _check_options(block_size, max_batch, max_prefill_tokens, kv_blocks, max_seq_len)
+        if meta.mla is not None and (_shard is not None or max_loras or loras):
+            raise Unsupported(f"{source.description}: {meta.architecture} (multi-head latent "
+                              "attention): LoRA adapters and tensor parallelism are not "
+                              "served on it")
         lora_opts = lora_options(source, meta, max_loras, max_lora_rank, loras)
         self.backend = backend
         self._meta = meta
@@ -125,6 +131,8 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
         try:
             self._weights = (DecoderWeights(backend, source, meta, progress=progress,
                                             packed=packed)
+                             if _shard is None and meta.mla is None else
+                             DeepseekWeights(backend, source, meta, progress=progress)
                              if _shard is None else
                              _shard.upload_weights(backend, source, meta, progress))
             self._ws = Workspace(backend, self._layer_meta, max_tokens=max_prefill_tokens,

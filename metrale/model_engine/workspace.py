@@ -10,6 +10,7 @@ import numpy as np
 
 from ..gpu_runtime.types import DevicePtr
 from ..ops import attention
+from .mla import MLA_CHUNK_ROWS, MlaBuffers
 from .moe import MoeBuffers, mlp_width
 
 
@@ -63,19 +64,23 @@ class Workspace:
             # KV arena: per layer [2, blocks + 1, block_size, KV, D], blocks = num_blocks
             # (window_blocks for the sliding-window group's layers); the extra block is a
             # sink for padded graph rows and is never handed out by a pool.
-            self.block_bytes = block_size * KV * D * 2
+            # MLA (deepseek_config.py): one plane, the latent row of each token
+            row, planes = kv_row(meta)
+            self.block_bytes = block_size * row * 2
             self.layer_kv_bytes = (num_blocks + 1) * self.block_bytes
             self.pad_block = num_blocks
             self.window_pad_block = window_blocks
             sizes = [((window_blocks if i in window_layers else num_blocks) + 1) *
                      self.block_bytes for i in range(meta.num_layers)]
-            self._layer_off = [2 * sum(sizes[:i]) for i in range(meta.num_layers)]
-            self._layer_size = sizes
-            self.kv_bytes = 2 * sum(sizes)
+            self._layer_off = [planes * sum(sizes[:i]) for i in range(meta.num_layers)]
+            self._layer_size = sizes if planes == 2 else [0] * meta.num_layers
+            self.kv_bytes = planes * sum(sizes)
             self.kv = a(self.kv_bytes)
             # mixture-of-experts buffers (moe.py), for as many rows as the activations
             self.moe = MoeBuffers(a, meta, max(T, R)) if MoeBuffers.estimate_bytes(
                 meta, 1) else None
+            self.mla = MlaBuffers(a, meta, T, min(R, MLA_CHUNK_ROWS),
+                                  block_size * max_blocks_per_seq) if meta.mla is not None else None
         except BaseException:
             self.free()
             raise
@@ -94,6 +99,7 @@ class Workspace:
         return self.kv.offset(self._layer_off[layer])
 
     def v_cache(self, layer: int) -> DevicePtr:
+        """The layer's V plane (an MLA layer has none: its latent plane again)."""
         return self.kv.offset(self._layer_off[layer] + self._layer_size[layer])
 
     def upload_step(self, stream: int, n_tokens: int, n_rows: int) -> None:
@@ -150,6 +156,17 @@ class Workspace:
         lb = 4 if fp32_logits else 2
         logits = 2 * R * V * lb
         nw = len(window_layers)
-        kv = 2 * ((meta.num_layers - nw) * (num_blocks + 1) + nw * (window_blocks + 1)) * \
-            block_size * KV * D * 2
-        return act + md + dec + logits + kv + MoeBuffers.estimate_bytes(meta, max(T, R))
+        row, planes = kv_row(meta)
+        kv = planes * ((meta.num_layers - nw) * (num_blocks + 1) + nw * (window_blocks + 1)) \
+            * block_size * row * 2
+        mla = 0 if meta.mla is None else MlaBuffers.estimate_bytes(
+            meta, T, min(R, MLA_CHUNK_ROWS), block_size * max_blocks_per_seq)
+        return act + md + dec + logits + kv + MoeBuffers.estimate_bytes(meta, max(T, R)) + mla
+
+
+def kv_row(meta) -> tuple[int, int]:
+    """(values per token a KV plane row holds, planes per layer): K and V of every kv head,
+    or MLA's one latent row."""
+    if meta.mla is not None:
+        return meta.mla.latent_dim, 1
+    return meta.num_kv_heads * meta.head_dim, 2

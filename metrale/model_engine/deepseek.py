@@ -1,0 +1,179 @@
+"""DeepSeek-V2 / V3 decoders on the device: their weights and their layer sequence
+(formats/deepseek_config.py has the math; layers.run_decoder hands an MLA model here).
+
+    residual = embed(ids)
+    per layer:  x = input_layernorm(residual)            (layer 0: no add)
+                o = mla_attention(x) @ Wo^T              (mla.py)
+                x = post_attention_layernorm(residual += o)
+                h = the dense MLP (layers < first_k_dense_replace) or the DeepSeek MoE block
+                    (moe.moe_mlp with DeepSeek's routing: ops/deepseek_router.py; the shared
+                    experts as its ungated shared MLP)
+    out = norm(residual += h)
+Weights (`DeepseekWeights`, the attributes of DecoderWeights the model reads): per layer
+`MlaLayerWeights`; kv_a_proj_with_mqa uploaded whole, its first kv_lora_rank rows (Wc) and
+the qk_rope_head_dim rows after them (Wkr) read as two linears; kv_b_proj whole (W_UK and
+W_UV are its rows per head, read in place by mla_absorb_q / mla_expand_v); the routers'
+e_score_correction_bias as float32, as the router reads it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import Unsupported
+from ..formats.field_table import HF_ACTIVATIONS
+from ..formats.upload import WeightUploader
+from ..gpu_runtime.types import NULL, DevicePtr
+from ..ops import activation, rmsnorm
+from .linear import run_embedding, run_linear
+from .memory_plan import held_bytes_of
+from .mla import mla_attention
+from .moe import moe_mlp
+from .moe_weights import MoeLayerWeights
+from .weights import check_checkpoint
+
+
+@dataclass
+class MlaLayerWeights:
+    input_layernorm: DevicePtr
+    q_proj: DevicePtr            # [H * qk_head, hidden] or NULL (q_lora_rank set)
+    q_a: DevicePtr               # [q_lora_rank, hidden] or NULL
+    q_a_norm: DevicePtr          # [q_lora_rank] or NULL
+    q_b: DevicePtr               # [H * qk_head, q_lora_rank] or NULL
+    kv_a_c: DevicePtr            # [kv_lora_rank, hidden]: rows of kv_a_proj_with_mqa
+    kv_a_kr: DevicePtr           # [qk_rope_head_dim, hidden]: the rows after them
+    kv_a_norm: DevicePtr         # [kv_lora_rank]
+    kv_b: DevicePtr              # [H * (nope + v_head_dim), kv_lora_rank]
+    o_proj: DevicePtr            # [hidden, H * v_head_dim]
+    post_attention_layernorm: DevicePtr
+    gate_up: DevicePtr = NULL    # dense MLP [2 * intermediate, hidden]
+    down_proj: DevicePtr = NULL  # [hidden, intermediate]
+    moe: MoeLayerWeights | None = None
+
+
+class DeepseekWeights:
+    """Uploads a deepseek_v2 / deepseek_v3 checkpoint; `free()` returns every byte."""
+
+    def __init__(self, backend, source, meta, progress: bool = True) -> None:
+        self.backend = backend
+        self._owned: list[DevicePtr] = []
+        expected = check_checkpoint(source, meta)
+        self.nbytes = sum(held_bytes_of(n, s) for n, s in expected.items())
+        self.embed_bytes = 2 * meta.vocab_size * meta.hidden_size
+        a = meta.mla
+        try:
+            with WeightUploader(backend, source, self.nbytes, desc=source.description,
+                                progress=progress) as up:
+                own = lambda name: self._own(up.upload(name))   # noqa: E731
+                self.embed_tokens = own("model.embed_tokens.weight")
+                self.layers: list[MlaLayerWeights] = []
+                for i in range(meta.num_layers):
+                    p = f"model.layers.{i}."
+                    s = p + "self_attn."
+                    kv_a = own(s + "kv_a_proj_with_mqa.weight")
+                    q = dict(q_proj=NULL, q_a=NULL, q_a_norm=NULL, q_b=NULL)
+                    if a.q_lora_rank:
+                        q.update(q_a=own(s + "q_a_proj.weight"),
+                                 q_a_norm=own(s + "q_a_layernorm.weight"),
+                                 q_b=own(s + "q_b_proj.weight"))
+                    else:
+                        q["q_proj"] = own(s + "q_proj.weight")
+                    L = MlaLayerWeights(
+                        input_layernorm=own(p + "input_layernorm.weight"), **q,
+                        kv_a_c=kv_a, kv_a_kr=kv_a.offset(a.kv_lora_rank * meta.hidden_size * 2),
+                        kv_a_norm=own(s + "kv_a_layernorm.weight"),
+                        kv_b=own(s + "kv_b_proj.weight"), o_proj=own(s + "o_proj.weight"),
+                        post_attention_layernorm=own(p + "post_attention_layernorm.weight"))
+                    if meta.moe.sparse_layers[i]:
+                        L.moe = self._moe(up, meta, p + "mlp.")
+                    else:
+                        L.gate_up = self._alloc(2 * meta.intermediate_size *
+                                                meta.hidden_size * 2)
+                        up.upload_into([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"],
+                                       L.gate_up)
+                        L.down_proj = own(p + "mlp.down_proj.weight")
+                    self.layers.append(L)
+                self.norm = own("model.norm.weight")
+                self.lm_head = (own("lm_head.weight") if "lm_head.weight" in expected
+                                else self.embed_tokens)
+        except BaseException:
+            self.free()
+            raise
+
+    def _moe(self, up, meta, b: str) -> MoeLayerWeights:
+        moe = meta.moe
+        E, h, i = moe.num_experts, meta.hidden_size, moe.expert_intermediate_size
+        gate_up = self._alloc(E * 2 * i * h * 2)
+        up.upload_into([f"{b}experts.{e}.{x}_proj.weight" for e in range(E)
+                        for x in ("gate", "up")], gate_up)
+        down = self._alloc(E * h * i * 2)
+        up.upload_into([f"{b}experts.{e}.down_proj.weight" for e in range(E)], down)
+        shared_gate_up = shared_down = bias = NULL
+        if moe.shared_expert_intermediate_size:
+            shared_gate_up = self._alloc(2 * moe.shared_expert_intermediate_size * h * 2)
+            up.upload_into([b + "shared_experts.gate_proj.weight",
+                            b + "shared_experts.up_proj.weight"], shared_gate_up)
+            shared_down = self._own(up.upload(b + "shared_experts.down_proj.weight"))
+        if moe.deepseek.correction_bias:   # float32, whatever dtype it is stored in
+            name = b + "gate.e_score_correction_bias"
+            src = up.source
+            f32 = (np.asarray(src.read_raw(name), np.float32)
+                   if src.tensor_dtype(name) == "F32" else
+                   (np.asarray(src.read_bf16(name)).astype(np.uint32) << 16).view(np.float32))
+            bias = self._alloc(E * 4)
+            self.backend.copy_h2d(np.ascontiguousarray(f32, np.float32), bias)
+        return MoeLayerWeights(router=self._own(up.upload(b + "gate.weight")),
+                               gate_up=gate_up, down=down, shared_gate_up=shared_gate_up,
+                               shared_down=shared_down, shared_gate=NULL,
+                               correction_bias=bias)
+
+    def _alloc(self, nbytes: int) -> DevicePtr:
+        return self._own(self.backend.alloc(nbytes))
+
+    def _own(self, ptr: DevicePtr) -> DevicePtr:
+        self._owned.append(ptr)
+        return ptr
+
+    def free(self) -> None:
+        for p in self._owned:
+            self.backend.free(p)
+        self._owned.clear()
+
+
+def run_deepseek_decoder(model, stream: int, n: int, *, n_seqs: int, out_ptr: DevicePtr,
+                         embeds_uploaded: bool = False, arena=None, lora=None) -> None:
+    """layers.run_decoder for an MLA model: final-norm hidden rows [n, hidden] to out_ptr.
+    Decode, verify and prefill run the same sequence (the attention's rows find their
+    causal prefix through qo_indptr)."""
+    if arena is not None and arena is not model._ws:
+        raise Unsupported(f"{model._meta.architecture}: the latent KV cache lives in the "
+                          "model's paged pool only (no contiguous cache)")
+    if lora is not None:
+        raise Unsupported(f"{model._meta.architecture}: LoRA adapters are not served on MLA "
+                          "models")
+    b, ws, m, W = model.backend, model._ws, model._meta, model._weights
+    hid, inter, eps = m.hidden_size, m.intermediate_size, m.rms_norm_eps
+    act = HF_ACTIVATIONS[m.hidden_act]
+    if not embeds_uploaded:
+        run_embedding(b, stream, ws.residual, W.embed_tokens, ws.token_ids, ws.h_tokens[:n], n,
+                      hid, m.vocab_size)
+    for i, L in enumerate(W.layers):
+        if i == 0:
+            rmsnorm.rmsnorm(b, stream, ws.normed, ws.residual, L.input_layernorm, n, hid, eps)
+        else:
+            rmsnorm.rmsnorm(b, stream, ws.normed, ws.hidden, L.input_layernorm, n, hid, eps,
+                            residual_ptr=ws.residual)
+        mla_attention(model, stream, n, i, L, n_seqs)
+        run_linear(b, stream, ws.hidden, ws.mla.o, L.o_proj, n, hid,
+                   m.num_heads * m.mla.v_head_dim)
+        rmsnorm.rmsnorm(b, stream, ws.normed, ws.hidden, L.post_attention_layernorm, n, hid,
+                        eps, residual_ptr=ws.residual)
+        if L.moe is not None:
+            moe_mlp(model, stream, n, L.moe)
+            continue
+        run_linear(b, stream, ws.gate_up, ws.normed, L.gate_up, n, 2 * inter, hid)
+        activation.act_mul(b, stream, ws.act, ws.gate_up, n, inter, act)
+        run_linear(b, stream, ws.hidden, ws.act, L.down_proj, n, hid, inter)
+    rmsnorm.rmsnorm(b, stream, out_ptr, ws.hidden, W.norm, n, hid, eps,
+                    residual_ptr=ws.residual)
