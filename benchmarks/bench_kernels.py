@@ -867,9 +867,9 @@ def bench_gated_norm(B, S):
 
 
 # ops module -> its benchmark (the gemm module's kernels are "gemv"; cuBLAS is "gemm")
-def bench_mla_decode(B, S):
+def bench_attention_mla(B, S):
     """DeepSeek-V3's absorbed MLA decode: every head over one read of the latent cache."""
-    from metrale.ops import mla_decode
+    from metrale.ops import attention_mla
     H, R, dr = S["mla"][:3]
     D, bs, L = R + dr, S["block"], S["kv_len"]
     for n in S["rows"]:
@@ -878,11 +878,11 @@ def bench_mla_decode(B, S):
         tables = B.upload(np.arange(n * mb, dtype=np.int32).reshape(n, mb))
         lens = B.upload(np.full(n, L, np.int32))
         q, out = B.buf(n * H * D * 2), B.buf(n * H * R * 2)
-        splits = mla_decode.mla_max_splits(mb * bs)
-        ws = B.buf(mla_decode.mla_workspace_bytes(n, H, R, splits))
-        B.run("mla_decode", "mla_decode", dict(n_seqs=n, kv_len=L, heads=H, latent=D),
+        splits = attention_mla.mla_max_splits(mb * bs)
+        ws = B.buf(attention_mla.mla_workspace_bytes(n, H, R, splits))
+        B.run("attention_mla", "attention_mla", dict(n_seqs=n, kv_len=L, heads=H, latent=D),
               lambda s, n=n, cache=cache, tables=tables, lens=lens, mb=mb, ws=ws, q=q, out=out,
-              sp=splits: mla_decode.mla_decode(B.be, s, out, q, cache, tables, lens, n, H, R,
+              sp=splits: attention_mla.attention_mla(B.be, s, out, q, cache, tables, lens, n, H, R,
                                                dr, bs, mb, 0.1, ws, sp),
               nbytes=n * L * D * 2 + n * H * (D + R) * 2, flops=2 * n * H * L * (D + R))
 
@@ -942,7 +942,7 @@ FAMILIES = {
     "causal_conv1d": [bench_causal_conv1d], "gated_delta_rule": [bench_gated_delta_rule],
     "mamba2_ssd": [bench_mamba2_ssd], "lora": [bench_lora],
     "gated_norm": [bench_gated_norm],
-    "mla_decode": [bench_mla_decode], "mla_project": [bench_mla_project],
+    "attention_mla": [bench_attention_mla], "mla_project": [bench_mla_project],
     "deepseek_router": [bench_deepseek_router],
 }
 # helpers of metrale/ops with no kernel of their own (attention_tile: the twin of a header

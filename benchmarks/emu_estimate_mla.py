@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""ESTIMATE (not a measurement) of the MLA decode kernel (kernels/mla_decode.cu) at
+"""ESTIMATE (not a measurement) of the MLA decode kernel (kernels/attention_mla.cu) at
 DeepSeek-V3's attention shape on H100 / H200, from the EmuBackend's counters.
 
     python benchmarks/emu_estimate_mla.py [--json FILE]
 
 Shape: 128 heads, kv_lora_rank 512 + qk_rope_head_dim 64 (576 BF16 values a token), one
-layer; decode of 1 and 8 rows at 4096 cached tokens each. mla_decode_split and
-mla_decode_combine each run on ProfileEmuBackend (16 evenly spaced blocks of the grid,
+layer; decode of 1 and 8 rows at 4096 cached tokens each. attention_mla_split and
+attention_mla_combine each run on ProfileEmuBackend (16 evenly spaced blocks of the grid,
 counters scaled to it) and become a time through gpu_runtime/emu/estimate.py: a fixed 2 us
 per launch plus the largest of DRAM bytes at the published HBM bandwidth, tensor-core FLOPs
 and shared-memory wavefronts. The roofline is the latent cache read once per row plus the
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from metrale.gpu_runtime.emu import estimate as est  # noqa: E402
 from metrale.gpu_runtime.emu.trace import ProfileEmuBackend  # noqa: E402
-from metrale.ops import mla_decode  # noqa: E402
+from metrale.ops import attention_mla  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -46,10 +46,10 @@ def run(rows_list=(1, 8)) -> dict:
         lens = be.alloc(n * 4)
         be.copy_h2d(np.full(n, CONTEXT, np.int32), lens)
         q, o = be.alloc(n * H * D * 2), be.alloc(n * H * R * 2)
-        sp = mla_decode.mla_max_splits(CONTEXT)
-        ws = be.alloc(mla_decode.mla_workspace_bytes(n, H, R, sp))
+        sp = attention_mla.mla_max_splits(CONTEXT)
+        ws = be.alloc(attention_mla.mla_workspace_bytes(n, H, R, sp))
         first = len(be.launch_counters)
-        mla_decode.mla_decode(be, s, o, q, cache, tables, lens, n, H, R, ROPE, BS, mb, 0.1, ws,
+        attention_mla.attention_mla(be, s, o, q, cache, tables, lens, n, H, R, ROPE, BS, mb, 0.1, ws,
                               sp)
         be.synchronize(s)
         recs = be.launch_counters[first:]
@@ -76,7 +76,7 @@ def run(rows_list=(1, 8)) -> dict:
                       "devices": [est.device_dict(d) for d in est.DEVICES],
                       "sampling": f"{SAMPLE_BLOCKS} evenly spaced blocks of each grid"},
             "command": "python benchmarks/emu_estimate_mla.py --json "
-                       "benchmarks/results/emu_estimate_mla_decode.json",
+                       "benchmarks/results/emu_estimate_attention_mla.json",
             "rows": out}
 
 

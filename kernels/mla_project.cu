@@ -1,4 +1,4 @@
-// The per-token steps of DeepSeek's multi-head latent attention around mla_decode.cu.
+// The per-token steps of DeepSeek's multi-head latent attention around attention_mla.cu.
 //
 // mla_rope_cache: grid (n_tokens), block 128. Token t at position p = positions[t]:
 //   the qk_rope tail of every head of q [n, H, nope + rope] turned in place, and the shared

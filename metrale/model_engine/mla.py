@@ -6,7 +6,7 @@ math), and its device buffers. For the `n` token rows of a step:
           (Wc / Wkr: the kv_lora_rank and the qk_rope_head_dim rows of kv_a_proj_with_mqa)
     rope(q tails, kr); the cache row [c | kr] at the token's slot   mla_rope_cache
     qa  = [q_nope_h @ W_UK_h | q_rope_h]                           mla_absorb_q         [n, H, R+rope]
-    lat = softmax(scale qa . rows) rows[:R] over the latent cache  mla_decode           [n, H, R]
+    lat = softmax(scale qa . rows) rows[:R] over the latent cache  attention_mla           [n, H, R]
     o   = lat_h @ W_UV_h^T                                         mla_expand_v         [n, H, v]
 Decode, verify and prefill run the same absorbed attention (prefill's rows see their causal
 prefix through qo_indptr), so a position's bits are the same whichever path computes it;
@@ -16,7 +16,7 @@ the attention MLA_CHUNK_ROWS at a time (the split-K workspace's rows).
 from __future__ import annotations
 
 from ..gpu_runtime.types import NULL
-from ..ops import mla_decode, mla_project, rmsnorm
+from ..ops import attention_mla, mla_project, rmsnorm
 from .linear import run_linear
 
 # Query rows per attention launch: the split-K workspace holds rows x H x splits x
@@ -32,7 +32,7 @@ class MlaBuffers:
 
     def __init__(self, alloc, meta, tokens: int, rows: int, max_len: int) -> None:
         self.chunk_rows = rows
-        self.max_splits = mla_decode.mla_max_splits(max_len)
+        self.max_splits = attention_mla.mla_max_splits(max_len)
         for name, nbytes in self.layout(meta, tokens, rows, max_len).items():
             setattr(self, name, alloc(nbytes) if nbytes else NULL)
 
@@ -40,14 +40,14 @@ class MlaBuffers:
     def layout(meta, T: int, rows: int, max_len: int) -> dict[str, int]:
         a, H = meta.mla, meta.num_heads
         R, dr = a.kv_lora_rank, a.qk_rope_head_dim
-        splits = mla_decode.mla_max_splits(max_len)
+        splits = attention_mla.mla_max_splits(max_len)
         return {
             "q_a": T * a.q_lora_rank * 2, "q_a_normed": T * a.q_lora_rank * 2,
             "q": T * H * a.qk_head_dim * 2,
             "c_raw": T * R * 2, "c": T * R * 2, "kr": T * dr * 2,
             "qa": T * H * (R + dr) * 2, "lat": T * H * R * 2,
             "o": T * H * a.v_head_dim * 2,
-            "attn_ws": mla_decode.mla_workspace_bytes(rows, H, R, splits),
+            "attn_ws": attention_mla.mla_workspace_bytes(rows, H, R, splits),
         }
 
     @staticmethod
@@ -78,7 +78,7 @@ def mla_attention(model, stream: int, n: int, layer: int, L, n_seqs: int) -> Non
     mla_project.mla_absorb_q(b, stream, mb.qa, mb.q, L.kv_b, n, H, dn, dr, dv, R)
     for r0 in range(0, n, mb.chunk_rows):
         rows = min(mb.chunk_rows, n - r0)
-        mla_decode.mla_decode(b, stream, mb.lat.offset(r0 * H * R * 2),
+        attention_mla.attention_mla(b, stream, mb.lat.offset(r0 * H * R * 2),
                               mb.qa.offset(r0 * H * (R + dr) * 2), cache, ws.block_tables,
                               ws.kv_lens, rows, H, R, dr, model._block_size,
                               ws.max_blocks_per_seq, a.softmax_scale, mb.attn_ws,

@@ -16,10 +16,11 @@ from . import gemm_gguf  # llama.cpp's block formats kept at their bytes
 from . import causal_conv1d, gated_delta_rule, mamba2_ssd  # hybrid models' recurrent layers
 from . import lora  # the grouped LoRA GEMMs (adapters per row)
 from . import gated_norm  # hybrid models' norms and gates
-from . import deepseek_router, mla_decode, mla_project  # DeepSeek routing and MLA
+from . import deepseek_router, attention_mla, mla_project  # DeepSeek routing and MLA
 
 __all__ = ["activation", "argmax", "attention", "attention_tc", "cast", "conv1d",
            "dense_attention", "elementwise", "embedding", "gemm", "gemm_q", "gemm_tc", "kv_cache",
            "rmsnorm", "rope", "sampling", "tensor_parallel", "vision", "moe_combine",
            "moe_gemm", "moe_router", "gemm_fused", "gemm_gguf", "causal_conv1d",
-           "gated_delta_rule", "mamba2_ssd", "lora", "gated_norm"]
+           "gated_delta_rule", "mamba2_ssd", "lora", "gated_norm", "deepseek_router",
+           "attention_mla", "mla_project"]

@@ -1,5 +1,5 @@
 """The per-token steps of DeepSeek's multi-head latent attention around the latent-cache
-attention (ops/mla_decode.py): launchers and numpy twins (module "mla_project").
+attention (ops/attention_mla.py): launchers and numpy twins (module "mla_project").
 
   mla_rope_cache: rope on the qk_rope_head_dim tail of every head of q [n, H, nope + rope]
       (in place) and on the shared key kr [n, rope]; the cache row of each token becomes

@@ -1,11 +1,11 @@
 """mla_project family (ops/mla_project.py): the rope + latent cache write, the query
 absorption and the value expansion against float64 formulas (HF's rope conventions: V2's
 complex pairs, V3's interleaved and half-split rotations), and the prefill form of
-mla_decode (rows found through qo_indptr) equal to per-row decode."""
+attention_mla (rows found through qo_indptr) equal to per-row decode."""
 import numpy as np
 import pytest
 
-from metrale.ops import mla_decode as M
+from metrale.ops import attention_mla as M
 from metrale.ops import mla_project as P
 from metrale.ops.bf16 import bf16_to_f32, f32_to_bf16
 from tests.conftest import assert_close
@@ -102,7 +102,7 @@ def test_prefill_rows_equal_decode_rows(host, rng):
         ws = b.empty((M.mla_workspace_bytes(4, H, R, msp),), np.uint8)
         for r0 in (0, 4):                             # chunks of 4 rows
             rows = min(4, n - r0)
-            M.mla_decode(host, 0, out.offset(r0 * H * R * 2), qp.offset(r0 * H * (R + dr) * 2),
+            M.attention_mla(host, 0, out.offset(r0 * H * R * 2), qp.offset(r0 * H * (R + dr) * 2),
                          cp, tp, lp, rows, H, R, dr, bs, 3, 0.3, ws, msp, qo_indptr_ptr=ip,
                          n_seqs=2, row_base=r0)
         got = b.get(out, (n, H, R), np.uint16)
@@ -112,7 +112,7 @@ def test_prefill_rows_equal_decode_rows(host, rng):
             one_len = b.put(np.array([L], np.int32))
             one_tab = b.put(tables[s:s + 1])
             o1 = b.empty((1, H, R), np.uint16)
-            M.mla_decode(host, 0, o1, qp.offset(g * H * (R + dr) * 2), cp, one_tab, one_len, 1,
+            M.attention_mla(host, 0, o1, qp.offset(g * H * (R + dr) * 2), cp, one_tab, one_len, 1,
                          H, R, dr, bs, 3, 0.3, ws, msp)
             assert np.array_equal(b.get(o1, (1, H, R), np.uint16)[0], got[g]), f"row {g}"
 
@@ -177,7 +177,7 @@ def test_gpu_prefill_rows_match_twin(device, host):
                 b.put(indptr)
             qp, out = b.put(f32_to_bf16(qa)), b.empty((8, H, R), np.uint16)
             ws = b.empty((M.mla_workspace_bytes(8, H, R, msp),), np.uint8)
-            M.mla_decode(backend, 0, out, qp, cp, tp, lp, 8, H, R, dr, bs, 75, 0.2, ws, msp,
+            M.attention_mla(backend, 0, out, qp, cp, tp, lp, 8, H, R, dr, bs, 75, 0.2, ws, msp,
                          qo_indptr_ptr=ip, n_seqs=2, row_base=0)
             return bf16_to_f32(b.get(out, (8, H, R), np.uint16))
     assert_close(go(device), go(host), "gpu_vs_twin_bf16")

@@ -1,5 +1,5 @@
 """Multi-head latent attention decode over the latent KV cache (DeepSeek-V2/V3 MLA, the
-absorbed form): the launcher and the numpy twins (module "mla_decode").
+absorbed form): the launcher and the numpy twins (module "attention_mla").
 
 The cache keeps one row per token and layer, `latent_dim = kv_lora_rank + rope_dim` BF16
 values: the normalized latent c (kv_lora_rank) then the roped shared key kr (rope_dim)
@@ -34,7 +34,7 @@ from .bf16 import bf16_to_f32, f32_to_bf16
 from .checks import check_ptrs, check_sizes
 from .registry import twin
 
-MODULE = "mla_decode"
+MODULE = "attention_mla"
 HEADS_PER_CTA = 8           # heads sharing one CTA's read of the latent rows (MLA_HEADS)
 THREADS = 256
 MAX_LATENT_DIM = 1024       # formats/deepseek_config.py MAX_LATENT_DIM
@@ -53,7 +53,7 @@ def mla_workspace_bytes(n_rows: int, num_heads: int, kv_lora_rank: int,
     return int(n_rows) * int(num_heads) * int(max_splits) * (int(kv_lora_rank) + 2) * 4
 
 
-def mla_decode(backend, stream: int, out_ptr, q_ptr, cache_ptr, block_tables_ptr,
+def attention_mla(backend, stream: int, out_ptr, q_ptr, cache_ptr, block_tables_ptr,
                kv_lens_ptr, n_rows: int, num_heads: int, kv_lora_rank: int, rope_dim: int,
                block_size: int, max_blocks_per_seq: int, scale: float, workspace_ptr,
                max_splits: int, qo_indptr_ptr=None, n_seqs: int = 0,
@@ -67,7 +67,7 @@ def mla_decode(backend, stream: int, out_ptr, q_ptr, cache_ptr, block_tables_ptr
     is query row g = row_base + r of sequence s (qo_indptr[s] <= g < qo_indptr[s + 1]),
     causal: it sees kv_lens[s] - (qo_indptr[s + 1] - 1 - g) positions of table row s. A
     row's bits depend only on its own query, length and cache rows (batch invariance)."""
-    what = "mla_decode"
+    what = "attention_mla"
     check_sizes(what, n_rows=n_rows, num_heads=num_heads, kv_lora_rank=kv_lora_rank,
                 rope_dim=rope_dim, block_size=block_size,
                 max_blocks_per_seq=max_blocks_per_seq, max_splits=max_splits)
@@ -93,9 +93,9 @@ def mla_decode(backend, stream: int, out_ptr, q_ptr, cache_ptr, block_tables_ptr
             np.int32(block_size), np.int32(max_blocks_per_seq),
             np.float32(float(scale) * LOG2E), np.int32(max_splits))
     groups = -(-int(num_heads) // HEADS_PER_CTA)
-    backend.launch(backend.kernel(MODULE, "mla_decode_split"),
+    backend.launch(backend.kernel(MODULE, "attention_mla_split"),
                    (int(max_splits), int(n_rows), groups), (THREADS,), 0, stream, args)
-    backend.launch(backend.kernel(MODULE, "mla_decode_combine"), (int(n_rows), int(num_heads)),
+    backend.launch(backend.kernel(MODULE, "attention_mla_combine"), (int(n_rows), int(num_heads)),
                    (THREADS,), 0, stream,
                    (DevicePtr(out_ptr), DevicePtr(workspace_ptr), DevicePtr(kv_lens_ptr),
                     *seq_args, np.int32(n_rows), np.int32(num_heads), np.int32(kv_lora_rank),
@@ -107,7 +107,7 @@ def _rows_of(ctx, cache_ptr, table, start, stop, bs, D) -> np.ndarray:
     pos = np.arange(start, stop)
     blocks = table[pos // bs].astype(np.int64)
     if (blocks < 0).any():
-        raise KernelError("mla_decode: a block table entry read is negative")
+        raise KernelError("attention_mla: a block table entry read is negative")
     out = np.empty((len(pos), D), np.float32)
     for j, (b, o) in enumerate(zip(blocks, pos % bs)):
         out[j] = bf16_to_f32(ctx.read(int(cache_ptr) + (int(b) * bs + int(o)) * D * 2, D,
@@ -116,7 +116,7 @@ def _rows_of(ctx, cache_ptr, table, start, stop, bs, D) -> np.ndarray:
 
 
 def _row_lens(ctx, kv_lens_ptr, indptr_ptr, n_seqs, row_base, n) -> tuple:
-    """(kv_len int64 [n], sequence int64 [n]) of the launch's rows (see mla_decode)."""
+    """(kv_len int64 [n], sequence int64 [n]) of the launch's rows (see attention_mla)."""
     if not int(indptr_ptr):
         return ctx.read(kv_lens_ptr, n, np.int32).astype(np.int64), np.arange(n)
     ns = int(n_seqs)
@@ -125,11 +125,11 @@ def _row_lens(ctx, kv_lens_ptr, indptr_ptr, n_seqs, row_base, n) -> tuple:
     g = int(row_base) + np.arange(n)
     seq = np.searchsorted(ind, g, side="right") - 1
     if (seq < 0).any() or (seq >= ns).any():
-        raise KernelError("mla_decode: a query row lies outside qo_indptr")
+        raise KernelError("attention_mla: a query row lies outside qo_indptr")
     return lens[seq] - (ind[seq + 1] - 1 - g), seq
 
 
-@twin(MODULE, "mla_decode_split")
+@twin(MODULE, "attention_mla_split")
 def _split_twin(ctx, ws_ptr, q_ptr, cache_ptr, tables_ptr, kv_lens_ptr, indptr_ptr, n_seqs,
                 row_base, n_rows, num_heads, kv_lora_rank, rope_dim, block_size, max_blocks,
                 scale_log2, max_splits) -> None:
@@ -145,7 +145,7 @@ def _split_twin(ctx, ws_ptr, q_ptr, cache_ptr, tables_ptr, kv_lens_ptr, indptr_p
     for r in range(n):
         L = int(kv_lens[r])
         if not 1 <= L <= min(mb * bs, msp * S):
-            raise KernelError(f"mla_decode: kv_len {L} of row {r} outside [1, "
+            raise KernelError(f"attention_mla: kv_len {L} of row {r} outside [1, "
                               f"min(max_blocks_per_seq * block_size, max_splits * {S})]")
         q = bf16_to_f32(ctx.read(int(q_ptr) + r * H * D * 2, H * D, np.uint16)).reshape(H, D)
         for s in range(-(-L // S)):
@@ -159,7 +159,7 @@ def _split_twin(ctx, ws_ptr, q_ptr, cache_ptr, tables_ptr, kv_lens_ptr, indptr_p
             ml[r, :, s, 1] = p.sum(axis=1, dtype=np.float32)
 
 
-@twin(MODULE, "mla_decode_combine")
+@twin(MODULE, "attention_mla_combine")
 def _combine_twin(ctx, out_ptr, ws_ptr, kv_lens_ptr, indptr_ptr, n_seqs, row_base, n_rows,
                   num_heads, kv_lora_rank, max_splits) -> None:
     n, H, R, msp = int(n_rows), int(num_heads), int(kv_lora_rank), int(max_splits)

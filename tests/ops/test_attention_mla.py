@@ -1,4 +1,4 @@
-"""mla_decode family (ops/mla_decode.py): the absorbed MLA decode over a paged latent cache
+"""attention_mla family (ops/attention_mla.py): the absorbed MLA decode over a paged latent cache
 against a float64 formula, against the decompressed attention (keys and values expanded
 per head from the latent, as transformers' DeepseekV3Attention runs it), split-K over
 several 256-token pieces, batch invariance, and bad arguments."""
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from metrale.errors import InvalidArgument
-from metrale.ops import mla_decode as M
+from metrale.ops import attention_mla as M
 from metrale.ops.bf16 import bf16_to_f32, f32_to_bf16
 from tests.conftest import assert_close, rel_max_error
 from tests.helpers import Buffers
@@ -41,7 +41,7 @@ def run(backend, q, cache, tables, lens, scale, R, rope, bs, mb):
         tp, lp = b.put(tables), b.put(lens)
         op = b.empty((n, H, R), np.uint16)
         wp = b.empty((M.mla_workspace_bytes(n, H, R, msp),), np.uint8)
-        M.mla_decode(backend, backend.default_stream(), op, qp, cp, tp, lp, n, H, R, rope, bs,
+        M.attention_mla(backend, backend.default_stream(), op, qp, cp, tp, lp, n, H, R, rope, bs,
                      mb, scale, wp, msp)
         return bf16_to_f32(b.get(op, (n, H, R), np.uint16))
 
@@ -109,17 +109,17 @@ def test_batch_invariance(host, rng):
 
 def test_bad_arguments(host):
     with pytest.raises(InvalidArgument, match="kv_lora_rank"):
-        M.mla_decode(host, 0, 8, 8, 8, 8, 8, 1, 1, 1000, 64, 16, 1, 0.1, 8, 1)
+        M.attention_mla(host, 0, 8, 8, 8, 8, 8, 1, 1, 1000, 64, 16, 1, 0.1, 8, 1)
     with pytest.raises(InvalidArgument, match="scale"):
-        M.mla_decode(host, 0, 8, 8, 8, 8, 8, 1, 1, 64, 16, 16, 1, float("nan"), 8, 1)
+        M.attention_mla(host, 0, 8, 8, 8, 8, 8, 1, 1, 64, 16, 16, 1, float("nan"), 8, 1)
     with pytest.raises(InvalidArgument, match="max_kv_len"):
         M.mla_max_splits(0)
 
 
 def test_entry_points_exist():
     from metrale.gpu_runtime import kernel_source
-    assert set(kernel_source.entry_points(M.MODULE)) == {"mla_decode_split",
-                                                         "mla_decode_combine"}
+    assert set(kernel_source.entry_points(M.MODULE)) == {"attention_mla_split",
+                                                         "attention_mla_combine"}
 
 
 @pytest.mark.gpu

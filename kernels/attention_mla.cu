@@ -17,7 +17,7 @@
 // MLA_SPLIT (256)-token pieces of absolute positions, so a row's number of splits and every
 // sum depend only on its own length: its bits do not depend on the batch or on which path
 // (decode, verify, prefill) computes it.
-//   mla_decode_split: grid (max_splits, n_rows, ceil(H / MLA_HEADS)), block 256 (8 warps).
+//   attention_mla_split: grid (max_splits, n_rows, ceil(H / MLA_HEADS)), block 256 (8 warps).
 //     The CTA stages its MLA_HEADS (8) heads' queries (float32, shared) and reads each of the
 //     split's latent rows once for all of them: warp w takes tokens 4w..4w+3, then 32 later,
 //     ...; a lane multiplies its elements d = lane, lane + 32, ... of the 4 rows into 4 x 8
@@ -28,9 +28,9 @@
 //     ... < R in increasing t (the weights of 4 tokens in one 16-byte broadcast load): the
 //     split's rows are read a second time here, from L1/L2 (a split is 256 rows of at most
 //     2 KB). A split past the row's length writes nothing.
-//   mla_decode_combine: grid (n_rows, H), block 256: M = max m_s, L = sum_s l_s 2^(m_s - M)
+//   attention_mla_combine: grid (n_rows, H), block 256: M = max m_s, L = sum_s l_s 2^(m_s - M)
 //     and out[c] = bf16(sum_s acc_s[c] 2^(m_s - M) / L), splits in increasing order.
-// Limits (checked by the launcher, ops/mla_decode.py): R + rope <= 1024, R % 32 == 0.
+// Limits (checked by the launcher, ops/attention_mla.py): R + rope <= 1024, R % 32 == 0.
 #include "common.cuh"
 
 #define MLA_SPLIT 256
@@ -53,7 +53,7 @@ __device__ __forceinline__ int mla_row_seq(const int *kv_lens, const int *qo_ind
 }
 
 extern "C" __global__ void __launch_bounds__(MLA_THREADS)
-mla_decode_split(float *workspace, const bf16 *qa, const bf16 *cache, const int *block_tables,
+attention_mla_split(float *workspace, const bf16 *qa, const bf16 *cache, const int *block_tables,
                  const int *kv_lens, const int *qo_indptr, int n_seqs, int row_base,
                  int n_rows, int num_heads, int R, int rope, int block_size,
                  int max_blocks, float scale_log2, int max_splits) {
@@ -165,7 +165,7 @@ mla_decode_split(float *workspace, const bf16 *qa, const bf16 *cache, const int 
 }
 
 extern "C" __global__ void __launch_bounds__(MLA_THREADS)
-mla_decode_combine(bf16 *out, const float *workspace, const int *kv_lens,
+attention_mla_combine(bf16 *out, const float *workspace, const int *kv_lens,
                    const int *qo_indptr, int n_seqs, int row_base, int n_rows,
                    int num_heads, int R, int max_splits) {
     const int r = blockIdx.x, h = blockIdx.y;
