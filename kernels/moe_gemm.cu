@@ -173,7 +173,7 @@ __device__ __forceinline__ void moe_mxfp4_tile(unsigned char *sw, bf16 *sa, bf16
     QuantRows<T, Mxfp4Format> src;
     src.f = Mxfp4Format{blocks + (long long)e * n * (k >> 1),
                         scales + (long long)e * n * (k >> 5), k >> 1, k};
-    gemm_tc_tile_rows<T>(sa, sw, sd, yb, yf, x, src, rows, n, k);
+    gemm_tc_tile_rows<T>(sa, sw, sd, yb, yf, x, src, rows, n, k, n);
 }
 
 #define MOE_MXFP4_ENTRY(OUT, YT, YB, YF, NAME, TILE, MIN_BLOCKS)                              \
