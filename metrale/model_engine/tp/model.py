@@ -136,9 +136,9 @@ def agree_values(comm, value: bytes) -> list[bytes]:
 
 # What the shard plan knows how to split: dense decoders with BF16 (or float) weights.
 TP_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
-# config.json keys of weights it does not split (quantized linears, expert layers)
-_UNSHARDED_KEYS = ("quantization_config", "num_experts", "num_local_experts",
-                   "moe_intermediate_size")
+# config.json keys of weights it does not split (expert layers); quantized linears are
+# split packed (tp/quant_weights.py)
+_UNSHARDED_KEYS = ("num_experts", "num_local_experts", "moe_intermediate_size")
 
 
 def refuse_unsharded(source, n: int) -> None:
@@ -155,7 +155,13 @@ def refuse_unsharded(source, n: int) -> None:
                       if isinstance(cfg[key], dict) and "quant_method" in cfg[key] else "")
             raise Unsupported(f"{source.description}: tensor_parallel_size={n}: config.json "
                               f"field {key!r}{method}: tensor parallelism splits BF16 dense "
-                              "layers only; load this checkpoint on one device")
+                              "and quantized dense layers only; load this checkpoint on one "
+                              "device")
+    if cfg.get("quantization_config"):   # every rank's slice of the quantized linears
+        from .quant_weights import check_row_parallel
+        meta = source.metadata()
+        check_row_parallel(meta, plan_shards(meta, 0, n, source.description),
+                           f"{source.description}: tensor_parallel_size={n}")
 
 
 def check_tensor_parallel_size(n) -> int:
