@@ -79,7 +79,7 @@ class MoeBuffers:
 def moe_mlp(model, stream: int, n: int, W) -> None:
     """ws.hidden[n, hidden] (bf16) = the MoE block of ws.normed[n, hidden]; W: the layer's
     MoeLayerWeights. Uses ws.gate_up / ws.act as scratch (sized by mlp_width)."""
-    b, ws, m = model.backend, model._ws, model._meta
+    b, ws, m = model.backend, model._ws, model._layer_meta   # a rank: its expert slices
     moe, mb = m.moe, ws.moe
     E, k, hid, inter = moe.num_experts, moe.top_k, m.hidden_size, moe.expert_intermediate_size
     act = HF_ACTIVATIONS[m.hidden_act]
@@ -112,8 +112,13 @@ def moe_mlp(model, stream: int, n: int, W) -> None:
                            moe.oss.swiglu_alpha, moe.oss.swiglu_limit)
     _experts(b, stream, mb.expert_out, ws.act, W.down, lists, pairs, E, hid, inter, 1, True,
              tile.name, W.down_bias)
-    moe_combine.moe_combine(b, stream, ws.hidden, mb.expert_out, mb.topk_weights, n, hid, k,
-                            shared, gate)
+    if model._tp is None:
+        moe_combine.moe_combine(b, stream, ws.hidden, mb.expert_out, mb.topk_weights, n, hid,
+                                k, shared, gate)
+    else:   # a rank's slice of every expert: its FP32 combine, summed over the ranks
+        model._tp.sum_partials(stream, ws.hidden, n, lambda part: moe_combine.moe_combine(
+            b, stream, part, mb.expert_out, mb.topk_weights, n, hid, k, shared, gate,
+            out_fp32=True))
 
 
 def _experts(b, stream, y, x, w, lists, pairs, E, n, k, row_div, out_fp32, tile, bias):

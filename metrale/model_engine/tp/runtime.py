@@ -105,6 +105,13 @@ class TensorParallel:
                    out_fp32=True)   # BF16 or quantized (the rank's slice of k)
         self.reduce(stream, self.partial, out_ptr, n * out_dim)
 
+    def sum_partials(self, stream: int, out_ptr, n: int, fill) -> None:
+        """out[n, hidden] bf16 = the rank-order sum of every rank's partial [n, hidden] f32,
+        which `fill(partial_ptr)` writes (a MoE block's combine: moe.py)."""
+        self.before_collective()
+        fill(self.partial)
+        self.reduce(stream, self.partial, out_ptr, n * self.hidden)
+
     def lm_head(self, stream: int, x_ptr, n_rows: int, out_ptr, w_ptr, fp32: bool) -> None:
         """Whole logits rows out[n_rows, vocab] (BF16, or FP32 when `fp32`) on every rank,
         from each rank's vocabulary slice of x[n_rows, hidden] @ lm_head^T."""

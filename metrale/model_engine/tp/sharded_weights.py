@@ -16,6 +16,7 @@ from ...formats import check_tensors, expected_tensors
 from ...formats.upload import WeightUploader
 from ...gpu_runtime.types import NULL, DevicePtr
 from ...formats.quant.checkpoint import check_quantized
+from .moe_shard import upload_moe_shard
 from .quant_weights import check_row_parallel, quantized, upload_columns, upload_rows
 from .shard import ShardPlan, rank_weight_bytes
 from ..weights import LayerWeights
@@ -58,6 +59,7 @@ class ShardedDecoderWeights:
                     att = p + "self_attn."
                     qkv_parts = [(att + "q_proj", q), (att + "k_proj", kv), (att + "v_proj", kv)]
                     gu_parts = [(p + "mlp.gate_proj", inter), (p + "mlp.up_proj", inter)]
+                    moe = upload_moe_shard(self, meta, plan, i)   # None: a dense MLP
                     self.layers.append(LayerWeights(
                         input_layernorm=self._whole(p + "input_layernorm.weight"),
                         qkv=self._linear_rows(qkv_parts),
@@ -70,12 +72,14 @@ class ShardedDecoderWeights:
                                 else NULL),
                         post_attention_layernorm=self._whole(
                             p + "post_attention_layernorm.weight"),
-                        gate_up=self._linear_rows(gu_parts),
+                        gate_up=self._linear_rows(gu_parts) if moe is None else NULL,
                         gate_up_bias=(self._rows([(n + ".bias", r) for n, r in gu_parts])
                                       if meta.mlp_bias else NULL),
-                        down_proj=self._linear_columns(p + "mlp.down_proj", inter),
+                        down_proj=(self._linear_columns(p + "mlp.down_proj", inter)
+                                   if moe is None else NULL),
                         down_bias=(self._whole(p + "mlp.down_proj.bias") if meta.mlp_bias
                                    else NULL),
+                        moe=moe,
                     ))
                 self.norm = self._whole("model.norm.weight")
                 self.lm_head = (self.embed_tokens if tied else
@@ -83,8 +87,8 @@ class ShardedDecoderWeights:
                                 else upload_rows(self, meta, [("lm_head", (
                                     plan.vocab_start, plan.vocab_start + plan.vocab_rows))],
                                     pad_to=plan.vocab_shard))
-                if meta.quantization is not None:
-                    self.nbytes = self.held
+                if meta.quantization is not None or meta.moe is not None:
+                    self.nbytes = self.held   # measured (the plan's figure is BF16 dense)
         except BaseException:
             self.free()
             raise
