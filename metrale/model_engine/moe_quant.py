@@ -62,16 +62,16 @@ def upload_quant_experts(weights, up, meta, b: str):
         return (weights._own(up.upload_array(gu)), weights._own(up.upload_array(dn)))
     hosts = [[qc.read(src, m, n, k) for m, n, k in row] for row in mods]
     if isinstance(hosts[0][0], HostQ4):
-        _tables_everywhere(hosts)
+        tables_everywhere(hosts)
         gu = [concat_q4([r[0], r[1]]) for r in hosts]
-        return (_upload_q4(weights, up, gu, 2 * i, h), _upload_q4(weights, up,
+        return (upload_q4_experts(weights, up, gu, 2 * i, h), upload_q4_experts(weights, up,
                                                                   [r[2] for r in hosts], h, i))
     gu = [concat_fp8([r[0], r[1]]) for r in hosts]
-    return (_upload_fp8(weights, up, gu, 2 * i, h), _upload_fp8(weights, up,
+    return (upload_fp8_experts(weights, up, gu, 2 * i, h), upload_fp8_experts(weights, up,
                                                                 [r[2] for r in hosts], h, i))
 
 
-def _tables_everywhere(hosts: list[list[HostQ4]]) -> None:
+def tables_everywhere(hosts: list[list[HostQ4]]) -> None:
     """Act-order in some linear of the layer: every part gets a table (k // group_size
     written out where its g_idx was trivial), so all experts share one table layout."""
     if all(p.gidx is None for row in hosts for p in row):
@@ -83,7 +83,7 @@ def _tables_everywhere(hosts: list[list[HostQ4]]) -> None:
                 p.gidx_row = np.zeros(p.n, np.int32)
 
 
-def _upload_q4(weights, up, parts: list[HostQ4], n: int, k: int) -> QuantExperts:
+def upload_q4_experts(weights, up, parts: list[HostQ4], n: int, k: int) -> QuantExperts:
     own = weights._own
     arrays = [np.stack([getattr(p, a) for p in parts]) for a in ("q", "scales", "zeros")]
     g = gr = NULL
@@ -99,7 +99,7 @@ def _upload_q4(weights, up, parts: list[HostQ4], n: int, k: int) -> QuantExperts
                         n, k, sum(a.nbytes for a in arrays) + extra)
 
 
-def _upload_fp8(weights, up, parts: list[HostFp8], n: int, k: int) -> QuantExperts:
+def upload_fp8_experts(weights, up, parts: list[HostFp8], n: int, k: int) -> QuantExperts:
     own = weights._own
     offs = np.cumsum([0] + [len(p.scales) for p in parts[:-1]])
     q = np.stack([p.q for p in parts])

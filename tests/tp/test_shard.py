@@ -359,13 +359,13 @@ def test_quantized_splits_the_format_cannot_hold_are_refused_by_name(name, match
         metrale.load(FIXTURES / name, "cpu", tensor_parallel_size=2)
 
 
-@pytest.mark.parametrize("name", ["q_moe_fp8_block", "q_moe_gptq_actorder"])
-def test_quantized_experts_are_refused_by_name(name):
-    """Experts split along their intermediate dimension in BF16 (tp/moe_shard.py); a
-    quantized MoE runs on one device, refused before any launcher is asked for ranks."""
-    with pytest.raises(Unsupported, match="tensor_parallel_size=2: a quantized qwen3_moe "
-                                          "checkpoint"):
-        metrale.load(FIXTURES / name, "cpu", tensor_parallel_size=2)
+def test_quantized_experts_that_cut_a_group_are_refused_by_name():
+    """Experts are split packed (tp/moe_shard.py); q_moe_awq's groups of 32 do not divide
+    the 48 expert columns a rank's down slice holds."""
+    with pytest.raises(Unsupported, match="tensor_parallel_size=2: tensor model.layers.0.mlp."
+                                          "experts.0.down_proj: a rank's input columns "
+                                          "\\[0, 48\\) cut a 4-bit group \\(group_size 32\\)"):
+        metrale.load(FIXTURES / "q_moe_awq", "cpu", tensor_parallel_size=2)
 
 
 def test_an_expert_width_the_ranks_cannot_split_is_refused_by_name():

@@ -9,7 +9,7 @@ import pytest
 from metrale.ops.bf16 import bf16_to_f32
 from tests.model.common import assert_matches_golden, golden, load
 from tests.tp.launch import Results, run_worker
-from tests.tp.worker_moe import MOE_PREFIX, MOE_TP_FIXTURES
+from tests.tp.worker_moe import MOE_PREFIX, MOE_TP_FIXTURES, QUANT_MOE_TP
 from tests.tp.worker_quant import QUANT_PREFIX, QUANT_TP4_FIXTURES
 
 
@@ -21,9 +21,9 @@ def tp4(tmp_path_factory):
     return Results(out, 4, proc)
 
 
-@pytest.mark.parametrize("name", QUANT_TP4_FIXTURES + MOE_TP_FIXTURES)
+@pytest.mark.parametrize("name", QUANT_TP4_FIXTURES + MOE_TP_FIXTURES + QUANT_MOE_TP[4])
 def test_tp4_goldens_and_rank_bytes(tp4, name):
-    moe = name in MOE_TP_FIXTURES
+    moe = name in MOE_TP_FIXTURES + QUANT_MOE_TP[4]
     tp4.check_scenario("moe" if moe else "quant")
     key, prefix = ("moe", MOE_PREFIX) if moe else ("quant", QUANT_PREFIX)
     got = bf16_to_f32(tp4.same_on_every_rank(f"{key}/{name}"))

@@ -139,17 +139,13 @@ TP_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_mo
 
 def refuse_unsharded(source, n: int) -> None:
     """Unsupported, by name, for a checkpoint tensor parallelism does not split: another
-    architecture (whisper, llava, gpt-oss, ...), quantized experts, or a quantized linear
+    architecture (whisper, llava, gpt-oss, ...) or a quantized linear (dense or an expert's)
     whose rank slices its format cannot hold (tp/quant_shard.py)."""
     cfg = source.config()
     arch = cfg.get("model_type")
     if arch not in TP_ARCHITECTURES:
         raise Unsupported(f"{source.description}: tensor_parallel_size={n}: {arch} runs on one "
                           f"device; tensor parallelism covers {', '.join(TP_ARCHITECTURES)}")
-    if cfg.get("quantization_config") and arch in ("qwen2_moe", "qwen3_moe", "mixtral"):
-        raise Unsupported(f"{source.description}: tensor_parallel_size={n}: a quantized "
-                          f"{arch} checkpoint (quantization_config) runs on one device: "
-                          "tensor parallelism splits BF16 experts only")
     if cfg.get("quantization_config"):   # every rank's slice of the quantized linears
         from .quant_weights import check_row_parallel
         meta = source.metadata()

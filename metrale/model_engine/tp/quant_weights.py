@@ -17,19 +17,28 @@ from . import quant_shard
 
 
 def check_row_parallel(meta, plan, where: str) -> None:
-    """Every rank's input-column slice of o_proj / down_proj that the config quantizes, as
-    the format allows it (Unsupported naming the tensor before anything is read)."""
+    """Every rank's input-column slice of o_proj / down_proj (the experts' and the shared
+    expert's too) that the config quantizes, as the format allows it (Unsupported naming
+    the tensor before anything is read)."""
     qc = meta.quantization
     shapes = linear_shapes(meta)
     D = meta.head_dim
-    for i in range(meta.num_layers):
-        for mod, per in (("self_attn.o_proj", plan.num_heads * D),
-                         ("mlp.down_proj", plan.intermediate)):
-            name = f"model.layers.{i}.{mod}"
-            if name in shapes and qc.converts(name):
-                k = shapes[name][1]
-                for r in range(plan.size):
-                    quant_shard.check_columns(qc, name, k, r * per, (r + 1) * per, where)
+    moe = meta.moe
+    down = f".{moe.expert_proj[2]}" if moe is not None else None
+    for name, (_, k) in shapes.items():
+        if name.endswith("self_attn.o_proj"):
+            per = plan.num_heads * D
+        elif name.endswith("mlp.down_proj"):
+            per = plan.intermediate
+        elif name.endswith("shared_expert.down_proj"):
+            per = plan.shared_intermediate
+        elif down is not None and ".experts." in name and name.endswith(down):
+            per = plan.expert_intermediate
+        else:
+            continue
+        if qc.converts(name):
+            for r in range(plan.size):
+                quant_shard.check_columns(qc, name, k, r * per, (r + 1) * per, where)
 
 
 def quantized(meta, module: str) -> bool:
