@@ -686,6 +686,46 @@ def bench_moe_gemm(B, S):
                   flops=2 * pairs * w_rows * w_k, bound="compute" if n >= 256 else "memory")
 
 
+def bench_moe_gemm_q(B, S):
+    """The grouped GEMM over quantized experts (Qwen3-MoE FP8 / GPTQ / AWQ releases) at the
+    shapes of bench_moe_gemm: FP8 with 128x128 block scales (1 byte a weight) and 4-bit
+    with groups of 128 (an FP16 scale and a zero byte each); bytes = the hit experts'
+    packed weights and scales + activations."""
+    from metrale.ops import gemm_q, moe_gemm_q
+    E, k, hid, inter = S["moe"]
+    for n in (*S["rows"], S["tokens"]):
+        sp, op, tp, tile, hit, _ = _moe_routing(B, n, E, k)
+        pairs = n * k
+        x, act = B.buf(n * hid * 2), B.buf(pairs * inter * 2)
+        gu, y = B.buf(pairs * 2 * inter * 2), B.buf(pairs * hid * 4)
+        for name, w_rows, w_k, xp, yp, div, fp32, out_b in (
+                ("gate_up", 2 * inter, hid, x, gu, k, False, 2),
+                ("down", hid, inter, act, y, 1, True, 4)):
+            dims = dict(tokens=n, top_k=k, experts=E, n=w_rows, k=w_k)
+            io = pairs * (w_k * 2 + w_rows * out_b)
+            kb = -(-w_k // 128)
+            q8 = B.buf(E * w_rows * gemm_q.fp8_row_bytes(w_k))
+            s8 = B.buf(E * -(-w_rows // 128) * kb * 4)
+            r8 = B.buf(E * w_rows * 4, fill=0)   # every row scaled by scale row 0
+            B.run("moe_gemm_q", f"moe_gemm_fp8 {name} {tile.name}", dims,
+                  lambda s, w_rows=w_rows, w_k=w_k, xp=xp, yp=yp, div=div, fp32=fp32, q8=q8,
+                  s8=s8, r8=r8, kb=kb: moe_gemm_q.moe_gemm_fp8(
+                      B.be, s, yp, xp, q8, s8, r8, sp, op, tp, pairs, E, w_rows, w_k, div, kb,
+                      128, fp32, tile.name),
+                  nbytes=hit * w_rows * (w_k + kb * 4) + io,
+                  flops=2 * pairs * w_rows * w_k, bound="compute" if n >= 256 else "memory")
+            g = -(-w_k // 128)
+            q4 = B.buf(E * w_rows * gemm_q.q4_row_bytes(w_k))
+            s4, z4 = B.buf(E * w_rows * g * 2), B.buf(E * w_rows * g)
+            B.run("moe_gemm_q", f"moe_gemm_q4 {name} {tile.name}", dims,
+                  lambda s, w_rows=w_rows, w_k=w_k, xp=xp, yp=yp, div=div, fp32=fp32, q4=q4,
+                  s4=s4, z4=z4, g=g: moe_gemm_q.moe_gemm_q4(
+                      B.be, s, yp, xp, q4, s4, z4, 0, 0, sp, op, tp, pairs, E, w_rows, w_k,
+                      div, g, 128, fp32, tile.name),
+                  nbytes=hit * w_rows * (w_k // 2 + g * 3) + io,
+                  flops=2 * pairs * w_rows * w_k, bound="compute" if n >= 256 else "memory")
+
+
 def bench_moe_combine(B, S):
     from metrale.ops import moe_combine
     E, k, hid, _ = S["moe"]
@@ -937,6 +977,7 @@ FAMILIES = {
     "vision": [bench_vision],
     "attention_tc": [bench_attention_tc],
     "moe_router": [bench_moe_router], "moe_gemm": [bench_moe_gemm],
+    "moe_gemm_q": [bench_moe_gemm_q],
     "moe_combine": [bench_moe_combine],
     "tensor_parallel": [bench_tensor_parallel],
     "causal_conv1d": [bench_causal_conv1d], "gated_delta_rule": [bench_gated_delta_rule],

@@ -20,10 +20,25 @@
 
 #define MOE_COMBINE_THREADS 256
 
-extern "C" __global__ void __launch_bounds__(MOE_COMBINE_THREADS)
-moe_combine(bf16 *out, const float *expert_out, const float *topk_weights,
-            const float *shared, const float *shared_gate, int n_tokens, int hidden,
-            int top_k) {
+// out_fp32 (moe_combine_fp32): acc itself, unrounded: a tensor-parallel rank's partial
+// sum of its slice of every expert's intermediate dimension (model_engine/moe.py), which
+// the ranks add in rank order before the one BF16 rounding (kernels/tensor_parallel.cu).
+__device__ __forceinline__ void combine_store8(bf16 *o, int c8, const float *acc) {
+    reinterpret_cast<bf16x8 *>(o)[c8] = pack8(acc);
+}
+__device__ __forceinline__ void combine_store8(float *o, int c8, const float *acc) {
+    float4 *v = reinterpret_cast<float4 *>(o) + 2 * c8;
+    v[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    v[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+}
+__device__ __forceinline__ void combine_store(bf16 *o, int c, float acc) { o[c] = f2bf(acc); }
+__device__ __forceinline__ void combine_store(float *o, int c, float acc) { o[c] = acc; }
+
+template <class OutT>
+__device__ __forceinline__ void moe_combine_row(OutT *out, const float *expert_out,
+                                                const float *topk_weights, const float *shared,
+                                                const float *shared_gate, int n_tokens,
+                                                int hidden, int top_k) {
     const int t = blockIdx.x;
     if (t >= n_tokens) return;
     const float *y = expert_out + (long long)t * top_k * hidden;
@@ -31,7 +46,7 @@ moe_combine(bf16 *out, const float *expert_out, const float *topk_weights,
     const float *sh = shared ? shared + (long long)t * hidden : nullptr;
     float g = 1.f;
     if (shared_gate) g = 1.f / (1.f + expf(-shared_gate[t]));
-    bf16 *o = out + (long long)t * hidden;
+    OutT *o = out + (long long)t * hidden;
     const bool vec = (hidden & 7) == 0 && aligned16(expert_out) && aligned16(o) &&
                      (!sh || aligned16(sh));
     row_stride_x8(
@@ -55,13 +70,29 @@ moe_combine(bf16 *out, const float *expert_out, const float *topk_weights,
 #pragma unroll
                 for (int q = 0; q < 8; ++q) acc[q] = __fadd_rn(acc[q], __fmul_rn(g, v[q]));
             }
-            reinterpret_cast<bf16x8 *>(o)[c8] = pack8(acc);
+            combine_store8(o, c8, acc);
         },
         [&](int c) {
             float acc = 0.f;
             for (int s = 0; s < top_k; ++s)
                 acc = __fadd_rn(acc, __fmul_rn(wt[s], y[(long long)s * hidden + c]));
             if (sh) acc = __fadd_rn(acc, __fmul_rn(g, sh[c]));
-            o[c] = f2bf(acc);
+            combine_store(o, c, acc);
         });
+}
+
+extern "C" __global__ void __launch_bounds__(MOE_COMBINE_THREADS)
+moe_combine(bf16 *out, const float *expert_out, const float *topk_weights,
+            const float *shared, const float *shared_gate, int n_tokens, int hidden,
+            int top_k) {
+    moe_combine_row(out, expert_out, topk_weights, shared, shared_gate, n_tokens, hidden,
+                    top_k);
+}
+
+extern "C" __global__ void __launch_bounds__(MOE_COMBINE_THREADS)
+moe_combine_fp32(float *out, const float *expert_out, const float *topk_weights,
+                 const float *shared, const float *shared_gate, int n_tokens, int hidden,
+                 int top_k) {
+    moe_combine_row(out, expert_out, topk_weights, shared, shared_gate, n_tokens, hidden,
+                    top_k);
 }

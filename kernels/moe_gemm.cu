@@ -49,33 +49,12 @@
 // value. The twin is therefore gemm_tc's (ops/gemm_tc.dot_f32 per expert).
 #include "gemm_q_rows.cuh"
 #include "gemm_tc_tile.cuh"
+#include "moe_expert_rows.cuh"
 
 // gemm_tc.cu's three tiles (same sizes and stages: ops/moe_gemm.py TILES = gemm_tc.TILES)
 typedef TcTile<16, 16, 64, 1, 2, 12> MoeTile16x16;
 typedef TcTile<64, 32, 64, 2, 2, 4> MoeTile64x32;
 typedef TcTile<128, 128, 32, 2, 4, 3> MoeTile128x128;
-
-// One row tile of an expert's list: tile row r is pair p = pairs[r], which reads X row
-// p / row_div (its token for gate_up, itself for down) and writes Y row p.
-struct ExpertRows {
-    static constexpr bool kBias = true;
-    const int *pairs;
-    int rows, row_div;
-    const bf16 *bias;   // expert e's bias row [n], or NULL
-    __device__ __forceinline__ long long x_row(int r) const { return pairs[r] / row_div; }
-    __device__ __forceinline__ long long y_row(int r) const { return pairs[r]; }
-};
-
-// The expert whose row tiles hold tile t: the last e with tile_offsets[e] <= t.
-__device__ __forceinline__ int tile_expert(const int *tile_offsets, int num_experts, int t) {
-    int lo = 0, hi = num_experts - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (tile_offsets[mid] <= t) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
 
 template <class T>
 __device__ __forceinline__ void moe_gemm_tile(bf16 *sa, bf16 *sb, bf16 *yb, float *yf,

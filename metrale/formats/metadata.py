@@ -31,7 +31,6 @@ from .gemma4_config import refuse as refuse_gemma4
 from .hybrid_config import HYBRID_ARCHS, WRAPPERS, HybridConfig, hybrid_fields
 from .hybrid_quant import hybrid_quantization
 from .moe_config import MOE_ARCHS, MoeConfig, moe_config, rope_theta
-from .moe_config import refuse_quantized as refuse_moe_quantized
 from .multimodal import VisionConfig, WhisperConfig, vision_config, whisper_config
 from .quant.parse import parse_quantization
 from .rope_config import RopeScaling, context_length, parse_rope
@@ -132,8 +131,6 @@ def _frozen(d: dict) -> Mapping:
 def _decoder(config: dict, gen: dict | None, source: str, arch: str) -> ModelMetadata:
     """A decoder config (DECODER_ARCHS), field by field as field_table.py says."""
     c = _Cfg(config, source)
-    if arch in MOE_ARCHS:   # before the dense families' parser: quantized experts by name
-        refuse_moe_quantized(config, arch, source)
     if arch in gemma.GEMMA_ARCHS + ("phi3",):   # quant/'s layouts are the Llama block's
         df.refuse_quantized(config, source)
     mxfp4 = False

@@ -216,6 +216,24 @@ def moe_layer_tensors(m, p: str) -> dict[str, tuple[int, ...]]:
     return t
 
 
+def expert_linear_shapes(m, p: str) -> dict[str, tuple[int, int]]:
+    """HF module name -> (n, k) of the linears a quantization_config may quantize in the MoE
+    block of layer prefix `p`: every expert's gate / up / down and the shared expert's (the
+    router and the shared expert's one-row gate are read BF16, as releases keep them)."""
+    moe, h = m.moe, m.hidden_size
+    i, b = moe.expert_intermediate_size, f"{p}{moe.block}."
+    gate, up, down = moe.expert_proj
+    t = {}
+    for e in range(moe.num_experts):
+        t.update({f"{b}experts.{e}.{gate}": (i, h), f"{b}experts.{e}.{up}": (i, h),
+                  f"{b}experts.{e}.{down}": (h, i)})
+    s = moe.shared_expert_intermediate_size
+    if s:
+        t.update({b + "shared_expert.gate_proj": (s, h), b + "shared_expert.up_proj": (s, h),
+                  b + "shared_expert.down_proj": (h, s)})
+    return t
+
+
 def expert_param_bytes(meta) -> float:
     """Device bytes of one routed-expert weight: 2 (BF16), or 17/32 for gpt-oss's MXFP4
     experts kept packed (a 4-bit code each and one scale byte per 32)."""
@@ -239,18 +257,6 @@ def inactive_parameters(meta, n_rows: int = 1) -> int:
     E, k = moe.num_experts, moe.top_k
     hit = E * (1.0 - (1.0 - k / E) ** max(int(n_rows), 1))
     return int(round((E - hit) * expert_parameters(meta))) * moe.num_sparse_layers
-
-
-def refuse_quantized(config: dict, arch: str, source: str) -> None:
-    """A quantized MoE checkpoint is refused by name, whatever the dense families accept:
-    the grouped expert GEMM (kernels/moe_gemm.cu) and the expert upload read BF16 weights
-    only, so quantized experts would otherwise be refused as unknown tensors, or worse."""
-    q = config.get("quantization_config")
-    if q is not None:
-        method = q.get("quant_method") if isinstance(q, dict) else q
-        raise Unsupported(f"{source}: quantization_config (quant_method={method!r}) on a "
-                          f"{arch} checkpoint is not supported: metrale's mixture-of-experts "
-                          "kernels read BF16 expert weights only")
 
 
 def rope_theta(config: dict, arch: str, theta: float) -> float:

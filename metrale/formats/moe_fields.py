@@ -4,7 +4,7 @@ meaning in these families, and the sparse block's. field_table.FIELD_TABLE lays 
 family's table over the decoder fields every family shares (its `_DECODER`)."""
 from __future__ import annotations
 
-from .field_status import honoured as _h, irrelevant as _i, refused as _r
+from .field_status import honoured as _h, irrelevant as _i
 
 _NOT_READ = "not read by this family's HF modeling code"
 _TRAIN = "training only"
@@ -16,8 +16,9 @@ _MOE = {
     "router_aux_loss_coef": _i(_TRAIN + ": the load-balancing loss"),
     "mlp_bias": _i(_NOT_READ),
     "head_dim": _h("absent: hidden_size // num_attention_heads; null refused (HF fails)"),
-    "quantization_config": _r("quantized experts: refused whatever its value (the MoE "
-                              "kernels read BF16 expert weights; moe_config.refuse_quantized)"),
+    "quantization_config": _h("FP8 (fine-grained, compressed-tensors), GPTQ and AWQ "
+                              "experts as the dense families read them (formats/quant/); "
+                              "routers stay BF16"),
 }
 _QWEN_MOE = {
     **_MOE,

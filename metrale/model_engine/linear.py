@@ -195,9 +195,11 @@ def quantized_weight_bytes(meta) -> int:
     total = sum(2 * int(np.prod(s)) for name, s in expected_tensors(meta).items()
                 if name.rsplit(".", 1)[0] not in shapes or not name.endswith(".weight"))
     groups = [[f"model.layers.{i}.{m}" for m in g] for i in range(meta.num_layers)
-              for g in FUSED]
-    if "lm_head" in shapes:
-        groups.append(["lm_head"])
+              for g in FUSED if f"model.layers.{i}.{g[0]}" in shapes]
+    grouped = {m for g in groups for m in g}
+    # the rest one by one: the output head, a MoE block's expert linears (the bytes of
+    # experts fused gate|up are those of the parts)
+    groups += [[m] for m in shapes if m not in grouped]
     for g in groups:
         dims = [shapes[m] for m in g]
         if not all(qc.converts(m) for m in g):

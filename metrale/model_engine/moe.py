@@ -27,7 +27,9 @@ from __future__ import annotations
 from ..formats.field_table import HF_ACTIVATIONS
 from ..gpu_runtime.types import NULL
 from ..ops import activation, deepseek_router, gemm_tc, moe_combine, moe_gemm, moe_router
+from .linear import run_linear
 from .moe_mxfp4 import Mxfp4Experts
+from .moe_quant import QuantExperts
 
 
 def mlp_width(meta) -> int:
@@ -77,7 +79,7 @@ class MoeBuffers:
 def moe_mlp(model, stream: int, n: int, W) -> None:
     """ws.hidden[n, hidden] (bf16) = the MoE block of ws.normed[n, hidden]; W: the layer's
     MoeLayerWeights. Uses ws.gate_up / ws.act as scratch (sized by mlp_width)."""
-    b, ws, m = model.backend, model._ws, model._meta
+    b, ws, m = model.backend, model._ws, model._layer_meta   # a rank: its expert slices
     moe, mb = m.moe, ws.moe
     E, k, hid, inter = moe.num_experts, moe.top_k, m.hidden_size, moe.expert_intermediate_size
     act = HF_ACTIVATIONS[m.hidden_act]
@@ -94,10 +96,10 @@ def moe_mlp(model, stream: int, n: int, W) -> None:
     shared = gate = NULL
     s = moe.shared_expert_intermediate_size
     if s:   # qwen2_moe: the shared expert first (its scratch is free again afterwards)
-        gemm_tc.gemm_tc(b, stream, ws.gate_up, ws.normed, W.shared_gate_up, n, 2 * s, hid)
+        run_linear(b, stream, ws.gate_up, ws.normed, W.shared_gate_up, n, 2 * s, hid)
         activation.act_mul(b, stream, ws.act, ws.gate_up, n, s, act)
-        gemm_tc.gemm_tc(b, stream, mb.shared_out, ws.act, W.shared_down, n, hid, s,
-                        out_fp32=True)
+        run_linear(b, stream, mb.shared_out, ws.act, W.shared_down, n, hid, s,
+                   out_fp32=True)
         shared = mb.shared_out
         if not W.shared_gate.is_null():
             gemm_tc.gemm_tc(b, stream, mb.shared_gate, ws.normed, W.shared_gate, n, 1, hid,
@@ -108,24 +110,32 @@ def moe_mlp(model, stream: int, n: int, W) -> None:
     moe_router.moe_route(b, stream, mb.sorted_pairs, mb.expert_offsets, mb.tile_offsets,
                          mb.topk_ids, pairs, E, tile.bm)
     lists = (mb.sorted_pairs, mb.expert_offsets, mb.tile_offsets)
-    gemm = _expert_gemm(W.gate_up)
-    gemm(b, stream, ws.gate_up, ws.normed, *_operand(W.gate_up), *lists, pairs, E, 2 * inter,
-         hid, k, tile=tile.name, bias_ptr=W.gate_up_bias)
+    _experts(b, stream, ws.gate_up, ws.normed, W.gate_up, lists, pairs, E, 2 * inter, hid, k,
+             False, tile.name, W.gate_up_bias)
     if moe.oss is None:
         activation.act_mul(b, stream, ws.act, ws.gate_up, pairs, inter, act)
     else:
         activation.act_mul(b, stream, ws.act, ws.gate_up, pairs, inter, "swiglu_clamp",
                            moe.oss.swiglu_alpha, moe.oss.swiglu_limit)
-    gemm(b, stream, mb.expert_out, ws.act, *_operand(W.down), *lists, pairs, E, hid, inter, 1,
-         out_fp32=True, tile=tile.name, bias_ptr=W.down_bias)
-    moe_combine.moe_combine(b, stream, ws.hidden, mb.expert_out, mb.topk_weights, n, hid, k,
-                            shared, gate)
+    _experts(b, stream, mb.expert_out, ws.act, W.down, lists, pairs, E, hid, inter, 1, True,
+             tile.name, W.down_bias)
+    if model._tp is None:
+        moe_combine.moe_combine(b, stream, ws.hidden, mb.expert_out, mb.topk_weights, n, hid,
+                                k, shared, gate)
+    else:   # a rank's slice of every expert: its FP32 combine, summed over the ranks
+        model._tp.sum_partials(stream, ws.hidden, n, lambda part: moe_combine.moe_combine(
+            b, stream, part, mb.expert_out, mb.topk_weights, n, hid, k, shared, gate,
+            out_fp32=True))
 
 
-def _expert_gemm(w):
-    """The grouped GEMM of an expert operand: BF16 (a DevicePtr) or MXFP4 (gpt-oss)."""
-    return moe_gemm.moe_gemm_mxfp4 if isinstance(w, Mxfp4Experts) else moe_gemm.moe_gemm
-
-
-def _operand(w) -> tuple:
-    return (w.blocks, w.scales) if isinstance(w, Mxfp4Experts) else (w,)
+def _experts(b, stream, y, x, w, lists, pairs, E, n, k, row_div, out_fp32, tile, bias):
+    """The grouped GEMM of an expert operand: BF16 (a DevicePtr), MXFP4 (gpt-oss) or
+    quantized (QuantExperts: FP8, GPTQ, AWQ; no expert biases)."""
+    if isinstance(w, QuantExperts):
+        w.run(b, stream, y, x, lists, pairs, E, row_div, out_fp32, tile)
+    elif isinstance(w, Mxfp4Experts):
+        moe_gemm.moe_gemm_mxfp4(b, stream, y, x, w.blocks, w.scales, *lists, pairs, E, n, k,
+                                row_div, out_fp32, tile, bias_ptr=bias)
+    else:
+        moe_gemm.moe_gemm(b, stream, y, x, w, *lists, pairs, E, n, k, row_div, out_fp32, tile,
+                          bias_ptr=bias)

@@ -20,15 +20,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..gpu_runtime.types import NULL, DevicePtr
+from .linear import upload_linear
+from .moe_quant import upload_quant_experts
 
 
 @dataclass
 class MoeLayerWeights:
     router: DevicePtr            # [E, hidden] (HF `gate.weight`)
-    gate_up: DevicePtr           # [E, 2 * I, hidden]
-    down: DevicePtr              # [E, hidden, I]
-    shared_gate_up: DevicePtr    # [2 * S, hidden] or NULL (qwen2_moe's shared expert)
-    shared_down: DevicePtr       # [hidden, S] or NULL
+    gate_up: object              # [E, 2 * I, hidden]: BF16 DevicePtr, Mxfp4Experts or
+    down: object                 # [E, hidden, I]       QuantExperts (moe_quant.py)
+    shared_gate_up: object       # [2 * S, hidden] or NULL (qwen2_moe's shared expert; a
+    shared_down: object          # [hidden, S] or NULL   linear.py linear, BF16 or quantized)
     shared_gate: DevicePtr       # [1, hidden] or NULL (shared_expert_gate)
     router_bias: DevicePtr = NULL    # [E] (gpt-oss)
     gate_up_bias: DevicePtr = NULL   # [E, 2 * I], gate then up (gpt-oss)
@@ -47,18 +49,23 @@ def upload_moe_layer(weights, up, meta, layer: int) -> MoeLayerWeights | None:
         return _upload_oss_layer(weights, up, meta, f"model.layers.{layer}.mlp.", E)
     b = f"model.layers.{layer}.{moe.block}."
     gate, upn, down = moe.expert_proj
-    gate_up = weights._alloc(E * 2 * i * h * 2)
-    up.upload_into([f"{b}experts.{e}.{p}.weight" for e in range(E) for p in (gate, upn)],
-                   gate_up)
-    down_all = weights._alloc(E * h * i * 2)
-    up.upload_into([f"{b}experts.{e}.{down}.weight" for e in range(E)], down_all)
+    quant = (upload_quant_experts(weights, up, meta, b) if meta.quantization is not None
+             else None)   # quantized experts (moe_quant.py), or None: BF16 in the checkpoint
+    if quant is not None:
+        gate_up, down_all = quant
+    else:
+        gate_up = weights._alloc(E * 2 * i * h * 2)
+        up.upload_into([f"{b}experts.{e}.{p}.weight" for e in range(E) for p in (gate, upn)],
+                       gate_up)
+        down_all = weights._alloc(E * h * i * 2)
+        up.upload_into([f"{b}experts.{e}.{down}.weight" for e in range(E)], down_all)
     shared_gate_up = shared_down = shared_gate = NULL
     s = moe.shared_expert_intermediate_size
-    if s:
-        shared_gate_up = weights._alloc(2 * s * h * 2)
-        up.upload_into([b + "shared_expert.gate_proj.weight", b + "shared_expert.up_proj.weight"],
-                       shared_gate_up)
-        shared_down = weights._own(up.upload(b + "shared_expert.down_proj.weight"))
+    if s:   # BF16 or quantized linears (linear.py), as the dense MLP's
+        src = up.source
+        shared_gate_up = upload_linear(weights, up, src, meta, [b + "shared_expert.gate_proj",
+                                                               b + "shared_expert.up_proj"])
+        shared_down = upload_linear(weights, up, src, meta, [b + "shared_expert.down_proj"])
         shared_gate = weights._own(up.upload(b + "shared_expert_gate.weight"))
     return MoeLayerWeights(router=weights._own(up.upload(b + "gate.weight")), gate_up=gate_up,
                            down=down_all, shared_gate_up=shared_gate_up,

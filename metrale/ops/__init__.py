@@ -10,7 +10,7 @@ Importing this package imports every family, so every twin is in the device laye
 from . import (activation, argmax, attention, attention_tc, cast, conv1d, dense_attention,
                elementwise, embedding, gemm, gemm_q, gemm_tc, kv_cache, rmsnorm, rope, sampling,
                tensor_parallel, vision)
-from . import moe_combine, moe_gemm, moe_router  # mixture-of-experts layers
+from . import moe_combine, moe_gemm, moe_gemm_q, moe_router  # mixture-of-experts layers
 from . import gemm_fused  # decode GEMMs with rmsnorm / act_mul / the residual add fused
 from . import gemm_gguf  # llama.cpp's block formats kept at their bytes
 from . import causal_conv1d, gated_delta_rule, mamba2_ssd  # hybrid models' recurrent layers
@@ -21,6 +21,6 @@ from . import deepseek_router, attention_mla, mla_project  # DeepSeek routing an
 __all__ = ["activation", "argmax", "attention", "attention_tc", "cast", "conv1d",
            "dense_attention", "elementwise", "embedding", "gemm", "gemm_q", "gemm_tc", "kv_cache",
            "rmsnorm", "rope", "sampling", "tensor_parallel", "vision", "moe_combine",
-           "moe_gemm", "moe_router", "gemm_fused", "gemm_gguf", "causal_conv1d",
+           "moe_gemm", "moe_gemm_q", "moe_router", "gemm_fused", "gemm_gguf", "causal_conv1d",
            "gated_delta_rule", "mamba2_ssd", "lora", "gated_norm", "deepseek_router",
            "attention_mla", "mla_project"]

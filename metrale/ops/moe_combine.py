@@ -22,14 +22,17 @@ THREADS = 256
 
 
 def moe_combine(backend, stream: int, out_ptr, expert_out_ptr, topk_weights_ptr, n_tokens: int,
-                hidden: int, top_k: int, shared_ptr=NULL, shared_gate_ptr=NULL) -> None:
-    """out bf16 [n_tokens, hidden] = the weighted sum above. expert_out float32 [n_tokens *
-    top_k, hidden]; topk_weights float32 [n_tokens, top_k]; shared float32 [n_tokens,
-    hidden] or NULL; shared_gate float32 [n_tokens] (gate logits) or NULL."""
+                hidden: int, top_k: int, shared_ptr=NULL, shared_gate_ptr=NULL,
+                out_fp32: bool = False) -> None:
+    """out bf16 [n_tokens, hidden] (float32, unrounded, when out_fp32: a tensor-parallel
+    rank's partial) = the weighted sum above. expert_out float32 [n_tokens * top_k, hidden];
+    topk_weights float32 [n_tokens, top_k]; shared float32 [n_tokens, hidden] or NULL;
+    shared_gate float32 [n_tokens] (gate logits) or NULL."""
     check_sizes("moe_combine", n_tokens=n_tokens, hidden=hidden, top_k=top_k)
     check_ptrs("moe_combine", out_ptr=out_ptr, expert_out_ptr=expert_out_ptr,
                topk_weights_ptr=topk_weights_ptr)
-    backend.launch(backend.kernel(MODULE, "moe_combine"), (int(n_tokens),), (THREADS,), 0,
+    func = "moe_combine_fp32" if out_fp32 else "moe_combine"
+    backend.launch(backend.kernel(MODULE, func), (int(n_tokens),), (THREADS,), 0,
                    stream, (DevicePtr(out_ptr), DevicePtr(expert_out_ptr),
                             DevicePtr(topk_weights_ptr), DevicePtr(shared_ptr),
                             DevicePtr(shared_gate_ptr), np.int32(n_tokens), np.int32(hidden),
@@ -58,18 +61,22 @@ def combine_f32(y: np.ndarray, w: np.ndarray, shared=None, gate=None) -> np.ndar
     return acc
 
 
-@twin(MODULE, "moe_combine")
 def _combine_twin(ctx, out_ptr, y_ptr, w_ptr, shared_ptr, gate_ptr, n_tokens, hidden,
-                  top_k) -> None:
+                  top_k, out_fp32: bool = False) -> None:
     n, h, k = int(n_tokens), int(hidden), int(top_k)
     y = ctx.read(y_ptr, n * k * h, np.float32).reshape(n, k, h)
     w = ctx.read(w_ptr, n * k, np.float32).reshape(n, k)
     shared = None if int(shared_ptr) == 0 else ctx.read(shared_ptr, n * h, np.float32).reshape(n, h)
     gate = None if int(gate_ptr) == 0 else ctx.read(gate_ptr, n, np.float32)
-    out = ctx.view(out_ptr, n * h, np.uint16).reshape(n, h)
+    out = ctx.view(out_ptr, n * h, np.float32 if out_fp32 else np.uint16).reshape(n, h)
 
     def rows(lo: int, hi: int) -> None:   # tokens are independent
-        out[lo:hi] = f32_to_bf16(combine_f32(
-            y[lo:hi], w[lo:hi], None if shared is None else shared[lo:hi],
-            None if gate is None else gate[lo:hi]))
+        acc = combine_f32(y[lo:hi], w[lo:hi], None if shared is None else shared[lo:hi],
+                          None if gate is None else gate[lo:hi])
+        out[lo:hi] = acc if out_fp32 else f32_to_bf16(acc)
     ctx.map_blocks(n, max(1, (1 << 20) // (4 * h * (k + 1))), rows)
+
+
+twin(MODULE, "moe_combine")(_combine_twin)
+twin(MODULE, "moe_combine_fp32")(
+    lambda ctx, o, y, w, sh, g, n, h, k: _combine_twin(ctx, o, y, w, sh, g, n, h, k, True))

@@ -104,18 +104,24 @@ def test_windows():
     ("qwen2_moe", dict(head_dim=None), FormatError, "head_dim is null"),
     ("mixtral", dict(num_local_experts=0), FormatError, "num_local_experts must be >= 1"),
     ("qwen3_moe", dict(hidden_size=30), FormatError, "not a multiple of"),
-    # quantized experts: refused by name for every MoE family, whatever dense models accept
-    ("qwen3_moe", dict(quantization_config={"quant_method": "fp8", "weight_block_size":
-                                            [128, 128]}), Unsupported,
-     "quantization_config \\(quant_method='fp8'\\) on a qwen3_moe checkpoint"),
-    ("qwen2_moe", dict(quantization_config={"quant_method": "gptq", "bits": 4}), Unsupported,
-     "quant_method='gptq'\\) on a qwen2_moe checkpoint"),
-    ("mixtral", dict(quantization_config={"quant_method": "awq"}), Unsupported,
-     "quant_method='awq'\\) on a mixtral checkpoint is not supported"),
+    # quantized experts: what the dense families refuse is refused by name here too
+    ("mixtral", dict(quantization_config={"quant_method": "bitsandbytes"}), Unsupported,
+     "bitsandbytes"),
+    ("qwen2_moe", dict(quantization_config={"quant_method": "gptq", "bits": 8}), Unsupported,
+     "bits = 8"),
 ])
 def test_refusals_name_the_field(arch, kw, err, match):
     with pytest.raises(err, match=match):
         meta(arch, **kw)
+
+
+@pytest.mark.parametrize("arch,q", [
+    ("qwen3_moe", {"quant_method": "fp8", "weight_block_size": [128, 128]}),
+    ("qwen2_moe", {"quant_method": "gptq", "bits": 4, "group_size": 16}),
+    ("mixtral", {"quant_method": "awq", "bits": 4, "group_size": 16, "version": "gemm"})])
+def test_quantized_experts_are_read(arch, q):
+    """A quantized MoE config parses (it was refused by name before quantized experts)."""
+    assert meta(arch, quantization_config=q).quantization.method == q["quant_method"]
 
 
 def test_a_large_top_k_is_fine_when_no_layer_is_sparse():

@@ -214,3 +214,37 @@ def test_configs_describe_themselves():
     for name in QUANT:
         q = open_source(FIXTURES / name).metadata().quantization
         assert q.method in q.describe() or q.method.upper() in q.describe()
+
+
+# ------------------------------------------------------- FP8 scales as releases store them
+@pytest.mark.parametrize("dtype", ["BF16", "F16"])
+def test_fp8_weight_scale_inv_in_bf16_or_f16_loads_as_its_values(tmp_path, dtype):
+    """Fine-grained FP8 releases store weight_scale_inv in float32, bfloat16 or float16: each
+    widens exactly to the float32 the dequantization multiplies by, so a checkpoint whose
+    scales are stored BF16 / F16 gives the bits of the same scales stored F32."""
+    from metrale.ops.bf16 import bf16_to_f32, f32_to_bf16
+    from tests.model.common import golden, logits_rows
+    scales = {}
+
+    def as_f32(d):   # every scale rounded to a BF16 value (8 bits: FP16 holds it too)
+        for n, (dt, a) in d.items():
+            if n.endswith("weight_scale_inv"):
+                scales[n] = bf16_to_f32(f32_to_bf16(a.astype(np.float32)))
+                d[n] = ("F32", scales[n])
+
+    def stored(d):
+        as_f32(d)
+        for n, v in scales.items():
+            d[n] = (dtype, f32_to_bf16(v) if dtype == "BF16" else v.astype(np.float16))
+            assert np.array_equal(bf16_to_f32(d[n][1]) if dtype == "BF16"
+                                  else d[n][1].astype(np.float32), v)
+    ref = copy(tmp_path / "f32", "q_fp8_block", tensors=as_f32)
+    got = copy(tmp_path / "low", "q_fp8_block", tensors=stored)
+    ids = golden("q_fp8_block")["input_ids"][0, :10].tolist()
+    rows = []
+    for path in (ref, got):
+        m = metrale.load(path, HostBackend(), progress=False)
+        seq = m.alloc_sequence()
+        rows.append(logits_rows(m, m.prefill(ids, seq, 0)))
+        m.teardown()
+    assert np.array_equal(rows[0], rows[1])

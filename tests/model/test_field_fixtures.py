@@ -82,7 +82,7 @@ def _neutralise(name, m):
     elif "stored_head" in name:
         m._weights.lm_head = m._weights.embed_tokens
     elif "norm_topk_prob" in name:
-        m._meta = replace(m._meta, moe=replace(m._meta.moe, norm_topk_prob=False))
+        m._meta = m._layer_meta = replace(m._meta, moe=replace(m._meta.moe, norm_topk_prob=False))
     else:   # an activation
         m._meta = m._layer_meta = replace(m._meta, hidden_act="silu")
 

@@ -41,7 +41,7 @@ def ref64(y, w, s=None, g=None):
 
 
 def test_entry_points_exist():
-    assert set(kernel_source.entry_points(C.MODULE)) == {"moe_combine"}
+    assert set(kernel_source.entry_points(C.MODULE)) == {"moe_combine", "moe_combine_fp32"}
 
 
 SIZES = [(1, 1, 8), (7, 2, 19), (19, 8, 64), (3, 4, 4097)]
@@ -89,3 +89,36 @@ def test_gpu_matches_twin(device, host, rng, n, k, h):
 def test_gpu_unaligned_output_takes_the_scalar_path(device, rng):
     y, w, s, g = inputs(rng, 4, 2, 64, True, True)
     assert np.array_equal(run(device, y, w, s, g, out_offset=1), run(device, y, w, s, g))
+
+
+def run_fp32(backend, y, w, s=None, g=None):
+    n, k = w.shape
+    h = y.shape[1]
+    with Buffers(backend) as b:
+        op = b.empty((n, h), np.float32)
+        C.moe_combine(backend, backend.default_stream(), op, b.put(y), b.put(w), n, h, k,
+                      NULL if s is None else b.put(s), NULL if g is None else b.put(g),
+                      out_fp32=True)
+        return b.get(op, (n, h), np.float32)
+
+
+@pytest.mark.parametrize("shared,gate", [(False, False), (True, True)])
+def test_fp32_out_is_the_sum_before_its_rounding(host, rng, shared, gate):
+    """moe_combine_fp32 (a tensor-parallel rank's partial): the float32 formula itself,
+    which rounded to BF16 is moe_combine's output."""
+    y, w, s, g = inputs(rng, 9, 3, 40, shared, gate)
+    got = run_fp32(host, y, w, s, g)
+    want = C.combine_f32(y.reshape(9, 3, 40), w, s, g)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert np.array_equal(f32_to_bf16(got), run(host, y, w, s, g))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k,h", [(7, 2, 64), (5, 3, 20)])
+def test_gpu_fp32_out_matches_twin(device, host, rng, n, k, h):
+    """(expf of the shared gate may differ from numpy's exp by an ulp: a tolerance)"""
+    y, w, s, g = inputs(rng, n, k, h, True, True)
+    assert_close(run_fp32(device, y, w, s, g), run_fp32(host, y, w, s, g), "gpu_vs_twin_fp32")
+    y, w, _, _ = inputs(rng, n, k, h)   # no gate: the same float32 steps, the same bits
+    got, want = run_fp32(device, y, w), run_fp32(host, y, w)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))

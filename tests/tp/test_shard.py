@@ -341,48 +341,52 @@ def test_whisper_and_llava_stay_on_one_device(name, arch):
         metrale.load(FIXTURES / name, "cpu", tensor_parallel_size=2)
 
 
-@pytest.mark.parametrize("key,value", [("quantization_config", {"quant_method": "fp8"}),
-                                       ("num_experts", 8), ("num_local_experts", 8)])
-def test_quantized_and_expert_checkpoints_are_refused(tmp_path, key, value):
-    import json
-    import shutil
-    d = tmp_path / "m"
-    shutil.copytree(FIXTURES / "llama_gqa", d)
-    cfg = json.loads((d / "config.json").read_text())
-    cfg[key] = value
-    (d / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(Unsupported, match=f"tensor_parallel_size=2: config.json field '{key}'"):
-        metrale.load(d, "cpu", tensor_parallel_size=2)
-    cfg["model_type"] = "mixtral"
-    (d / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(Unsupported, match="mixtral runs on one device"):
-        metrale.load(d, "cpu", tensor_parallel_size=2)
+def test_gpt_oss_stays_on_one_device():
+    with pytest.raises(Unsupported, match="tensor_parallel_size=2: gpt_oss runs on one device"):
+        metrale.load(FIXTURES / "gpt_oss", "cpu", tensor_parallel_size=2)
 
 
-@pytest.mark.parametrize("name", ["q_awq", "q_ct_fp8_channel", "q_fp8_block", "q_fp8_head",
-                                  "q_gptq_v1", "q_gptq_v2_actorder"])
-def test_the_quantized_fixtures_are_refused_by_name(name):
-    """FP8 / GPTQ / AWQ checkpoints (quantized linears, formats/quant/) run on one device:
-    refused before the metadata is parsed or a launcher is asked for ranks."""
-    import json
-    method = json.loads((FIXTURES / name / "config.json").read_text())[
-        "quantization_config"]["quant_method"]
-    with pytest.raises(Unsupported, match=f"tensor_parallel_size=2: config.json field "
-                                          f"'quantization_config' \\(quant_method '{method}'\\)"):
+@pytest.mark.parametrize("name,match", [
+    ("q_gptq_v1", "tensor model.layers.0.mlp.down_proj: a rank's input columns \\[0, 96\\) "
+                  "cut a 4-bit group \\(group_size 64\\)"),
+    ("q_fp8_head", "tensor model.layers.0.mlp.down_proj: a rank's input columns start at 100, "
+                   "inside an FP8 scale block of 32 columns")])
+def test_quantized_splits_the_format_cannot_hold_are_refused_by_name(name, match):
+    """Quantized checkpoints are split packed (tp/quant_shard.py); only a split that cuts a
+    4-bit group, or starts an FP8 block slice off the 8-column grid, is refused: by name,
+    before the metadata reaches a launcher."""
+    with pytest.raises(Unsupported, match="tensor_parallel_size=2: " + match):
         metrale.load(FIXTURES / name, "cpu", tensor_parallel_size=2)
 
 
-@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe", "qwen3_moe"])
-def test_expert_architectures_are_refused_by_name(tmp_path, arch):
-    import json
-    import shutil
-    d = tmp_path / "m"
-    shutil.copytree(FIXTURES / "llama_gqa", d)
-    cfg = json.loads((d / "config.json").read_text())
-    cfg["model_type"] = arch
-    (d / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(Unsupported, match=f"tensor_parallel_size=2: {arch} runs on one device"):
-        metrale.load(d, "cpu", tensor_parallel_size=2)
+def test_quantized_experts_that_cut_a_group_are_refused_by_name():
+    """Experts are split packed (tp/moe_shard.py); q_moe_awq's groups of 32 do not divide
+    the 48 expert columns a rank's down slice holds."""
+    with pytest.raises(Unsupported, match="tensor_parallel_size=2: tensor model.layers.0.mlp."
+                                          "experts.0.down_proj: a rank's input columns "
+                                          "\\[0, 48\\) cut a 4-bit group \\(group_size 32\\)"):
+        metrale.load(FIXTURES / "q_moe_awq", "cpu", tensor_parallel_size=2)
+
+
+def test_an_expert_width_the_ranks_cannot_split_is_refused_by_name():
+    meta = open_source(FIXTURES / "qwen2_moe").metadata()   # experts 48, shared 80 wide
+    plan_shards(meta, 0, 4, "x")
+    odd = replace(meta, moe=replace(meta.moe, expert_intermediate_size=50))
+    with pytest.raises(Unsupported, match="tensor_parallel_size=4 does not divide "
+                                          "moe_intermediate_size=50"):
+        plan_shards(odd, 0, 4, "x")
+    odd = replace(meta, moe=replace(meta.moe, shared_expert_intermediate_size=90))
+    with pytest.raises(Unsupported, match="does not divide shared_expert_intermediate_size=90"):
+        plan_shards(odd, 0, 4, "x")
+
+
+def test_moe_plan_splits_every_expert_and_the_shared_one():
+    meta = open_source(FIXTURES / "qwen2_moe").metadata()
+    p = plan_shards(meta, 1, 2, "x")
+    lm = p.layer_metadata(meta)
+    assert (p.expert_start, p.expert_intermediate, p.shared_start, p.shared_intermediate) == \
+        (24, 24, 40, 40)
+    assert lm.moe.expert_intermediate_size == 24 and lm.moe.shared_expert_intermediate_size == 40
 
 
 def test_the_tensor_contract_is_refused():

@@ -25,10 +25,10 @@ from metrale.gpu_runtime import backend
 from metrale.gpu_runtime.comm.ranks import launcher_ranks
 from metrale.model_engine import PrefillSlice
 from tests.model.common import DECODER_FIXTURES, FIXTURES, MOE_FIXTURES, golden
-from tests.tp import worker_checkpoints, worker_lora, worker_streams
+from tests.tp import worker_checkpoints, worker_lora, worker_moe, worker_quant, worker_streams
 
 N = int(os.environ.get("METRALE_TP_TEST_SIZE", "2"))
-# the dense decoders (mixture-of-experts checkpoints are refused at TP > 1: test_shard.py)
+# the dense decoders (mixture-of-experts checkpoints: worker_moe.py, test_tp_moe.py)
 GOLDEN_FIXTURES = [n for n in DECODER_FIXTURES if n not in MOE_FIXTURES] + [
     "llama_attention_bias", "llama_mlp_bias", "qwen3_attention_bias", "mistral_window",
     "llama_tied_stored_head"]
@@ -374,7 +374,8 @@ SCENARIOS = {"golden": golden_rows, "emu_batch": emu_batch, "fp32_graphs": fp32_
              "soak": soak, "failures": failures, "comm": comm_protocol, "stall": stall,
              "kill": kill, "nonfinite": worker_checkpoints.nonfinite,
              "gguf": worker_checkpoints.gguf, "streams": worker_streams.streams,
-             "lora": worker_lora.lora}
+             "lora": worker_lora.lora, "quant": worker_quant.quant,
+             "moe": worker_moe.moe}
 
 
 def main(argv) -> int:

@@ -21,7 +21,8 @@ QUANT_FP8 = {
                                  "null: transformers' default skips (the output head)"),
     "ignored_layers": _h("alias of modules_to_not_convert (MiniMax)"),
     "modules_to_convert": _r("extra modules (embedding tables) quantized to FP8"),
-    "scale_fmt": _h("float (float32 scales); ue8m0 refused"),
+    "scale_fmt": _h("float (weight_scale_inv stored float32, bfloat16 or float16); ue8m0 "
+                   "refused"),
     "fmt": _h("e4m3 (DeepSeek configs); others refused"),
     "expert_dtype": _h("fp8 (MoE experts; dense models have none); fp4 refused"),
     "dequantize": _i(_QLOAD),

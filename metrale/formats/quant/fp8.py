@@ -12,9 +12,9 @@ quant_config.py, compressors/quantized_compressors/naive_quantized.py, utils/mat
 
 Fine-grained, for a Linear of in_features k, out_features n, weight_block_size [bn, bk]:
   M.weight            float8_e4m3fn [n, k]
-  M.weight_scale_inv  float32 (or bfloat16 / float16, as Qwen3.5-*-FP8 store them; widened
-                      exactly) [ceil(n / bn), ceil(k / bk)] (a scalar when weight_block_size
-                      is null: one scale per tensor)
+  M.weight_scale_inv  float32, bfloat16 or float16 (releases store all three) [ceil(n / bn),
+                      ceil(k / bk)] (a scalar when weight_block_size is null: one scale per
+                      tensor); a BF16 / FP16 scale widens exactly to float32
   w[j, i] = bf16(f32(e4m3(weight[j, i]) * weight_scale_inv[j / bn, i / bk])): despite its
   name the scale multiplies (HF's dequantization: both to float32, multiply, to BF16).
   Modules left in BF16: modules_to_not_convert (alias ignored_layers) with transformers'
@@ -110,7 +110,9 @@ class Fp8Config:
         return (n, 1) if self.strategy == "channel" else (1,)
 
     def tensor_specs(self, module: str, n: int, k: int) -> dict[str, tuple]:
-        # fine-grained: BF16 / F16 scales too (Qwen3.5-*-FP8); HF widens them to FP32
+        # fine-grained: F32, BF16 or F16, each widened exactly (e4m3 x a scale of <= 11
+        # significant bits is exact in FP32, so the one rounding is still the BF16 one);
+        # compressed-tensors multiplies in the scale's dtype, exact for BF16 only
         dts = ("F32", "BF16", "F16") if self.method == "fp8" else ("F32", "BF16")
         return {f"{module}.weight": ((n, k), ("F8_E4M3",), True),
                 f"{module}.{self.scale_name}": (self.scale_shape(n, k), dts, True)}

@@ -7,6 +7,7 @@ import numpy as np
 from ...errors import Unsupported
 from . import int4 as quant_int4
 from ..layout import expected_tensors
+from ..moe_config import expert_linear_shapes
 
 # The linear modules of a decoder layer, as HF names them (n, k from the metadata).
 LAYER_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
@@ -30,8 +31,13 @@ def linear_shapes(meta, names=None) -> dict[str, tuple[int, int]]:
             "self_attn.v_proj": (kv, h), "self_attn.o_proj": (h, q),
             "mlp.gate_proj": (inter, h), "mlp.up_proj": (inter, h),
             "mlp.down_proj": (h, inter)}
+    moe = getattr(meta, "moe", None)
+    sparse = moe.sparse_layers if moe is not None else (False,) * meta.num_layers
     out = {f"model.layers.{i}.{m}": dims[m] for i in range(meta.num_layers)
-           for m in LAYER_LINEARS}
+           for m in LAYER_LINEARS if not (sparse[i] and m.startswith("mlp."))}
+    for i in range(meta.num_layers):
+        if sparse[i]:   # the experts' (and shared expert's) linears; the router stays BF16
+            out.update(expert_linear_shapes(meta, f"model.layers.{i}."))
     if "lm_head.weight" in expected_tensors(meta, names):
         out["lm_head"] = (meta.vocab_size, h)
     return out

@@ -135,27 +135,22 @@ def agree_values(comm, value: bytes) -> list[bytes]:
 
 
 # What the shard plan knows how to split: dense decoders with BF16 (or float) weights.
-TP_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
-# config.json keys of weights it does not split (quantized linears, expert layers)
-_UNSHARDED_KEYS = ("quantization_config", "num_experts", "num_local_experts",
-                   "moe_intermediate_size")
-
+TP_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral")
 
 def refuse_unsharded(source, n: int) -> None:
     """Unsupported, by name, for a checkpoint tensor parallelism does not split: another
-    architecture (whisper, llava, mixture of experts) or quantized weights."""
+    architecture (whisper, llava, gpt-oss, ...) or a quantized linear (dense or an expert's)
+    whose rank slices its format cannot hold (tp/quant_shard.py)."""
     cfg = source.config()
     arch = cfg.get("model_type")
     if arch not in TP_ARCHITECTURES:
         raise Unsupported(f"{source.description}: tensor_parallel_size={n}: {arch} runs on one "
                           f"device; tensor parallelism covers {', '.join(TP_ARCHITECTURES)}")
-    for key in _UNSHARDED_KEYS:
-        if cfg.get(key):
-            method = (f" (quant_method {cfg[key].get('quant_method')!r})"
-                      if isinstance(cfg[key], dict) and "quant_method" in cfg[key] else "")
-            raise Unsupported(f"{source.description}: tensor_parallel_size={n}: config.json "
-                              f"field {key!r}{method}: tensor parallelism splits BF16 dense "
-                              "layers only; load this checkpoint on one device")
+    if cfg.get("quantization_config"):   # every rank's slice of the quantized linears
+        from .quant_weights import check_row_parallel
+        meta = source.metadata()
+        check_row_parallel(meta, plan_shards(meta, 0, n, source.description),
+                           f"{source.description}: tensor_parallel_size={n}")
 
 
 def check_tensor_parallel_size(n) -> int:

@@ -29,7 +29,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...gpu_runtime.types import DevicePtr
-from ...ops import gemm_tc, tensor_parallel
+from ...ops import tensor_parallel
+from ..linear import run_linear
 from .shard import ShardPlan
 
 # Largest gathered partials (N * count * 4 bytes) the `gather` schedule is used for; above
@@ -100,9 +101,16 @@ class TensorParallel:
         """out[n, out_dim] bf16 = x[n, in_dim] @ w[out_dim, in_dim]^T summed over the
         ranks' slices of the contraction (o_proj, down_proj), one rounding."""
         self.before_collective()
-        gemm_tc.gemm_tc(self.backend, stream, self.partial, x_ptr, w_ptr, n, out_dim, in_dim,
-                        out_fp32=True)
+        run_linear(self.backend, stream, self.partial, x_ptr, w_ptr, n, out_dim, in_dim,
+                   out_fp32=True)   # BF16 or quantized (the rank's slice of k)
         self.reduce(stream, self.partial, out_ptr, n * out_dim)
+
+    def sum_partials(self, stream: int, out_ptr, n: int, fill) -> None:
+        """out[n, hidden] bf16 = the rank-order sum of every rank's partial [n, hidden] f32,
+        which `fill(partial_ptr)` writes (a MoE block's combine: moe.py)."""
+        self.before_collective()
+        fill(self.partial)
+        self.reduce(stream, self.partial, out_ptr, n * self.hidden)
 
     def lm_head(self, stream: int, x_ptr, n_rows: int, out_ptr, w_ptr, fp32: bool) -> None:
         """Whole logits rows out[n_rows, vocab] (BF16, or FP32 when `fp32`) on every rank,
@@ -112,7 +120,7 @@ class TensorParallel:
         lb = 4 if fp32 else 2
         for r0 in range(0, n_rows, self.logits_rows):
             k = min(self.logits_rows, n_rows - r0)
-            gemm_tc.gemm_tc(b, stream, self.logits_shard, DevicePtr(x_ptr).offset(
+            run_linear(b, stream, self.logits_shard, DevicePtr(x_ptr).offset(
                 r0 * self.hidden * 2), w_ptr, k, p.vocab_shard, self.hidden, out_fp32=fp32)
             self.comm.all_gather(self.logits_shard, self.logits_all, k * p.vocab_shard,
                                  np.float32 if fp32 else np.uint16, stream)

@@ -15,8 +15,14 @@ column-split biases (q/k/v, gate/up) are sliced like their weights. o_proj and d
 outputs are partial sums that the ranks add in rank order (tp/runtime.py); their biases
 are added once, after that sum.
 
-Refused, by name: N that does not divide num_attention_heads, intermediate_size or
-hidden_size, or that neither divides nor is divided by num_key_value_heads; N above 64.
+Mixture of experts (qwen2_moe, qwen3_moe, mixtral): the router whole on every rank, every
+expert's intermediate rows split like the dense MLP's ([r * I/N, (r+1) * I/N) of gate/up
+rows and down columns; the shared expert's likewise): a rank runs every expert on its
+slice, and its combine's FP32 partial is summed over the ranks like down_proj's.
+
+Refused, by name: N that does not divide num_attention_heads, intermediate_size,
+moe_intermediate_size, shared_expert_intermediate_size or hidden_size, or that neither
+divides nor is divided by num_key_value_heads; N above 64.
 """
 from __future__ import annotations
 
@@ -42,12 +48,20 @@ class ShardPlan:
     vocab_shard: int        # rows of this rank's embedding / lm_head slice (padded)
     vocab_start: int
     vocab_rows: int         # of them, real vocabulary rows (the rest are zero padding)
+    expert_intermediate: int = 0   # MoE: each expert's rows [expert_start, + this)
+    expert_start: int = 0
+    shared_intermediate: int = 0   # qwen2_moe's shared expert: [shared_start, + this)
+    shared_start: int = 0
 
     def layer_metadata(self, meta):
         """`meta` with this rank's head and intermediate counts: what its layer passes,
         workspace and KV pool are sized by (vocab_size stays whole: logits rows are)."""
+        moe = meta.moe
+        if moe is not None:   # every expert (and the shared one) split like the dense MLP
+            moe = replace(moe, expert_intermediate_size=self.expert_intermediate,
+                          shared_expert_intermediate_size=self.shared_intermediate)
         return replace(meta, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-                       intermediate_size=self.intermediate)
+                       intermediate_size=self.intermediate, moe=moe)
 
 
 def plan_shards(meta, rank: int, size: int, where: str) -> ShardPlan:
@@ -73,6 +87,13 @@ def plan_shards(meta, rank: int, size: int, where: str) -> ShardPlan:
         kv, kv_start, replicated = 1, rank * KV // N, True
     else:
         refuse("num_key_value_heads", KV, "neither divides nor is a multiple of")
+    ei = si = 0
+    if getattr(meta, "moe", None) is not None:
+        ei, si = meta.moe.expert_intermediate_size, meta.moe.shared_expert_intermediate_size
+        if ei % N:
+            refuse("moe_intermediate_size", ei, "does not divide")
+        if si % N:
+            refuse("shared_expert_intermediate_size", si, "does not divide")
     h = H // N
     i = inter // N
     vs = -(-V // N)
@@ -80,7 +101,9 @@ def plan_shards(meta, rank: int, size: int, where: str) -> ShardPlan:
     return ShardPlan(rank=rank, size=N, num_heads=h, head_start=rank * h, num_kv_heads=kv,
                      kv_head_start=kv_start, kv_replicated=replicated, intermediate=i,
                      inter_start=rank * i, vocab_shard=vs, vocab_start=v0,
-                     vocab_rows=max(0, min(vs, V - v0)))
+                     vocab_rows=max(0, min(vs, V - v0)), expert_intermediate=ei // N,
+                     expert_start=rank * (ei // N), shared_intermediate=si // N,
+                     shared_start=rank * (si // N))
 
 
 def rank_weight_bytes(meta, plan: ShardPlan, tied: bool) -> int:
@@ -88,7 +111,6 @@ def rank_weight_bytes(meta, plan: ShardPlan, tied: bool) -> int:
     D, hid = meta.head_dim, meta.hidden_size
     per_layer = hid * (plan.num_heads + 2 * plan.num_kv_heads) * D      # q, k, v
     per_layer += hid * plan.num_heads * D                               # o_proj
-    per_layer += 3 * hid * plan.intermediate                            # gate, up, down
     per_layer += 2 * hid                                                # the two norms
     if meta.attention_bias:
         per_layer += (plan.num_heads + 2 * plan.num_kv_heads) * D
@@ -99,5 +121,13 @@ def rank_weight_bytes(meta, plan: ShardPlan, tied: bool) -> int:
     if meta.mlp_bias:
         per_layer += 2 * plan.intermediate + hid
     total = meta.num_layers * per_layer + hid                           # + final norm
+    moe = getattr(meta, "moe", None)
+    for L in range(meta.num_layers):   # gate, up, down; a MoE block's router, experts and
+        if moe is None or not moe.sparse_layers[L]:   # shared expert (+ its gate)
+            total += 3 * hid * plan.intermediate
+            continue
+        total += moe.num_experts * hid * (1 + 3 * plan.expert_intermediate)
+        if moe.shared_expert_intermediate_size:
+            total += 3 * hid * plan.shared_intermediate + hid
     total += plan.vocab_shard * hid * (1 if tied else 2)                # embedding (+ head)
     return 2 * total

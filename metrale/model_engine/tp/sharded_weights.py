@@ -15,6 +15,9 @@ from ...errors import FormatError
 from ...formats import check_tensors, expected_tensors
 from ...formats.upload import WeightUploader
 from ...gpu_runtime.types import NULL, DevicePtr
+from ...formats.quant.checkpoint import check_quantized
+from .moe_shard import upload_moe_shard
+from .quant_weights import check_row_parallel, quantized, upload_columns, upload_rows
 from .shard import ShardPlan, rank_weight_bytes
 from ..weights import LayerWeights
 
@@ -30,9 +33,16 @@ class ShardedDecoderWeights:
         self._owned: list[DevicePtr] = []
         self._source = source
         expected = expected_tensors(meta, source.tensor_names())
-        check_tensors(source, expected)
+        if meta.quantization is None:
+            check_tensors(source, expected)
+        else:   # quantized linears (tp/quant_weights.py): checked as on one device, and
+            # every rank's input-column slice checked against the format
+            check_quantized(source, meta)
+            check_row_parallel(meta, plan, f"{source.description}")
         tied = "lm_head.weight" not in expected
         self.nbytes = rank_weight_bytes(meta, plan, tied)
+        self.held = 0   # bytes uploaded: this rank's weights as held (packed where quantized)
+        self._meta = meta
         D = meta.head_dim
         q = (plan.head_start * D, (plan.head_start + plan.num_heads) * D)
         kv = (plan.kv_head_start * D, (plan.kv_head_start + plan.num_kv_heads) * D)
@@ -49,28 +59,36 @@ class ShardedDecoderWeights:
                     att = p + "self_attn."
                     qkv_parts = [(att + "q_proj", q), (att + "k_proj", kv), (att + "v_proj", kv)]
                     gu_parts = [(p + "mlp.gate_proj", inter), (p + "mlp.up_proj", inter)]
+                    moe = upload_moe_shard(self, meta, plan, i)   # None: a dense MLP
                     self.layers.append(LayerWeights(
                         input_layernorm=self._whole(p + "input_layernorm.weight"),
-                        qkv=self._rows([(n + ".weight", r) for n, r in qkv_parts]),
+                        qkv=self._linear_rows(qkv_parts),
                         qkv_bias=(self._rows([(n + ".bias", r) for n, r in qkv_parts])
                                   if meta.attention_bias else NULL),
                         q_norm=self._whole(att + "q_norm.weight") if meta.qk_norm else NULL,
                         k_norm=self._whole(att + "k_norm.weight") if meta.qk_norm else NULL,
-                        o_proj=self._columns(att + "o_proj.weight", q),
+                        o_proj=self._linear_columns(att + "o_proj", q),
                         o_bias=(self._whole(att + "o_proj.bias") if meta.o_proj_bias
                                 else NULL),
                         post_attention_layernorm=self._whole(
                             p + "post_attention_layernorm.weight"),
-                        gate_up=self._rows([(n + ".weight", r) for n, r in gu_parts]),
+                        gate_up=self._linear_rows(gu_parts) if moe is None else NULL,
                         gate_up_bias=(self._rows([(n + ".bias", r) for n, r in gu_parts])
                                       if meta.mlp_bias else NULL),
-                        down_proj=self._columns(p + "mlp.down_proj.weight", inter),
+                        down_proj=(self._linear_columns(p + "mlp.down_proj", inter)
+                                   if moe is None else NULL),
                         down_bias=(self._whole(p + "mlp.down_proj.bias") if meta.mlp_bias
                                    else NULL),
+                        moe=moe,
                     ))
                 self.norm = self._whole("model.norm.weight")
-                self.lm_head = (self.embed_tokens if tied
-                                else self._vocab_rows("lm_head.weight"))
+                self.lm_head = (self.embed_tokens if tied else
+                                self._vocab_rows("lm_head.weight") if not quantized(meta, "lm_head")
+                                else upload_rows(self, meta, [("lm_head", (
+                                    plan.vocab_start, plan.vocab_start + plan.vocab_rows))],
+                                    pad_to=plan.vocab_shard))
+                if meta.quantization is not None or meta.moe is not None:
+                    self.nbytes = self.held   # measured (the plan's figure is BF16 dense)
         except BaseException:
             self.free()
             raise
@@ -88,6 +106,7 @@ class ShardedDecoderWeights:
     def _upload(self, arr: np.ndarray) -> DevicePtr:
         ptr = self._own(self.backend.alloc(arr.nbytes))
         self._up.upload_array(arr, ptr)
+        self.held += arr.nbytes
         return ptr
 
     def _whole(self, name: str) -> DevicePtr:
@@ -101,6 +120,18 @@ class ShardedDecoderWeights:
         """Columns [a, b) of a [out, in] weight: the rank's slice of a row-parallel layer."""
         a, b = span
         return self._upload(np.ascontiguousarray(self._read(name)[:, a:b]))
+
+    def _linear_rows(self, parts):
+        """A column-parallel linear: rows of each (module, span), BF16 or quantized."""
+        if any(quantized(self._meta, m) for m, _ in parts):
+            return upload_rows(self, self._meta, parts)
+        return self._rows([(m + ".weight", r) for m, r in parts])
+
+    def _linear_columns(self, module: str, span):
+        """A row-parallel linear: the rank's input columns, BF16 or quantized."""
+        if quantized(self._meta, module):
+            return upload_columns(self, self._meta, module, span)
+        return self._columns(module + ".weight", span)
 
     def _vocab_rows(self, name: str) -> DevicePtr:
         """The rank's vocabulary rows, zero rows after the vocabulary's end."""
