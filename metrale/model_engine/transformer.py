@@ -290,6 +290,11 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
                 self.backend.copy_d2d_async(base.offset(src * ws.block_bytes),
                                             base.offset(dst * ws.block_bytes),
                                             ws.block_bytes, stream)
+        if self._mtp is not None and group == 0:   # the MTP's latents live in the same blocks
+            cache = self._mtp.buffers.cache
+            self.backend.copy_d2d_async(cache.offset(src * ws.block_bytes),
+                                        cache.offset(dst * ws.block_bytes), ws.block_bytes,
+                                        stream)
 
 
 def _check_options(block_size, max_batch, max_prefill_tokens, kv_blocks, max_seq_len) -> None:
