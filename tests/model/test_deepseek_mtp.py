@@ -123,9 +123,9 @@ def test_mtp_loads_when_present_and_by_option(tmp_path):
 
 
 # the module against the float64 reference ---------------------------------------------
-@pytest.mark.parametrize("dev", BACKENDS)
-def test_mtp_logits_match_float64_reference(dev):
-    m = load("deepseek_v3", backend(dev))
+@pytest.mark.parametrize("device_name", BACKENDS)
+def test_mtp_logits_match_float64_reference(device_name):
+    m = load("deepseek_v3", backend(device_name))
     ref = MtpReference(open_source(V3), V3 / "config.json")
     ids = prompt(10)
     seq = m.alloc_sequence()
@@ -133,7 +133,7 @@ def test_mtp_logits_match_float64_reference(dev):
     m.save_hidden_for_mtp(len(ids) - 1, 0)
     drafts = m.run_mtp_propose_multi(first, len(ids), 3, seq, 0)
     want, ref_drafts = ref.propose(ids, saved_rows(m, len(ids)), first, 3, drafts)
-    assert_matches_golden(mtp_logits(m, 3), want, f"{dev}: MTP logits (3-draft chain)")
+    assert_matches_golden(mtp_logits(m, 3), want, f"{device_name}: MTP logits (3-draft chain)")
     assert ref_drafts == drafts
     m.free_sequence(seq)
 
@@ -174,11 +174,11 @@ def test_pairs_fed_after_verify_equal_feeding_them_at_once():
     m.free_sequence(fresh)
 
 
-@pytest.mark.parametrize("dev", BACKENDS)
-def test_mtp_drafts_are_batch_invariant(dev):
+@pytest.mark.parametrize("device_name", BACKENDS)
+def test_mtp_drafts_are_batch_invariant(device_name):
     """A sequence's MTP drafts and logits over two rounds are the same bits alone and with
     another sequence prefilled, proposed for and verified between its rounds."""
-    m = load("deepseek_v3", backend(dev))
+    m = load("deepseek_v3", backend(device_name))
 
     def verify_round(seq, last, d):
         verdict = m.decode_verify([last] + d, seq, 0)
