@@ -7,6 +7,7 @@ for t_{k+2}:
 
     x = eh_proj([enorm(embed(t_{k+1})) | hnorm(h_k)])     the embedding half first, as the
                                                             released eh_proj's columns are
+                                                            (run as its two halves' sum)
     y = one decoder block (MLA attention + DeepSeek MoE) on x, at rope position k + 1
     logits = shared_head.head(shared_head.norm(y))
 h_k is the residual stream before the final norm (the report's h^0 is the main model's
@@ -27,6 +28,8 @@ use scratch blocks of the cache).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from ..errors import Unsupported
 from ..formats.deepseek_config import deepseek_layer_tensors, deepseek_moe_tensors
@@ -111,7 +114,8 @@ def mtp_weight_bytes(tensors) -> int:
 class MtpWeights:
     enorm: DevicePtr
     hnorm: DevicePtr
-    eh_proj: DevicePtr       # [hidden, 2 * hidden]: columns [embedding half | hidden half]
+    eh_e: DevicePtr          # eh_proj's embedding half [hidden, hidden] (its first columns)
+    eh_h: DevicePtr          # eh_proj's hidden half [hidden, hidden]
     block: object            # MlaLayerWeights
     norm: DevicePtr          # shared_head.norm
     head: DevicePtr          # shared_head.head [vocab, hidden] (or lm_head's)
@@ -129,8 +133,14 @@ def upload_mtp(weights, source, meta, tensors, progress: bool) -> MtpWeights:
             else weights.embed_tokens
         head = own("shared_head.head.weight") if p + "shared_head.head.weight" in tensors \
             else weights.lm_head
+        # eh_proj's two column halves apart: x = e @ We^T + h @ Wh^T, each half a GEMM
+        # of its own rows, no concatenated input row to assemble
+        eh = np.asarray(source.read_bf16(p + "eh_proj.weight"))
+        h = meta.hidden_size
+        eh_e, eh_h = (weights._own(up.upload_array(np.ascontiguousarray(eh[:, c:c + h])))
+                      for c in (0, h))
         return MtpWeights(enorm=own("enorm.weight"), hnorm=own("hnorm.weight"),
-                          eh_proj=own("eh_proj.weight"), block=block,
+                          eh_e=eh_e, eh_h=eh_h, block=block,
                           norm=own("shared_head.norm.weight"), head=head, embed=embed)
 
 
@@ -142,7 +152,7 @@ def scratch_blocks(block_size: int, max_chain: int) -> int:
 
 class MtpBuffers:
     """The module's device buffers: its latent cache (the pool's blocks, the pad block and
-    `scratch` blocks), the saved target hidden rows, the pass's rows and its logits."""
+    `scratch` blocks), the saved target hidden rows, the pass's normed rows and its logits."""
 
     def __init__(self, backend, meta, ws, *, num_blocks: int, scratch: int, max_chain: int,
                  logit_bytes: int) -> None:
@@ -156,8 +166,7 @@ class MtpBuffers:
             self.cache = a((num_blocks + 1 + scratch) * ws.block_bytes)
             self.saved = a(T * hid * 2)       # target hidden rows (save_hidden_for_mtp)
             self.chain = a(hid * 2)           # the module's own output row, for a chain row
-            self.e = a(T * hid * 2)
-            self.cat = a(T * 2 * hid * 2)     # [T, 2 * hidden]: [enorm(e) | hnorm(h)]
+            self.e = a(T * hid * 2)           # embeddings, then hnorm(h)
             self.normed = a(T * hid * 2)
             self.logits = a(max_chain * meta.vocab_size * logit_bytes)
         except BaseException:
@@ -168,7 +177,7 @@ class MtpBuffers:
     def estimate_bytes(meta, *, max_tokens: int, block_bytes: int, num_blocks: int,
                        scratch: int, max_chain: int, logit_bytes: int) -> int:
         T, hid = max_tokens, meta.hidden_size
-        return ((num_blocks + 1 + scratch) * block_bytes + 6 * T * hid * 2 + hid * 2 +
+        return ((num_blocks + 1 + scratch) * block_bytes + 3 * T * hid * 2 + hid * 2 +
                 max_chain * meta.vocab_size * logit_bytes)
 
     def _alloc(self, nbytes: int) -> DevicePtr:

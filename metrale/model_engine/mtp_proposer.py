@@ -120,14 +120,11 @@ class MtpProposer:
         run_embedding(b, stream, B.e, W.embed, ws.token_ids, ws.h_tokens[:n], n, hid, V)
         rmsnorm.rmsnorm(b, stream, B.normed, B.e, W.enorm, n, hid, eps)
         rmsnorm.rmsnorm(b, stream, B.e, hid_ptr, W.hnorm, n, hid, eps)
+        # eh_proj as its halves: the block's first norm adds them (x = residual + hidden)
+        run_linear(b, stream, ws.residual, B.normed, W.eh_e, n, hid, hid)
+        run_linear(b, stream, ws.hidden, B.e, W.eh_h, n, hid, hid)
+        run_mla_block(model, stream, n, 0, W.block, 1, first=False, cache=B.cache)
         row_bytes = hid * 2
-        for r in range(n):   # [enorm(embedding) | hnorm(hidden)] per row
-            b.copy_d2d_async(B.normed.offset(r * row_bytes), B.cat.offset(2 * r * row_bytes),
-                             row_bytes, stream)
-            b.copy_d2d_async(B.e.offset(r * row_bytes), B.cat.offset((2 * r + 1) * row_bytes),
-                             row_bytes, stream)
-        run_linear(b, stream, ws.residual, B.cat, W.eh_proj, n, hid, 2 * hid)
-        run_mla_block(model, stream, n, 0, W.block, 1, first=True, cache=B.cache)
         rmsnorm.rmsnorm(b, stream, B.normed, ws.hidden, W.norm, n, hid, eps,
                         residual_ptr=ws.residual)
         run_linear(b, stream, self._logits(model, row), B.normed.offset((n - 1) * row_bytes),
