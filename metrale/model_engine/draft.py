@@ -96,6 +96,16 @@ class TransformerDraft:
             self._check_seq(seq)
             self._mtp.trim(seq)
 
+    def generate_speculative(self, prompt_tokens, params, num_drafts: int):
+        """The original's model-level loop lives in the engine here (a model cannot reach
+        the sampler): Unsupported, naming the call that runs it."""
+        if self._mtp is None:
+            raise Unsupported("this model has no draft proposer; use "
+                              "metrale.engine.speculative_generate with a draft model")
+        raise Unsupported("generate_speculative: use metrale.engine.speculative_generate("
+                          "model, None, prompt, max_new_tokens, k=num_drafts), which drafts "
+                          "with this model's MTP module")
+
     def mtp_logits_ptr(self) -> DevicePtr:
         """The MTP's logits rows of the last propose, one per draft ([n, vocab], the
         model's logits dtype). Additive."""

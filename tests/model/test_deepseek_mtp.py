@@ -236,6 +236,13 @@ def test_speculative_with_mtp_drafts_equals_greedy(k, tmp_path):
     assert rates["oracle"][0] > 0 and rates["oracle"][0] < rates["oracle"][1]
 
 
+@pytest.mark.parametrize("device_name", BACKENDS[1:])
+def test_speculative_with_mtp_drafts_equals_greedy_on_emu(device_name):
+    m = load("deepseek_v3", backend(device_name))
+    r = speculative_generate(m, None, prompt(9), 24, k=3)
+    assert r.tokens == generate(m, prompt(9), 24).tokens and r.proposed > 0
+
+
 def test_ported_k2_verify_step_with_mtp_drafts_equals_greedy(tmp_path):
     """tests/engine/test_rust_verify_k2_step.py's port of `step_verify_k2`, unchanged, on
     MTP drafts: the original's bootstrap (prefill, save_hidden_for_mtp of the last row,
@@ -288,6 +295,10 @@ def test_propose_arguments_are_checked():
         m.run_mtp_propose_multi(3, 5, 1, seq, 0, [0])
     with pytest.raises(InvalidArgument, match="num_accepted"):
         m.trim_proposer_state(seq, -1, 0)
+    with pytest.raises(Unsupported, match="speculative_generate"):
+        m.generate_speculative(prompt(5), None, 2)
+    with pytest.raises(Unsupported, match="adapters"):
+        speculative_generate(m, None, prompt(5), 4, adapter="x")
     assert len(m.run_mtp_propose_multi(3, 5, 1, seq, 0)) == 1
     assert m.run_mtp_propose(3, 5, seq, 0) is not None
     m.decode(3, seq, 0)   # the saved rows end at position 4: no context for position 6
