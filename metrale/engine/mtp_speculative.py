@@ -44,13 +44,19 @@ def mtp_speculative_generate(target, prompt_ids: Sequence[int], max_new_tokens: 
     reason, extra = "length", {}
     try:
         t0 = time.perf_counter()
-        last = checker.greedy(tm.prefill(prompt, seq, ts), 1, ts, lambda _: (
+        # the prompt in chunks of one pass each; after each, the MTP is fed the chunk's
+        # pairs (the last one's with the next chunk's first token), so it sees all of them
+        step = tm.max_prefill_tokens()
+        for c0 in range(0, len(prompt), step):
+            n = min(step, len(prompt) - c0)
+            logits = tm.prefill_chunk(prompt, seq, c0, n, c0 + n == len(prompt), ts)
+            tm.save_hidden_for_mtp(n - 1, ts)
+            if c0 + n < len(prompt):
+                tm.run_mtp_propose_multi(prompt[c0 + n], c0 + n, 0, seq, ts)
+        last = checker.greedy(logits, 1, ts, lambda _: (
             f"speculative_generate: new token 0 (the logits of sequence position "
             f"{len(prompt) - 1})"))[0]
         ttft = time.perf_counter() - t0
-        # the prompt's last pass: its rows end at the last prompt position (a prompt longer
-        # than one prefill chunk gives the MTP only its last chunk, so it drafts nothing)
-        tm.save_hidden_for_mtp((len(prompt) - 1) % tm._ws.max_tokens, ts)
         t1 = time.perf_counter()
         pending = [last]
         while True:

@@ -65,8 +65,10 @@ class TransformerDraft:
         is the sequence's token at `position` (== seq.seq_len, not yet in its cache), the
         saved hidden rows (`save_hidden_for_mtp`) end at position - 1. Fewer drafts near
         the context limit (MAX_VERIFY_ROWS - 1 at most); `[]` when the saved rows cannot give
-        the MTP the pairs it has not seen. `grammar_bitmask`: refused when given (the drafts
-        are unconstrained argmax ids)."""
+        the MTP the pairs it has not seen. `num_drafts` 0: the pairs are fed and nothing is
+        drafted (a prompt prefilled in chunks: after each chunk's save, with the next chunk's
+        first token). `grammar_bitmask`: refused when given (the drafts are unconstrained
+        argmax ids)."""
         what = "run_mtp_propose_multi"
         nd = int_arg(what, "num_drafts", num_drafts, 0)
         s = self._stream_of(stream)
@@ -105,6 +107,11 @@ class TransformerDraft:
         raise Unsupported("generate_speculative: use metrale.engine.speculative_generate("
                           "model, None, prompt, max_new_tokens, k=num_drafts), which drafts "
                           "with this model's MTP module")
+
+    def max_prefill_tokens(self) -> int:
+        """The most tokens one prefill pass runs (the load option): the rows one
+        `save_hidden_for_mtp` can keep. Additive."""
+        return self._ws.max_tokens
 
     def mtp_logits_ptr(self) -> DevicePtr:
         """The MTP's logits rows of the last propose, one per draft ([n, vocab], the

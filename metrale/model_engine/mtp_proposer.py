@@ -9,7 +9,8 @@ has one (draft.py dispatches here).
 - propose(token, position p, nd, seq): `p` is seq.seq_len and `token` the sequence's token
   at p (not yet in the cache). Feeds the missing true pairs up to key p - 1 (their hidden
   rows must be among the saved ones: else the MTP lacks context and proposes nothing, which
-  costs drafts, never correctness), then drafts nd tokens by the chain (mtp.py).
+  costs drafts, never correctness), then drafts nd tokens by the chain (mtp.py). nd 0:
+  only the pairs are fed (after each chunk of a prompt prefilled in several).
 - trim(seq, num_accepted): after a verify and its rollback, the true pairs whose token is
   no longer the sequence's are dropped (the original's `after_verify`).
 """
@@ -65,16 +66,21 @@ class MtpProposer:
         del st.tokens[keep:]
         nd = min(num_drafts, self.max_chain, model._max_seq_len - p)
         saved = self.saved_positions
-        if nd <= 0 or p < 1 or not len(saved) or int(saved[-1]) != p - 1:
+        if p < 1 or not len(saved) or int(saved[-1]) != p - 1 or (nd <= 0 and num_drafts):
             return []
         k0 = min(keep, p - 1)        # key p - 1 always runs: its logits are draft 1
         if k0 < int(saved[0]):
             return []                # pairs the saved rows cannot give: no context
+        if num_drafts == 0 and keep == p:
+            return []                # nothing to feed, nothing asked
+        nd = max(nd, 1)              # (num_drafts 0: the pairs are fed, no draft kept)
         hid = model._meta.hidden_size
         table = self._table(model, seq, p - 1 + nd)
         first = self.buffers.saved.offset((k0 - int(saved[0])) * hid * 2)
         n = self._pass(model, stream, k0, toks[k0 + 1:p + 1], first, table, 0)
         st.tokens.extend(toks[len(st.tokens) + 1:p + 1])   # keys 0..p-1 are true pairs now
+        if num_drafts == 0:
+            return []
         drafts = [model.argmax_on_device(self._logits(model, 0), stream)]
         for j in range(1, nd):
             model.backend.copy_d2d_async(model._ws.residual.offset((n - 1) * hid * 2),

@@ -174,6 +174,29 @@ def test_pairs_fed_after_verify_equal_feeding_them_at_once():
     m.free_sequence(fresh)
 
 
+def test_prompt_in_chunks_feeds_the_mtp_every_pair():
+    """A prompt prefilled in chunks of 4 (each chunk saved and fed with num_drafts 0) gives
+    the MTP the bits of one whole prefill; speculative_generate does it for a long prompt."""
+    whole, chunked = load("deepseek_v3"), load("deepseek_v3", max_prefill_tokens=4)
+    ids = prompt(11)
+    rows = []
+    for m in (whole, chunked):
+        seq = m.alloc_sequence()
+        for c0 in range(0, len(ids), m.max_prefill_tokens()):
+            n = min(m.max_prefill_tokens(), len(ids) - c0)
+            logits = m.prefill_chunk(ids, seq, c0, n, c0 + n == len(ids), 0)
+            m.save_hidden_for_mtp(n - 1, 0)
+            if c0 + n < len(ids):
+                assert m.run_mtp_propose_multi(ids[c0 + n], c0 + n, 0, seq, 0) == []
+        last = m.argmax_on_device(logits, 0)
+        rows.append((m.run_mtp_propose_multi(last, len(ids), 3, seq, 0), mtp_logits(m, 3)))
+        m.free_sequence(seq)
+    assert rows[0][0] == rows[1][0] and np.array_equal(rows[0][1], rows[1][1])
+    r = speculative_generate(chunked, None, ids, 20, k=2)
+    assert r.tokens == generate(whole, ids, 20).tokens
+    assert r.proposed == speculative_generate(whole, None, ids, 20, k=2).proposed
+
+
 @pytest.mark.parametrize("device_name", BACKENDS)
 def test_mtp_drafts_are_batch_invariant(device_name):
     """A sequence's MTP drafts and logits over two rounds are the same bits alone and with
