@@ -123,8 +123,10 @@ class MtpWeights:
 
 
 def upload_mtp(weights, source, meta, tensors, progress: bool) -> MtpWeights:
-    """Upload the module into `weights` (the model's DeepseekWeights, which frees it)."""
+    """Upload the module into `weights` (the model's DeepseekWeights, which frees it and
+    counts its bytes in `nbytes`)."""
     p = mtp_prefix(meta)
+    weights.nbytes += mtp_weight_bytes(tensors)
     with WeightUploader(weights.backend, source, mtp_weight_bytes(tensors),
                         desc=f"{source.description} (MTP)", progress=progress) as up:
         own = lambda name: weights._own(up.upload(p + name))   # noqa: E731

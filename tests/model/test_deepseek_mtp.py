@@ -101,10 +101,12 @@ def test_mtp_loads_when_present_and_by_option(tmp_path):
     live0 = be.live_bytes()
     m = load("deepseek_v3", be)
     assert m.has_proposer() and not m.has_self_speculative()
-    with_mtp = be.live_bytes()
+    with_mtp, mtp_weights = be.live_bytes(), m.weight_bytes()
     m.teardown()
     off = load("deepseek_v3", be, mtp=False)
     assert not off.has_proposer() and be.live_bytes() < with_mtp
+    h, V = 64, 256   # the MTP layer's own tensors: eh_proj, 3 norms, head and embedding
+    assert mtp_weights - off.weight_bytes() > 2 * (2 * h * h + 2 * V * h + 3 * h)
     seq = off.alloc_sequence()
     off.prefill(prompt(4), seq, 0)
     assert off.run_mtp_propose_multi(5, 4, 2, seq, 0) == []   # no proposer: no drafts
