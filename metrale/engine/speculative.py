@@ -31,13 +31,21 @@ def speculative_generate(target, draft, prompt_ids: Sequence[int], max_new_token
     """Greedy generation of up to `max_new_tokens` tokens, `k` draft proposals per round.
 
     `target` and `draft`: TransformerModels or decoder GenerativeModels sharing the
-    vocabulary. `adapter` / `draft_adapter`: the LoRA adapter each runs (as `generate`'s);
+    vocabulary. `draft` None: the target's own proposer drafts (DeepSeek-V3's MTP module,
+    mtp_speculative.py; no adapters). `adapter` / `draft_adapter`: the LoRA adapter each runs (as `generate`'s);
     the output is plain greedy's under the target's adapter. Returns a GenerationResult
     with `accepted` / `proposed` draft counts.
     """
     if sampling is not None and not (sampling.is_greedy and sampling.repetition_penalty == 1):
         raise Unsupported("speculative_generate implements greedy verification only "
                           "(temperature 0, no repetition penalty)")
+    if draft is None:
+        if adapter is not None or draft_adapter is not None:
+            raise Unsupported("speculative_generate with the model's own proposer takes no "
+                              "adapters")
+        from .mtp_speculative import mtp_speculative_generate
+        return mtp_speculative_generate(target, prompt_ids, max_new_tokens, k=k,
+                                        stop_token_ids=stop_token_ids, on_token=on_token)
     tm, dm = pointer_model(target), pointer_model(draft)
     if tm is None or dm is None:
         raise Unsupported("speculative_generate needs decoder models with the pointer API")

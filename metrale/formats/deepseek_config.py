@@ -280,9 +280,10 @@ def deepseek_moe_tensors(m, p: str) -> dict[str, tuple[int, ...]]:
 
 def mtp_prefixes(config: dict) -> tuple[str, ...]:
     """The tensor-name prefixes of DeepSeek-V3's MTP layers, `model.layers.{num_hidden_layers
-    + j}.` for j < num_nextn_predict_layers: not loaded (MTP drafts are not implemented;
-    transformers ignores them too, `_keys_to_ignore_on_load_unexpected`). () for any other
-    model_type."""
+    + j}.` for j < num_nextn_predict_layers: not part of the main model (transformers ignores
+    them, `_keys_to_ignore_on_load_unexpected`); the first loads as the draft proposer when
+    present (model_engine/mtp.py checks and uploads it), the others stay unread. () for any
+    other model_type."""
     if config.get("model_type") != "deepseek_v3":
         return ()
     n = config.get("num_hidden_layers", DEFAULTS["deepseek_v3"]["num_hidden_layers"])

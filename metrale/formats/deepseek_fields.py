@@ -73,9 +73,10 @@ DEEPSEEK_V3 = {
     "topk_method": _r("noaux_tc (what transformers runs) accepted; other values refused"),
     "scoring_func": _r("sigmoid (what transformers runs) accepted; other values refused"),
     "num_nextn_predict_layers": _i("the MTP module's depth: transformers builds no MTP "
-                                   "layer and the logits do not depend on it; the MTP layers' "
-                                   "tensors (model.layers.{num_hidden_layers + j}.*) are not "
-                                   "loaded; MTP drafts are not implemented"),
+                                   "layer and the logits do not depend on it; the first MTP "
+                                   "layer (model.layers.{num_hidden_layers}.*) loads as the "
+                                   "draft proposer when present (load option mtp, "
+                                   "model_engine/mtp.py), deeper ones are held, not loaded"),
     "num_mtp_layers": _i("alias of num_nextn_predict_layers (HF attribute_map)"),
 }
 

@@ -6,7 +6,8 @@ checkpoints mapped onto one name per tensor.
 - gemma3: the text model of either layout onto the plain decoder's names; its vision tower
   and projector are held but never read (`GEMMA3_VISION`).
 - qwen3_5 / qwen3_5_moe wrappers: the text model's names (hybrid_layout.py).
-- deepseek_v3: its MTP layers are held but not loaded (deepseek_config.mtp_prefixes).
+- deepseek_v3: its MTP layers are not the main model's (deepseek_config.mtp_prefixes); the
+  first loads as the draft proposer (model_engine/mtp.py).
 """
 from __future__ import annotations
 

@@ -61,7 +61,6 @@ class DeepseekWeights:
         expected = check_checkpoint(source, meta)
         self.nbytes = sum(held_bytes_of(n, s) for n, s in expected.items())
         self.embed_bytes = 2 * meta.vocab_size * meta.hidden_size
-        a = meta.mla
         try:
             with WeightUploader(backend, source, self.nbytes, desc=source.description,
                                 progress=progress) as up:
@@ -69,37 +68,41 @@ class DeepseekWeights:
                 self.embed_tokens = own("model.embed_tokens.weight")
                 self.layers: list[MlaLayerWeights] = []
                 for i in range(meta.num_layers):
-                    p = f"model.layers.{i}."
-                    s = p + "self_attn."
-                    kv_a = own(s + "kv_a_proj_with_mqa.weight")
-                    q = dict(q_proj=NULL, q_a=NULL, q_a_norm=NULL, q_b=NULL)
-                    if a.q_lora_rank:
-                        q.update(q_a=own(s + "q_a_proj.weight"),
-                                 q_a_norm=own(s + "q_a_layernorm.weight"),
-                                 q_b=own(s + "q_b_proj.weight"))
-                    else:
-                        q["q_proj"] = own(s + "q_proj.weight")
-                    L = MlaLayerWeights(
-                        input_layernorm=own(p + "input_layernorm.weight"), **q,
-                        kv_a_c=kv_a, kv_a_kr=kv_a.offset(a.kv_lora_rank * meta.hidden_size * 2),
-                        kv_a_norm=own(s + "kv_a_layernorm.weight"),
-                        kv_b=own(s + "kv_b_proj.weight"), o_proj=own(s + "o_proj.weight"),
-                        post_attention_layernorm=own(p + "post_attention_layernorm.weight"))
-                    if meta.moe.sparse_layers[i]:
-                        L.moe = self._moe(up, meta, p + "mlp.")
-                    else:
-                        L.gate_up = self._alloc(2 * meta.intermediate_size *
-                                                meta.hidden_size * 2)
-                        up.upload_into([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"],
-                                       L.gate_up)
-                        L.down_proj = own(p + "mlp.down_proj.weight")
-                    self.layers.append(L)
+                    self.layers.append(self.upload_layer(up, meta, f"model.layers.{i}.",
+                                                         bool(meta.moe.sparse_layers[i])))
                 self.norm = own("model.norm.weight")
                 self.lm_head = (own("lm_head.weight") if "lm_head.weight" in expected
                                 else self.embed_tokens)
         except BaseException:
             self.free()
             raise
+
+    def upload_layer(self, up, meta, p: str, sparse: bool) -> MlaLayerWeights:
+        """One decoder block's weights under prefix `p` (`model.layers.{i}.`; the MTP
+        layer's too, mtp.py): MLA attention, then the MoE block (`sparse`) or the dense MLP."""
+        a = meta.mla
+        own = lambda name: self._own(up.upload(name))   # noqa: E731
+        s = p + "self_attn."
+        kv_a = own(s + "kv_a_proj_with_mqa.weight")
+        q = dict(q_proj=NULL, q_a=NULL, q_a_norm=NULL, q_b=NULL)
+        if a.q_lora_rank:
+            q.update(q_a=own(s + "q_a_proj.weight"), q_a_norm=own(s + "q_a_layernorm.weight"),
+                     q_b=own(s + "q_b_proj.weight"))
+        else:
+            q["q_proj"] = own(s + "q_proj.weight")
+        L = MlaLayerWeights(
+            input_layernorm=own(p + "input_layernorm.weight"), **q,
+            kv_a_c=kv_a, kv_a_kr=kv_a.offset(a.kv_lora_rank * meta.hidden_size * 2),
+            kv_a_norm=own(s + "kv_a_layernorm.weight"),
+            kv_b=own(s + "kv_b_proj.weight"), o_proj=own(s + "o_proj.weight"),
+            post_attention_layernorm=own(p + "post_attention_layernorm.weight"))
+        if sparse:
+            L.moe = self._moe(up, meta, p + "mlp.")
+        else:
+            L.gate_up = self._alloc(2 * meta.intermediate_size * meta.hidden_size * 2)
+            up.upload_into([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], L.gate_up)
+            L.down_proj = own(p + "mlp.down_proj.weight")
+        return L
 
     def _moe(self, up, meta, b: str) -> MoeLayerWeights:
         moe = meta.moe
@@ -153,27 +156,35 @@ def run_deepseek_decoder(model, stream: int, n: int, *, n_seqs: int, out_ptr: De
         raise Unsupported(f"{model._meta.architecture}: LoRA adapters are not served on MLA "
                           "models")
     b, ws, m, W = model.backend, model._ws, model._meta, model._weights
-    hid, inter, eps = m.hidden_size, m.intermediate_size, m.rms_norm_eps
-    act = HF_ACTIVATIONS[m.hidden_act]
+    hid, eps = m.hidden_size, m.rms_norm_eps
     if not embeds_uploaded:
         run_embedding(b, stream, ws.residual, W.embed_tokens, ws.token_ids, ws.h_tokens[:n], n,
                       hid, m.vocab_size)
     for i, L in enumerate(W.layers):
-        if i == 0:
-            rmsnorm.rmsnorm(b, stream, ws.normed, ws.residual, L.input_layernorm, n, hid, eps)
-        else:
-            rmsnorm.rmsnorm(b, stream, ws.normed, ws.hidden, L.input_layernorm, n, hid, eps,
-                            residual_ptr=ws.residual)
-        mla_attention(model, stream, n, i, L, n_seqs)
-        run_linear(b, stream, ws.hidden, ws.mla.o, L.o_proj, n, hid,
-                   m.num_heads * m.mla.v_head_dim)
-        rmsnorm.rmsnorm(b, stream, ws.normed, ws.hidden, L.post_attention_layernorm, n, hid,
-                        eps, residual_ptr=ws.residual)
-        if L.moe is not None:
-            moe_mlp(model, stream, n, L.moe)
-            continue
-        run_linear(b, stream, ws.gate_up, ws.normed, L.gate_up, n, 2 * inter, hid)
-        activation.act_mul(b, stream, ws.act, ws.gate_up, n, inter, act)
-        run_linear(b, stream, ws.hidden, ws.act, L.down_proj, n, hid, inter)
+        run_mla_block(model, stream, n, i, L, n_seqs, first=i == 0)
     rmsnorm.rmsnorm(b, stream, out_ptr, ws.hidden, W.norm, n, hid, eps,
                     residual_ptr=ws.residual)
+
+
+def run_mla_block(model, stream: int, n: int, layer: int, L: MlaLayerWeights, n_seqs: int, *,
+                  first: bool, cache=None) -> None:
+    """One decoder block on the `n` rows of ws.residual (+ ws.hidden, the previous block's
+    output, unless `first`): afterwards ws.residual + ws.hidden is its output. `layer` picks
+    the rope table (and the latent cache, unless `cache`: the MTP layer's own, mtp.py)."""
+    b, ws, m = model.backend, model._ws, model._meta
+    hid, inter, eps = m.hidden_size, m.intermediate_size, m.rms_norm_eps
+    if first:
+        rmsnorm.rmsnorm(b, stream, ws.normed, ws.residual, L.input_layernorm, n, hid, eps)
+    else:
+        rmsnorm.rmsnorm(b, stream, ws.normed, ws.hidden, L.input_layernorm, n, hid, eps,
+                        residual_ptr=ws.residual)
+    mla_attention(model, stream, n, layer, L, n_seqs, cache=cache)
+    run_linear(b, stream, ws.hidden, ws.mla.o, L.o_proj, n, hid, m.num_heads * m.mla.v_head_dim)
+    rmsnorm.rmsnorm(b, stream, ws.normed, ws.hidden, L.post_attention_layernorm, n, hid, eps,
+                    residual_ptr=ws.residual)
+    if L.moe is not None:
+        moe_mlp(model, stream, n, L.moe)
+        return
+    run_linear(b, stream, ws.gate_up, ws.normed, L.gate_up, n, 2 * inter, hid)
+    activation.act_mul(b, stream, ws.act, ws.gate_up, n, inter, HF_ACTIVATIONS[m.hidden_act])
+    run_linear(b, stream, ws.hidden, ws.act, L.down_proj, n, hid, inter)

@@ -62,19 +62,21 @@ def active_weight_bytes(meta, packed_source=None) -> int:
 
 def plan_memory(backend, meta, *, kv_blocks, block_size, max_rows, max_tokens, max_seq_len,
                 fp32_logits, where: str, rank_weight_bytes: int | None = None,
-                extra_bytes: int = 0, packed_source=None) -> MemoryPlan:
+                extra_bytes: int = 0, packed_source=None,
+                extra_kv_layers: int = 0) -> MemoryPlan:
     """Size the pool (from free memory on a GPU when `kv_blocks` is None) and check that
     weights + workspaces + pool fit; DeviceError naming bytes needed and free otherwise.
     A tensor-parallel rank passes the bytes of its weight slices (`rank_weight_bytes`) and of
     its combine buffers (`extra_bytes`); `meta` then has its own head counts. A GGUF loaded
-    packed passes its source (`packed_source`): the weights are its planes' bytes."""
+    packed passes its source (`packed_source`): the weights are its planes' bytes.
+    `extra_kv_layers`: latent caches of the pool's size held beside it (the MTP layer's)."""
     w = weight_bytes(meta, packed_source) if rank_weight_bytes is None \
         else int(rank_weight_bytes)
     # the checkpoint's context (max_position_embeddings; yarn: its scaled length)
     context = meta.context_length or meta.max_position_embeddings
     limit = context if max_seq_len is None else min(max_seq_len, context)
     layer_block = block_size * kv_bytes_per_token_layer(meta)   # MLA: its latent row
-    per_block = meta.num_layers * layer_block
+    per_block = (meta.num_layers + extra_kv_layers) * layer_block
     free = backend.free_memory()
     # a sliding-window group beside full layers has a pool of its own (kv_groups.py)
     groups = group_layers(meta)
@@ -106,7 +108,7 @@ def plan_memory(backend, meta, *, kv_blocks, block_size, max_rows, max_tokens, m
             _refuse(where, backend.name, free, usable, w, ws_bytes(0, limit), 0, 0,
                     block_size)
     seq_len = min(limit, kv_blocks * block_size)
-    total = w + ws_bytes(kv_blocks, seq_len)
+    total = w + ws_bytes(kv_blocks, seq_len) + extra_kv_layers * kv_blocks * layer_block
     if total > free:
         ws = ws_bytes(0, seq_len)
         _refuse(where, backend.name, free, free, w, ws, total - w - ws, kv_blocks, block_size)

@@ -55,10 +55,11 @@ class MlaBuffers:
         return sum(MlaBuffers.layout(meta, T, rows, max_len).values())
 
 
-def mla_attention(model, stream: int, n: int, layer: int, L, n_seqs: int) -> None:
+def mla_attention(model, stream: int, n: int, layer: int, L, n_seqs: int, cache=None) -> None:
     """ws.mla.o [n, H * v_head_dim] (bf16) = the latent attention of ws.normed [n, hidden]
     for layer `layer` (L: its MlaLayerWeights); the rows' latents go to the layer's cache
-    at ws.slot_mapping first."""
+    at ws.slot_mapping first (`cache`: another latent cache of the pool's layout, the MTP
+    layer's)."""
     b, ws, m = model.backend, model._ws, model._meta
     a, mb, H, hid, eps = m.mla, ws.mla, m.num_heads, m.hidden_size, m.rms_norm_eps
     R, dn, dr, dv = a.kv_lora_rank, a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim
@@ -71,7 +72,7 @@ def mla_attention(model, stream: int, n: int, layer: int, L, n_seqs: int) -> Non
     run_linear(b, stream, mb.c_raw, ws.normed, L.kv_a_c, n, R, hid)
     run_linear(b, stream, mb.kr, ws.normed, L.kv_a_kr, n, dr, hid)
     rmsnorm.rmsnorm(b, stream, mb.c, mb.c_raw, L.kv_a_norm, n, R, eps)
-    cache = ws.k_cache(layer)
+    cache = ws.k_cache(layer) if cache is None else cache
     mla_project.mla_rope_cache(b, stream, mb.q, mb.c, mb.kr, ws.positions,
                                model._layer_rope[layer], cache, ws.slot_mapping, n, H, dn, dr,
                                R, model._rope_rows, a.rope_pairs_adjacent)

@@ -41,3 +41,5 @@ class SequenceState:
     rope_long: bool = False
     # a hybrid model's recurrent-state slot (kv/state_pool.py); -1: none
     ssm_slot: int = -1
+    # the draft proposer's state for this sequence (the original's field; mtp.MtpState)
+    proposer_state: object | None = None

@@ -46,6 +46,8 @@ from .ssm_state import ModelSsmState
 from .streams import ModelStreams
 from .verify import ModelVerify
 from .deepseek import DeepseekWeights
+from .mtp import MtpBuffers, mtp_to_load, mtp_weight_bytes, scratch_blocks
+from .mtp_proposer import MtpProposer
 from .weights import DecoderWeights, check_checkpoint
 from .workspace import Workspace
 
@@ -66,11 +68,14 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
                  max_prefill_tokens: int = 2048, max_seq_len: int | None = None,
                  graphs: bool | None = None, progress: bool = True,
                  gguf_dequantize: bool = False, max_loras: int = 0,
-                 max_lora_rank: int | None = None, loras=None, _shard=None) -> None:
+                 max_lora_rank: int | None = None, loras=None, mtp: bool | None = None,
+                 _shard=None) -> None:
         # _shard: a tensor-parallel rank's slices and group (tp/model.py), else None.
         # gguf_dequantize: a GGUF's block-type weights dequantized to BF16 at load instead
         # of kept at their bytes (gguf_weights.py; a rank's slices always are, for now)
         # max_loras / max_lora_rank / loras: LoRA adapter slots (lora_options.py)
+        # mtp: DeepSeek-V3's MTP module as the draft proposer: None loads it when the
+        # checkpoint has it, True requires it, False leaves it unloaded (mtp.mtp_to_load)
         meta = source.metadata()
         if meta.architecture not in DECODER_ARCHITECTURES:
             raise Unsupported(f"{source.description}: model_type {meta.architecture!r} is not "
@@ -107,12 +112,21 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
         lora_rows = max(max_prefill_tokens, max_rows)
         ranks = 1 if _shard is None else _shard.plan.size
         lora_bytes = lora_opts.device_bytes(self._layer_meta, lora_rows, ranks)
+        mtp_tensors = mtp_to_load(source, meta, mtp) if _shard is None else None
+        self._mtp = None
+        if mtp_tensors:   # its weights and buffers beside the pool; its cache as a layer's
+            lora_bytes += mtp_weight_bytes(mtp_tensors) + MtpBuffers.estimate_bytes(
+                meta, max_tokens=max_prefill_tokens, block_bytes=0, num_blocks=0,
+                scratch=0, max_chain=MAX_VERIFY_ROWS - 1,
+                logit_bytes=4 if fp32_logits else 2) + (1 + scratch_blocks(
+                    block_size, MAX_VERIFY_ROWS - 1)) * block_size * meta.mla.latent_dim * 2
         from .memory_plan import plan_memory
         plan = plan_memory(backend, self._layer_meta, kv_blocks=kv_blocks,
                            block_size=block_size, max_rows=max_rows,
                            max_tokens=max_prefill_tokens, max_seq_len=max_seq_len,
                            fp32_logits=self.use_fp32_logits, where=source.description,
                            packed_source=source if packed else None,
+                           extra_kv_layers=1 if mtp_tensors else 0,
                            **(dict(extra_bytes=lora_bytes) if _shard is None else dict(
                                rank_weight_bytes=_shard.weight_bytes(meta, source),
                                extra_bytes=lora_bytes + _shard.buffer_bytes(
@@ -150,6 +164,9 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
                 (lambda a: shard_adapter(a, _shard.plan, meta.head_dim)))
             for slot, (name, adapter) in enumerate(lora_opts.loras):   # pinned, read
                 self._load_slot(adapter, name, slot, "loras", startup=True)
+            if mtp_tensors:
+                self._mtp = MtpProposer(self, source, mtp_tensors,
+                                        max_chain=MAX_VERIFY_ROWS - 1, progress=progress)
         except BaseException:
             self._release_device()
             raise
@@ -226,6 +243,9 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
         for g in self._graphs.values():
             self.backend.destroy_graph(g)
         self._graphs.clear()
+        if self._mtp is not None:
+            self._mtp.free()
+            self._mtp = None
         if self._weights is not None:
             self._weights.free()
             self._weights = None
@@ -270,6 +290,11 @@ class TransformerModel(LogitsReadout, PromptPrefill, TransformerDraft, PrefixRec
                 self.backend.copy_d2d_async(base.offset(src * ws.block_bytes),
                                             base.offset(dst * ws.block_bytes),
                                             ws.block_bytes, stream)
+        if self._mtp is not None and group == 0:   # the MTP's latents live in the same blocks
+            cache = self._mtp.buffers.cache
+            self.backend.copy_d2d_async(cache.offset(src * ws.block_bytes),
+                                        cache.offset(dst * ws.block_bytes), ws.block_bytes,
+                                        stream)
 
 
 def _check_options(block_size, max_batch, max_prefill_tokens, kv_blocks, max_seq_len) -> None:
