@@ -79,7 +79,9 @@ def moe_mlp(model, stream: int, n: int, W) -> None:
     MoeLayerWeights. Uses ws.gate_up / ws.act as scratch (sized by mlp_width)."""
     b, ws, m = model.backend, model._ws, model._meta
     moe, mb = m.moe, ws.moe
-    E, k, hid, inter = moe.num_experts, moe.top_k, m.hidden_size, moe.expert_intermediate_size
+    # a tensor-parallel rank's experts hold a slice of the intermediate rows (tp/moe_shard.py)
+    inter = model._layer_meta.moe.expert_intermediate_size
+    E, k, hid = moe.num_experts, moe.top_k, m.hidden_size
     act = HF_ACTIVATIONS[m.hidden_act]
     gemm_tc.gemm_tc(b, stream, mb.router_logits, ws.normed, W.router, n, E, hid, out_fp32=True)
     moe_router.moe_topk_softmax(b, stream, mb.topk_ids, mb.topk_weights, mb.router_logits, n,
@@ -111,6 +113,10 @@ def moe_mlp(model, stream: int, n: int, W) -> None:
                            moe.oss.swiglu_alpha, moe.oss.swiglu_limit)
     gemm(b, stream, mb.expert_out, ws.act, *_operand(W.down), *lists, pairs, E, hid, inter, 1,
          out_fp32=True, tile=tile.name, bias_ptr=W.down_bias)
+    if model._tp is not None:   # the ranks' partial expert outputs, summed in a fixed order
+        model._tp.moe_combine(stream, ws.hidden, mb.expert_out, mb.topk_weights, n, shared,
+                              gate)
+        return
     moe_combine.moe_combine(b, stream, ws.hidden, mb.expert_out, mb.topk_weights, n, hid, k,
                             shared, gate)
 

@@ -25,7 +25,7 @@ from metrale.gpu_runtime import backend
 from metrale.gpu_runtime.comm.ranks import launcher_ranks
 from metrale.model_engine import PrefillSlice
 from tests.model.common import DECODER_FIXTURES, FIXTURES, MOE_FIXTURES, golden
-from tests.tp import worker_checkpoints, worker_lora, worker_streams
+from tests.tp import worker_checkpoints, worker_lora, worker_moe, worker_streams
 
 N = int(os.environ.get("METRALE_TP_TEST_SIZE", "2"))
 # the dense decoders (mixture-of-experts checkpoints are refused at TP > 1: test_shard.py)
@@ -374,7 +374,7 @@ SCENARIOS = {"golden": golden_rows, "emu_batch": emu_batch, "fp32_graphs": fp32_
              "soak": soak, "failures": failures, "comm": comm_protocol, "stall": stall,
              "kill": kill, "nonfinite": worker_checkpoints.nonfinite,
              "gguf": worker_checkpoints.gguf, "streams": worker_streams.streams,
-             "lora": worker_lora.lora}
+             "lora": worker_lora.lora, "moe": worker_moe.moe, "moe_ep": worker_moe.moe_ep}
 
 
 def main(argv) -> int:

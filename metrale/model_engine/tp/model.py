@@ -135,15 +135,15 @@ def agree_values(comm, value: bytes) -> list[bytes]:
 
 
 # What the shard plan knows how to split: dense decoders with BF16 (or float) weights.
-TP_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
-# config.json keys of weights it does not split (quantized linears, expert layers)
-_UNSHARDED_KEYS = ("quantization_config", "num_experts", "num_local_experts",
-                   "moe_intermediate_size")
+TP_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe",
+                    "mixtral")
+# config.json keys of weights it does not split (quantized linears)
+_UNSHARDED_KEYS = ("quantization_config",)
 
 
 def refuse_unsharded(source, n: int) -> None:
     """Unsupported, by name, for a checkpoint tensor parallelism does not split: another
-    architecture (whisper, llava, mixture of experts) or quantized weights."""
+    architecture (whisper, llava, gpt-oss) or quantized weights."""
     cfg = source.config()
     arch = cfg.get("model_type")
     if arch not in TP_ARCHITECTURES:

@@ -30,6 +30,7 @@ import numpy as np
 
 from ...gpu_runtime.types import DevicePtr
 from ...ops import gemm_tc, tensor_parallel
+from .moe_shard import MoeCombine
 from .shard import ShardPlan
 
 # Largest gathered partials (N * count * 4 bytes) the `gather` schedule is used for; above
@@ -67,6 +68,9 @@ class TensorParallel:
             self.summed = self._alloc(sizes["summed"])              # [T*hidden/N] bf16
             self.logits_shard = self._alloc(sizes["logits_shard"])  # [rows, Vs]
             self.logits_all = self._alloc(sizes["logits_all"])      # [N, rows, Vs]
+            # a mixture of experts: the combine of the ranks' expert partials (moe_shard.py)
+            self.moe = (MoeCombine(self, meta, max(max_tokens, logits_rows))
+                        if meta.moe is not None and not plan.expert_parallel else None)
         except BaseException:
             self.free()
             raise
@@ -83,6 +87,9 @@ class TensorParallel:
                  "summed": -(-count // N) * 2,
                  "logits_shard": logits_rows * plan.vocab_shard * lb,
                  "logits_all": N * logits_rows * plan.vocab_shard * lb}
+        if meta.moe is not None and not plan.expert_parallel:
+            sizes["moe"] = sum(MoeCombine.layout(N, meta, max(max_tokens,
+                                                              logits_rows)).values())
         return sizes if parts else sum(sizes.values())
 
     # the three combines ----------------------------------------------------------------
@@ -120,6 +127,12 @@ class TensorParallel:
                 r0 * self.vocab * lb), self.logits_all, k, self.vocab * lb,
                 p.vocab_shard * lb, self.size)
             self.bytes_received += (self.size - 1) * k * p.vocab_shard * lb
+
+    def moe_combine(self, stream: int, out_ptr, expert_out, topk_weights, n: int, shared,
+                    gate) -> None:
+        """out[n, hidden] bf16 = the MoE block's output from every rank's partial expert
+        outputs (tp/moe_shard.py: MoeCombine.combine)."""
+        self.moe.combine(stream, out_ptr, expert_out, topk_weights, n, shared, gate)
 
     # the fixed-order reduction ---------------------------------------------------------
     def reduce(self, stream: int, partial_ptr, out_ptr, count: int) -> None:

@@ -42,17 +42,29 @@ class ShardPlan:
     vocab_shard: int        # rows of this rank's embedding / lm_head slice (padded)
     vocab_start: int
     vocab_rows: int         # of them, real vocabulary rows (the rest are zero padding)
+    # a mixture of experts (tp/moe_shard.py): each expert's intermediate rows held (tensor
+    # parallel: a 1/N slice of every expert) and the experts held (expert parallel: a
+    # range of whole experts)
+    expert_intermediate: int = 0
+    expert_inter_start: int = 0
+    expert_start: int = 0
+    local_experts: int = 0
+    expert_parallel: bool = False
 
     def layer_metadata(self, meta):
         """`meta` with this rank's head and intermediate counts: what its layer passes,
         workspace and KV pool are sized by (vocab_size stays whole: logits rows are)."""
-        return replace(meta, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-                       intermediate_size=self.intermediate)
+        from .moe_shard import rank_meta
+        return rank_meta(replace(meta, num_heads=self.num_heads,
+                                 num_kv_heads=self.num_kv_heads,
+                                 intermediate_size=self.intermediate), self)
 
 
-def plan_shards(meta, rank: int, size: int, where: str) -> ShardPlan:
-    """Rank `rank`'s ShardPlan of `size` ranks; Unsupported naming the field that cannot be
-    split."""
+def plan_shards(meta, rank: int, size: int, where: str,
+                expert_parallel: bool = False) -> ShardPlan:
+    """Rank `rank`'s ShardPlan of `size` ranks (a mixture of experts: its experts split as
+    tp/moe_shard.py says); Unsupported naming the field that cannot be split."""
+    from .moe_shard import plan_experts
     H, KV, inter, hid, V = (meta.num_heads, meta.num_kv_heads, meta.intermediate_size,
                             meta.hidden_size, meta.vocab_size)
     N = int(size)
@@ -63,7 +75,8 @@ def plan_shards(meta, rank: int, size: int, where: str) -> ShardPlan:
         raise Unsupported(f"{where}: tensor_parallel_size={N} {why} {field}={value}")
     if H % N:
         refuse("num_attention_heads", H, "does not divide")
-    if inter % N:
+    dense = meta.moe is None or not all(meta.moe.sparse_layers)
+    if inter % N and dense:   # (an all-sparse model has no dense MLP to split)
         refuse("intermediate_size", inter, "does not divide")
     if hid % N:
         refuse("hidden_size", hid, "does not divide")
@@ -74,13 +87,14 @@ def plan_shards(meta, rank: int, size: int, where: str) -> ShardPlan:
     else:
         refuse("num_key_value_heads", KV, "neither divides nor is a multiple of")
     h = H // N
-    i = inter // N
+    i = inter // N if dense else 0
+    experts = plan_experts(meta, rank, N, expert_parallel, where)
     vs = -(-V // N)
     v0 = rank * vs
     return ShardPlan(rank=rank, size=N, num_heads=h, head_start=rank * h, num_kv_heads=kv,
                      kv_head_start=kv_start, kv_replicated=replicated, intermediate=i,
                      inter_start=rank * i, vocab_shard=vs, vocab_start=v0,
-                     vocab_rows=max(0, min(vs, V - v0)))
+                     vocab_rows=max(0, min(vs, V - v0)), **experts)
 
 
 def rank_weight_bytes(meta, plan: ShardPlan, tied: bool) -> int:
@@ -99,5 +113,9 @@ def rank_weight_bytes(meta, plan: ShardPlan, tied: bool) -> int:
     if meta.mlp_bias:
         per_layer += 2 * plan.intermediate + hid
     total = meta.num_layers * per_layer + hid                           # + final norm
+    if meta.moe is not None:   # a sparse layer holds its MoE block instead of the MLP
+        from .moe_shard import moe_layer_bytes
+        sparse = sum(meta.moe.sparse_layers)
+        total += sparse * (moe_layer_bytes(meta, plan) // 2 - 3 * hid * plan.intermediate)
     total += plan.vocab_shard * hid * (1 if tied else 2)                # embedding (+ head)
     return 2 * total

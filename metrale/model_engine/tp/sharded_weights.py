@@ -15,12 +15,14 @@ from ...errors import FormatError
 from ...formats import check_tensors, expected_tensors
 from ...formats.upload import WeightUploader
 from ...gpu_runtime.types import NULL, DevicePtr
+from .moe_shard import upload_moe_shard
 from .shard import ShardPlan, rank_weight_bytes
 from ..weights import LayerWeights
 
 
 class ShardedDecoderWeights:
-    """Rank `plan.rank`'s slice of a llama/mistral/qwen2/qwen3 checkpoint; `free()` returns
+    """Rank `plan.rank`'s slice of a llama/mistral/qwen2/qwen3 checkpoint (or of a
+    qwen2_moe/qwen3_moe/mixtral one: its MoE blocks by tp/moe_shard.py); `free()` returns
     every byte. Attributes as `DecoderWeights` (embed_tokens and lm_head hold the rank's
     vocabulary rows, `plan.vocab_shard` of them)."""
 
@@ -49,6 +51,7 @@ class ShardedDecoderWeights:
                     att = p + "self_attn."
                     qkv_parts = [(att + "q_proj", q), (att + "k_proj", kv), (att + "v_proj", kv)]
                     gu_parts = [(p + "mlp.gate_proj", inter), (p + "mlp.up_proj", inter)]
+                    moe = upload_moe_shard(self, meta, plan, i)   # None: a dense MLP
                     self.layers.append(LayerWeights(
                         input_layernorm=self._whole(p + "input_layernorm.weight"),
                         qkv=self._rows([(n + ".weight", r) for n, r in qkv_parts]),
@@ -61,12 +64,14 @@ class ShardedDecoderWeights:
                                 else NULL),
                         post_attention_layernorm=self._whole(
                             p + "post_attention_layernorm.weight"),
-                        gate_up=self._rows([(n + ".weight", r) for n, r in gu_parts]),
+                        gate_up=(self._rows([(n + ".weight", r) for n, r in gu_parts])
+                                 if moe is None else NULL),
                         gate_up_bias=(self._rows([(n + ".bias", r) for n, r in gu_parts])
                                       if meta.mlp_bias else NULL),
-                        down_proj=self._columns(p + "mlp.down_proj.weight", inter),
+                        down_proj=(self._columns(p + "mlp.down_proj.weight", inter)
+                                   if moe is None else NULL),
                         down_bias=(self._whole(p + "mlp.down_proj.bias") if meta.mlp_bias
-                                   else NULL),
+                                   else NULL), moe=moe,
                     ))
                 self.norm = self._whole("model.norm.weight")
                 self.lm_head = (self.embed_tokens if tied
@@ -111,6 +116,9 @@ class ShardedDecoderWeights:
         return self._upload(rows)
 
     # ownership -------------------------------------------------------------------------
+    def _alloc(self, nbytes: int) -> DevicePtr:
+        return self._own(self.backend.alloc(nbytes))
+
     def _own(self, ptr: DevicePtr) -> DevicePtr:
         self._owned.append(ptr)
         return ptr
