@@ -77,6 +77,9 @@ class MoeBuffers:
 def moe_mlp(model, stream: int, n: int, W) -> None:
     """ws.hidden[n, hidden] (bf16) = the MoE block of ws.normed[n, hidden]; W: the layer's
     MoeLayerWeights. Uses ws.gate_up / ws.act as scratch (sized by mlp_width)."""
+    if model._tp is not None and model._tp.ep is not None:   # expert parallelism
+        model._tp.ep.moe_mlp(model, stream, n, W)
+        return
     b, ws, m = model.backend, model._ws, model._meta
     moe, mb = m.moe, ws.moe
     # a tensor-parallel rank's experts hold a slice of the intermediate rows (tp/moe_shard.py)

@@ -398,3 +398,27 @@ def test_host_ranks_need_an_mpi_launcher():
     from metrale.gpu_runtime.comm import open_communicator
     with pytest.raises(Unsupported, match="mpiexec"):
         open_communicator(HostBackend(), RankInfo(0, 2, 0, "torchrun"))
+
+
+def test_expert_parallel_needs_ranks_and_experts():
+    """expert_parallel=True without tensor_parallel_size, or on a dense checkpoint, is refused
+    by name before any rank is asked for."""
+    with pytest.raises(InvalidArgument, match="expert_parallel=True .* tensor_parallel_size"):
+        metrale.load(FIXTURES / "mixtral", "cpu", expert_parallel=True)
+    meta = open_source(FIXTURES / "llama_gqa").metadata()
+    with pytest.raises(Unsupported, match="expert_parallel=True needs a mixture-of-experts"):
+        plan_shards(meta, 0, 2, "x", expert_parallel=True)
+    with pytest.raises(InvalidArgument, match="expert_parallel must be a bool"):
+        metrale.load(FIXTURES / "mixtral", "cpu", tensor_parallel_size=2, expert_parallel=1)
+
+
+def test_expert_plans_split_the_bytes():
+    """Tensor parallel: every expert's 1/N; expert parallel: E // N or E // N + 1 experts."""
+    meta = open_source(FIXTURES / "qwen2_moe").metadata()
+    tp = [plan_shards(meta, r, 2, "x") for r in range(2)]
+    assert [(p.expert_inter_start, p.expert_intermediate, p.local_experts) for p in tp] == \
+        [(0, 24, 6), (24, 24, 6)]
+    ep = [plan_shards(meta, r, 4, "x", expert_parallel=True) for r in range(4)]
+    assert [(p.expert_start, p.local_experts, p.expert_intermediate) for p in ep] == \
+        [(0, 1, 48), (1, 2, 48), (3, 1, 48), (4, 2, 48)]
+    assert rank_weight_bytes(meta, tp[0], True) == rank_weight_bytes(meta, tp[1], True)

@@ -1,6 +1,6 @@
 """Mixture-of-experts checkpoints (qwen3_moe, qwen2_moe, mixtral) split over ranks on the
 CPU under mpiexec: tensor parallel inside every expert (tp/moe_shard.py) at N=2 and N=4, and
-expert parallel (tp/expert_parallel.py) where a scenario of it ran. Checked: every rank
+expert parallel (tp/expert_parallel.py), at both sizes. Checked: every rank
 gets the same rows; the rows match the HF goldens and the single-process run within the
 BF16 tolerance; greedy tokens equal the single-process argmax on every clear step; a
 sequence's rows are the same bits alone or in a batch; each rank's weight bytes are at most
@@ -27,7 +27,7 @@ class _Host:
 @pytest.fixture(scope="module")
 def tp2(tmp_path_factory):
     out = tmp_path_factory.mktemp("tp2_moe")
-    proc = run_worker(out, "cpu", "moe")
+    proc = run_worker(out, "cpu", "moe,moe_ep,a2av")
     assert proc.returncode == 0, proc.stdout[-5000:]
     return Results(out, 2, proc)
 
@@ -35,7 +35,7 @@ def tp2(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tp4(tmp_path_factory):
     out = tmp_path_factory.mktemp("tp4_moe")
-    proc = run_worker(out, "cpu", "moe", ranks=4)
+    proc = run_worker(out, "cpu", "moe,moe_ep,a2av", ranks=4)
     assert proc.returncode == 0, proc.stdout[-5000:]
     return Results(out, 4, proc)
 
@@ -98,3 +98,35 @@ def test_expert_tensor_parallel_at_2(tp2, name):
 @pytest.mark.parametrize("name", ["qwen3_moe", "mixtral"])
 def test_expert_tensor_parallel_at_4(tp4, name):
     check(tp4, "moe", name, 4)
+
+
+@pytest.mark.parametrize("name", MOE_FIXTURES)
+def test_expert_parallel_at_2(tp2, name):
+    check(tp2, "moe_ep", name, 2)
+    assert all(f["moe_ep/is_ep"][name] for f in tp2.facts)
+    assert not any(f["moe/is_ep"][name] for f in tp2.facts)
+    # tokens really went over the all-to-all: every rank dispatched some
+    assert all(f["moe_ep/dispatched_rows"][name] > 0 for f in tp2.facts)
+
+
+@pytest.mark.parametrize("name", MOE_FIXTURES)
+def test_expert_parallel_at_4(tp4, name):
+    """qwen2_moe's 6 experts split 1, 2, 1, 2 over 4 ranks."""
+    check(tp4, "moe_ep", name, 4)
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_all_to_all_v_over_mpi(tp2, tp4, size):
+    res = tp2 if size == 2 else tp4
+    res.check_scenario("a2av")
+    for a in res.arrays:
+        assert a["a2av/got"].tolist() == a["a2av/want"].tolist()
+
+
+def test_the_original_ep_contract_runs_spmd(tp2):
+    """ModelEp (tp/ep_contract.py): the head's broadcasts are agreed checks on every rank."""
+    for f in tp2.facts:
+        assert f["ep_tokens"] == [5, 6, 7]
+        assert f["ep_mismatch"].startswith("TensorParallelError"), f["ep_mismatch"]
+        assert "ep_broadcast_cmd" in f["ep_mismatch"]
+        assert f["ep_graphs"].startswith("Unsupported") and "graphs" in f["ep_graphs"]

@@ -58,6 +58,9 @@ def scenario(run, key: str, names, **options) -> None:
         run.arrays[f"{key}/solo/{name}"] = solo
         run.facts.setdefault(f"{key}/weight_bytes", {})[name] = m.weight_bytes()
         run.facts.setdefault(f"{key}/reductions", {})[name] = m._tp.reductions
+        run.facts.setdefault(f"{key}/is_ep", {})[name] = m.is_ep()
+        if m._tp.ep is not None:
+            run.facts.setdefault(f"{key}/dispatched_rows", {})[name] = m._tp.ep.dispatched_rows
         m.teardown()
 
 
@@ -67,5 +70,48 @@ def moe(run) -> None:
 
 
 def moe_ep(run) -> None:
-    """Expert parallelism: whole experts per rank, tokens dispatched by all-to-all."""
+    """Expert parallelism: whole experts per rank, tokens dispatched by all-to-all; and the
+    ModelEp contract's SPMD checks."""
     scenario(run, "moe_ep", MOE_FIXTURES, expert_parallel=True)
+    m = run.load("mixtral", expert_parallel=True)
+    m.ep_broadcast_cmd_for_seq(3, 0xFFFFFFF0)
+    m.ep_broadcast_cmd(7)
+    run.facts["ep_tokens"] = m.ep_broadcast_tokens([5, 6, 7])
+    try:   # different words on the ranks: caught on every rank by the agreement
+        m.ep_broadcast_cmd(run.rank)
+    except Exception as e:   # noqa: BLE001 - recorded for the test
+        run.facts["ep_mismatch"] = f"{type(e).__name__}: {e}"
+    m.teardown()
+    try:   # the routing is read back per layer: no decode graphs
+        run.load("mixtral", expert_parallel=True, graphs=True).teardown()
+    except Exception as e:   # noqa: BLE001 - recorded for the test
+        run.facts["ep_graphs"] = f"{type(e).__name__}: {e}"
+
+
+def all_to_all_v(run) -> None:
+    """The communicator's all_to_all_v: rank r sends (r + 1) * (q + 1) int32s to rank q,
+    each its value 100 * r + q, and 0 to itself on even ranks."""
+    from metrale.gpu_runtime.comm import open_communicator
+    from metrale.gpu_runtime.comm.ranks import launcher_ranks
+    b = run.backend()
+    ranks = launcher_ranks()
+    comm = open_communicator(b, ranks, timeout_s=60)
+    r, N = ranks.rank, ranks.size
+
+    def count(src, dst):
+        return 0 if src == dst and src % 2 == 0 else (src + 1) * (dst + 1)
+    send = np.concatenate([np.full(count(r, q), 100 * r + q, np.int32) for q in range(N)])
+    recv_counts = [count(p, r) for p in range(N)]
+    sp, rp = b.alloc(max(send.nbytes, 4)), b.alloc(4 * max(sum(recv_counts), 1))
+    b.copy_h2d(send, sp)
+    comm.all_to_all_v(sp, [count(r, q) for q in range(N)], rp, recv_counts, np.int32,
+                      b.default_stream())
+    comm.wait(b.default_stream())
+    got = np.empty(sum(recv_counts), np.int32)
+    b.copy_d2h(rp, got)
+    run.arrays["a2av/got"] = got
+    run.arrays["a2av/want"] = np.concatenate(
+        [np.full(count(p, r), 100 * p + r, np.int32) for p in range(N)])
+    b.free(sp)
+    b.free(rp)
+    comm.close()

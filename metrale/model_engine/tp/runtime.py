@@ -30,6 +30,7 @@ import numpy as np
 
 from ...gpu_runtime.types import DevicePtr
 from ...ops import gemm_tc, tensor_parallel
+from .expert_parallel import ExpertParallel
 from .moe_shard import MoeCombine
 from .shard import ShardPlan
 
@@ -69,8 +70,11 @@ class TensorParallel:
             self.logits_shard = self._alloc(sizes["logits_shard"])  # [rows, Vs]
             self.logits_all = self._alloc(sizes["logits_all"])      # [N, rows, Vs]
             # a mixture of experts: the combine of the ranks' expert partials (moe_shard.py)
-            self.moe = (MoeCombine(self, meta, max(max_tokens, logits_rows))
+            rows = max(max_tokens, logits_rows)
+            self.moe = (MoeCombine(self, meta, rows)
                         if meta.moe is not None and not plan.expert_parallel else None)
+            # expert parallelism: the dispatch / combine pass (expert_parallel.py)
+            self.ep = ExpertParallel(self, meta, plan, rows) if plan.expert_parallel else None
         except BaseException:
             self.free()
             raise
@@ -87,9 +91,11 @@ class TensorParallel:
                  "summed": -(-count // N) * 2,
                  "logits_shard": logits_rows * plan.vocab_shard * lb,
                  "logits_all": N * logits_rows * plan.vocab_shard * lb}
+        rows = max(max_tokens, logits_rows)
         if meta.moe is not None and not plan.expert_parallel:
-            sizes["moe"] = sum(MoeCombine.layout(N, meta, max(max_tokens,
-                                                              logits_rows)).values())
+            sizes["moe"] = sum(MoeCombine.layout(N, meta, rows).values())
+        if plan.expert_parallel:
+            sizes["ep"] = sum(ExpertParallel.layout(meta, plan, rows).values())
         return sizes if parts else sum(sizes.values())
 
     # the three combines ----------------------------------------------------------------
