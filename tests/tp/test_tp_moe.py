@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from metrale.ops.bf16 import bf16_to_f32
+from tests.conftest import emu_available
 from tests.model.common import MOE_FIXTURES, assert_matches_golden, golden, load, rel_err
 from tests.tp.launch import Results, run_worker
-from tests.tp.worker_moe import GREEDY_PROMPT, PREFIX, rows_of
+from tests.tp.worker_moe import BATCH_LENS, GREEDY_PROMPT, PREFIX, rows_of
 
 
 class _Host:
@@ -130,3 +131,20 @@ def test_the_original_ep_contract_runs_spmd(tp2):
         assert f["ep_mismatch"].startswith("TensorParallelError"), f["ep_mismatch"]
         assert "ep_broadcast_cmd" in f["ep_mismatch"]
         assert f["ep_graphs"].startswith("Unsupported") and "graphs" in f["ep_graphs"]
+
+
+@pytest.mark.parametrize("device_name", [pytest.param("emu", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not emu_available(), reason="no C++ compiler")])])
+def test_emu_moe_batch_invariance(tmp_path, device_name):
+    """The kernels' own sources (EmuBackend) at N=2: qwen2_moe's rows alone equal its rows
+    in a batch, tensor and expert parallel (the combine over k * N slots, the FP32 row
+    gather), and match the goldens."""
+    proc = run_worker(tmp_path, device_name, "moe_emu")
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    res = Results(tmp_path, 2, proc)
+    res.check_scenario("moe_emu")
+    for key in ("moe", "moe_ep"):
+        batch = res.same_on_every_rank(f"emu/{key}/batch")
+        assert np.array_equal(batch, res.same_on_every_rank(f"emu/{key}/solo")), key
+        assert_matches_golden(bf16_to_f32(batch), golden("qwen2_moe")["logits"][BATCH_LENS],
+                              f"emu {key} N=2")

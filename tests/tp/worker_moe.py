@@ -115,3 +115,13 @@ def all_to_all_v(run) -> None:
     b.free(sp)
     b.free(rp)
     comm.close()
+
+
+def moe_emu(run) -> None:
+    """On the emulator (the kernels' own sources): qwen2_moe's batch against each sequence
+    alone, tensor parallel and expert parallel."""
+    for key, options in (("moe", {}), ("moe_ep", {"expert_parallel": True})):
+        m = run.load("qwen2_moe", **options)
+        batch, solo = batch_and_solo(run, m, "qwen2_moe")
+        run.arrays[f"emu/{key}/batch"], run.arrays[f"emu/{key}/solo"] = batch, solo
+        m.teardown()
