@@ -91,6 +91,10 @@ class MpiCommunicator:
     def wait(self, stream: int) -> None:
         self._check()   # host collectives complete inside their task
 
+    def announce_failure(self, text: str) -> None:
+        """This rank failed mid-step: the peers raise, naming it (comm/notice.py)."""
+        self.group.announce_failure(text)
+
     def close(self) -> None:
         self._closed = True
         if self._owns_group:

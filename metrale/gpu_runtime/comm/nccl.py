@@ -187,6 +187,16 @@ class NcclCommunicator:
         self._check()
         self._wait_event(self._event, stream, "waiting for the stream's collectives")
 
+    def announce_failure(self, text: str) -> None:
+        """This rank failed mid-step: abort both communicators, so the peers' waits end
+        with NCCL's remote error instead of the timeout (not run on GPUs)."""
+        if self._broken is None and self._comm is not None:
+            try:
+                self._fail(f"tensor parallel: rank {self.rank} of {self.size} failed "
+                           f"mid-step: {text}", None)
+            except TensorParallelError:
+                pass
+
     def close(self) -> None:
         if self._broken is None:   # a broken group's communicators are aborted already
             for c in (self._ctl, self._comm):
