@@ -422,3 +422,47 @@ def test_expert_plans_split_the_bytes():
     assert [(p.expert_start, p.local_experts, p.expert_intermediate) for p in ep] == \
         [(0, 1, 48), (1, 2, 48), (3, 1, 48), (4, 2, 48)]
     assert rank_weight_bytes(meta, tp[0], True) == rank_weight_bytes(meta, tp[1], True)
+
+
+@pytest.mark.parametrize("name", ["qwen2_moe", "mixtral"])
+@pytest.mark.parametrize("ep", [False, True])
+def test_a_rank_holds_its_expert_slices_and_the_bytes_it_declares(name, ep):
+    """Each rank's expert gate|up rows and down columns (TP) or whole experts (EP), the
+    router and shared expert whole; the device bytes held are exactly `nbytes` (the memory
+    plan's and weight_bytes()'s figure), and the ranks' expert bytes add up to the model's."""
+    src = open_source(FIXTURES / name)
+    meta = src.metadata()
+    moe = meta.moe
+    gate, upn, down = moe.expert_proj
+    b = f"model.layers.1.{moe.block}."
+    expert_bytes = 0
+    for rank in range(2):
+        be = HostBackend()
+        plan = plan_shards(meta, rank, 2, name, expert_parallel=ep)
+        w = ShardedDecoderWeights(be, src, meta, plan, progress=False)
+        assert be.live_bytes() == w.nbytes
+        L = w.layers[1].moe
+        i, i0, hid = plan.expert_intermediate, plan.expert_inter_start, meta.hidden_size
+        El = plan.local_experts
+        gu = np.empty((El, 2 * i, hid), np.uint16)
+        be.copy_d2h(L.gate_up, gu)
+        dn = np.empty((El, hid, i), np.uint16)
+        be.copy_d2h(L.down, dn)
+        for j in range(El):
+            e = plan.expert_start + j
+            x = f"{b}experts.{e}."
+            assert np.array_equal(gu[j, :i], src.read_bf16(x + gate + ".weight")[i0:i0 + i])
+            assert np.array_equal(gu[j, i:], src.read_bf16(x + upn + ".weight")[i0:i0 + i])
+            assert np.array_equal(dn[j], src.read_bf16(x + down + ".weight")[:, i0:i0 + i])
+        router = np.empty((moe.num_experts, hid), np.uint16)
+        be.copy_d2h(L.router, router)
+        assert np.array_equal(router, src.read_bf16(b + "gate.weight"))
+        if moe.shared_expert_intermediate_size:
+            sd = np.empty((hid, moe.shared_expert_intermediate_size), np.uint16)
+            be.copy_d2h(L.shared_down, sd)
+            assert np.array_equal(sd, src.read_bf16(b + "shared_expert.down_proj.weight"))
+        expert_bytes += gu.nbytes + dn.nbytes
+        w.free()
+        assert be.live_bytes() == 0
+    assert expert_bytes == moe.num_experts * 3 * moe.expert_intermediate_size * \
+        meta.hidden_size * 2

@@ -117,6 +117,18 @@ def test_expert_parallel_at_4(tp4, name):
 
 
 @pytest.mark.parametrize("size", [2, 4])
+def test_an_expert_parallel_block_is_the_single_device_block_bit_for_bit(tp2, tp4, size):
+    """qwen2_moe's layer-0 MoE block (routed and shared experts) on 7 rows: dispatched,
+    computed on the experts' ranks, returned and combined, it is the one-process block's
+    output bit for bit, at N=2 and N=4 (tests/tp/worker_moe.py: ep_block_bits)."""
+    res = tp2 if size == 2 else tp4
+    res.check_scenario("moe_ep")
+    ep = res.same_on_every_rank("ep_block/ep")
+    assert np.array_equal(ep, res.arrays[0]["ep_block/one"])
+    assert np.any(ep != 0)
+
+
+@pytest.mark.parametrize("size", [2, 4])
 def test_all_to_all_v_over_mpi(tp2, tp4, size):
     res = tp2 if size == 2 else tp4
     res.check_scenario("a2av")

@@ -73,6 +73,7 @@ def moe_ep(run) -> None:
     """Expert parallelism: whole experts per rank, tokens dispatched by all-to-all; and the
     ModelEp contract's SPMD checks."""
     scenario(run, "moe_ep", MOE_FIXTURES, expert_parallel=True)
+    ep_block_bits(run)
     m = run.load("mixtral", expert_parallel=True)
     m.ep_broadcast_cmd_for_seq(3, 0xFFFFFFF0)
     m.ep_broadcast_cmd(7)
@@ -86,6 +87,31 @@ def moe_ep(run) -> None:
         run.load("mixtral", expert_parallel=True, graphs=True).teardown()
     except Exception as e:   # noqa: BLE001 - recorded for the test
         run.facts["ep_graphs"] = f"{type(e).__name__}: {e}"
+
+
+def ep_block_bits(run) -> None:
+    """One MoE block (qwen2_moe layer 0, shared expert included) on 7 random rows, expert
+    parallel on the ranks and on one process: written for the test to compare bit for bit."""
+    import metrale
+    from metrale.gpu_runtime import HostBackend
+    from metrale.model_engine.moe import moe_mlp
+    from tests.model.common import FIXTURES
+    n = 7
+    m = run.load("qwen2_moe", expert_parallel=True)
+    one = metrale.load(FIXTURES / "qwen2_moe", HostBackend(), progress=False)
+    hid = one._meta.hidden_size
+    x = np.random.default_rng(5).standard_normal((n, hid)).astype(np.float32)
+    xb = (x.view(np.uint32) >> 16).astype(np.uint16)   # BF16 bits (truncated: any bits do)
+    for model in (m, one):
+        s = model.default_stream()
+        model.backend.copy_h2d(xb, model._ws.normed)
+        moe_mlp(model, s, n, model._weights.layers[0].moe)
+        model.backend.synchronize(s)
+        out = np.empty((n, hid), np.uint16)
+        model.backend.copy_d2h(model._ws.hidden, out)
+        run.arrays[f"ep_block/{'ep' if model is m else 'one'}"] = out
+    m.teardown()
+    one.teardown()
 
 
 def all_to_all_v(run) -> None:
