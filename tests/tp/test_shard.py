@@ -466,3 +466,14 @@ def test_a_rank_holds_its_expert_slices_and_the_bytes_it_declares(name, ep):
         assert be.live_bytes() == 0
     assert expert_bytes == moe.num_experts * 3 * moe.expert_intermediate_size * \
         meta.hidden_size * 2
+
+
+def test_bench_leaves_out_the_dense_comm_columns_for_experts():
+    """`metrale bench --tensor-parallel N` on a mixture of experts: the all-reduce columns
+    time and count dense reductions only, so they are left out rather than wrong."""
+    from types import SimpleNamespace
+    from metrale.bench.tensor_parallel import comm_columns
+    for name in ("mixtral", "qwen3_moe"):
+        meta = open_source(FIXTURES / name).metadata()
+        model = SimpleNamespace(_tp=object(), metadata=lambda meta=meta: meta)
+        assert comm_columns(model, 0, 4) == {}

@@ -51,6 +51,9 @@ class ExpertParallel:
         for name, nbytes in self.layout(meta, plan, max_tokens).items():
             setattr(self, name, tp._alloc(nbytes))
         self._host_ids = np.zeros(max_tokens * self.k, np.int32)
+        # host index arrays of the last layer's uploads, kept until the stream passed them
+        # (the next layer's routing readback synchronizes it)
+        self._uploads: list[np.ndarray] = []
 
     @staticmethod
     def layout(meta, plan, max_tokens: int) -> dict[str, int]:
@@ -89,6 +92,7 @@ class ExpertParallel:
         b.copy_d2h_async(mb.topk_ids, ids, stream)
         tp.comm.wait(stream)
         b.synchronize(stream)
+        self._uploads = []
         dest = self.owner[ids]                            # [n * k] rank of each pair
         c = -(-n // N)
         home = np.arange(n * k) // k // c                 # [n * k] home rank of each pair
@@ -163,6 +167,7 @@ class ExpertParallel:
                         out_fp32=True)
         return mb.shared_out, mb.shared_gate
 
-    @staticmethod
-    def _upload(b, stream: int, arr: np.ndarray, ptr) -> None:
-        b.copy_h2d_async(np.ascontiguousarray(arr), ptr, stream)
+    def _upload(self, b, stream: int, arr: np.ndarray, ptr) -> None:
+        arr = np.ascontiguousarray(arr)
+        self._uploads.append(arr)
+        b.copy_h2d_async(arr, ptr, stream)
