@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A paper model (nothing here runs on a GPU) of one decode step of Qwen3-235B-A22B in FP8 on
 one 8x H200 node, its experts split by tensor parallelism (every expert's intermediate
-dimension over the 8 GPUs, tp/moe_shard.py) or by expert parallelism (16 whole experts a
+dimension over the 8 GPUs, tp/moe_shard.py; and, for comparison, the k-slot gather a
+first version of it used) or by expert parallelism (16 whole experts a
 GPU, tp/expert_parallel.py): the bytes each GPU reads and receives per step, and what they
 cost at published bandwidths. Extends benchmarks/tp_allreduce_model.py (its GPU figures,
 latency range and sources).
@@ -83,13 +84,13 @@ def comm(mode: str, rows: int) -> dict:
     embed = dense
     per = 1 if gathers(N, count) else 2   # collectives of one dense reduction
     logits = (N - 1) * rows * -(-c["vocab"] // N) * 2
-    if mode == "tp":   # the k slots' FP32 partials of every rank gathered (moe_shard.py)
+    if mode == "tp":   # one FP32 partial a token (moe_combine_f32), reduced as a dense
+        moe = dense    # layer's down_proj (tp/moe_shard.py)
+        calls = 2 * L * per + per + 1
+        ring = 2 * (N - 1) / N * rows * hid * 2           # NCCL BF16 all-reduce instead
+    elif mode == "tp-slots":   # NOT KEPT: every rank's k slot partials all-gathered
         moe = (N - 1) * rows * c["top_k"] * hid * 4
         calls = L * (per + 1) + per + 1
-        ring = 2 * (N - 1) / N * rows * hid * 2           # NCCL BF16 all-reduce instead
-    elif mode == "tp-fp32":   # NOT BUILT: a combine writing one FP32 partial, reduced as
-        moe = dense                                       # a dense layer's down_proj
-        calls = 2 * L * per + per + 1
         ring = None
     else:              # dispatch BF16, return FP32, gather the home rows (expert_parallel.py)
         pairs = rows * c["top_k"]
@@ -143,7 +144,7 @@ def main(argv=None) -> int:
     ap.add_argument("--md", help="write the table as markdown")
     ap.add_argument("--json", help="write the records as JSON")
     args = ap.parse_args(argv)
-    rows = [model(m, b) for b in (1, 8, 64, 256) for m in ("tp", "tp-fp32", "ep")]
+    rows = [model(m, b) for b in (1, 8, 64, 256) for m in ("tp", "ep", "tp-slots")]
     table = markdown(rows)
     print(table)
     if args.md:

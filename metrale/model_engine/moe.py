@@ -82,15 +82,17 @@ def moe_mlp(model, stream: int, n: int, W) -> None:
         return
     b, ws, m = model.backend, model._ws, model._meta
     moe, mb = m.moe, ws.moe
-    # a tensor-parallel rank's experts hold a slice of the intermediate rows (tp/moe_shard.py)
-    inter = model._layer_meta.moe.expert_intermediate_size
+    # a tensor-parallel rank's experts (and shared expert) hold a slice of their
+    # intermediate rows: its layer metadata has their widths (tp/moe_shard.py)
+    own = moe if model._tp is None else model._layer_meta.moe
+    inter = own.expert_intermediate_size
     E, k, hid = moe.num_experts, moe.top_k, m.hidden_size
     act = HF_ACTIVATIONS[m.hidden_act]
     gemm_tc.gemm_tc(b, stream, mb.router_logits, ws.normed, W.router, n, E, hid, out_fp32=True)
     moe_router.moe_topk_softmax(b, stream, mb.topk_ids, mb.topk_weights, mb.router_logits, n,
                                 E, k, moe.norm_topk_prob, bias_ptr=W.router_bias)
     shared = gate = NULL
-    s = moe.shared_expert_intermediate_size
+    s = own.shared_expert_intermediate_size
     if s:   # qwen2_moe: the shared expert first (its scratch is free again afterwards)
         gemm_tc.gemm_tc(b, stream, ws.gate_up, ws.normed, W.shared_gate_up, n, 2 * s, hid)
         activation.act_mul(b, stream, ws.act, ws.gate_up, n, s, act)
@@ -116,9 +118,9 @@ def moe_mlp(model, stream: int, n: int, W) -> None:
                            moe.oss.swiglu_alpha, moe.oss.swiglu_limit)
     gemm(b, stream, mb.expert_out, ws.act, *_operand(W.down), *lists, pairs, E, hid, inter, 1,
          out_fp32=True, tile=tile.name, bias_ptr=W.down_bias)
-    if model._tp is not None:   # the ranks' partial expert outputs, summed in a fixed order
-        model._tp.moe_combine(stream, ws.hidden, mb.expert_out, mb.topk_weights, n, shared,
-                              gate)
+    if model._tp is not None:   # the ranks' FP32 partials, summed in a fixed order
+        model._tp.moe_combine(stream, ws.hidden, mb.expert_out, mb.topk_weights, n, k,
+                              shared, gate)
         return
     moe_combine.moe_combine(b, stream, ws.hidden, mb.expert_out, mb.topk_weights, n, hid, k,
                             shared, gate)

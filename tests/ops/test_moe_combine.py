@@ -20,15 +20,17 @@ def inputs(rng, n, k, h, shared=False, gate=False):
     return y, w, s, g
 
 
-def run(backend, y, w, s=None, g=None, out_offset=0):
+def run(backend, y, w, s=None, g=None, out_offset=0, out_fp32=False):
     n, k = w.shape
     h = y.shape[1]
+    dt = np.float32 if out_fp32 else np.uint16
     with Buffers(backend) as b:
-        op = b.empty((n * h + out_offset,), np.uint16)
-        C.moe_combine(backend, backend.default_stream(), op.offset(2 * out_offset), b.put(y),
+        op = b.empty((n * h + out_offset,), dt)
+        C.moe_combine(backend, backend.default_stream(),
+                      op.offset(np.dtype(dt).itemsize * out_offset), b.put(y),
                       b.put(w), n, h, k, NULL if s is None else b.put(s),
-                      NULL if g is None else b.put(g))
-        return b.get(op, (n * h + out_offset,), np.uint16)[out_offset:].reshape(n, h)
+                      NULL if g is None else b.put(g), out_fp32=out_fp32)
+        return b.get(op, (n * h + out_offset,), dt)[out_offset:].reshape(n, h)
 
 
 def ref64(y, w, s=None, g=None):
@@ -41,7 +43,18 @@ def ref64(y, w, s=None, g=None):
 
 
 def test_entry_points_exist():
-    assert set(kernel_source.entry_points(C.MODULE)) == {"moe_combine"}
+    assert set(kernel_source.entry_points(C.MODULE)) == {"moe_combine", "moe_combine_f32"}
+
+
+@pytest.mark.parametrize("shared,gate", [(False, False), (True, True)])
+def test_twin_f32_is_the_sum_before_its_rounding(host, rng, shared, gate):
+    """moe_combine_f32 stores the float32 sum moe_combine rounds: the same formula, in
+    slot order; its BF16 rounding is moe_combine's output."""
+    y, w, s, g = inputs(rng, 7, 3, 24, shared, gate)
+    got = run(host, y, w, s, g, out_fp32=True)
+    want = C.combine_f32(y.reshape(7, 3, 24), w, s, g)
+    assert got.dtype == np.float32 and np.array_equal(got, want)
+    assert np.array_equal(f32_to_bf16(got), run(host, y, w, s, g))
 
 
 SIZES = [(1, 1, 8), (7, 2, 19), (19, 8, 64), (3, 4, 4097)]
@@ -83,9 +96,15 @@ def test_gpu_matches_twin(device, host, rng, n, k, h):
         if device.name == "emu" and not gate:
             # IEEE float32 steps on both sides (no expf): the same bits
             assert np.array_equal(got, want)
+        got, want = run(device, y, w, s, g, out_fp32=True), run(host, y, w, s, g, out_fp32=True)
+        assert_close(got, want, "gpu_vs_twin_fp32", f"fp32 n={n} k={k} h={h} gate={gate}")
+        if device.name == "emu" and not gate:
+            assert np.array_equal(got, want)
 
 
 @pytest.mark.gpu
 def test_gpu_unaligned_output_takes_the_scalar_path(device, rng):
     y, w, s, g = inputs(rng, 4, 2, 64, True, True)
     assert np.array_equal(run(device, y, w, s, g, out_offset=1), run(device, y, w, s, g))
+    assert np.array_equal(run(device, y, w, s, g, out_offset=1, out_fp32=True),
+                          run(device, y, w, s, g, out_fp32=True))

@@ -377,6 +377,7 @@ def test_gpt_oss_experts_are_refused_by_name():
 
 
 @pytest.mark.parametrize("name,field,n", [("qwen3_moe", "moe_intermediate_size=48", 5),
+                                          ("qwen2_moe", "shared_expert_intermediate_size=80", 3),
                                           ("mixtral", "num_experts=4", 8)])
 def test_an_expert_split_that_does_not_divide_is_refused(name, field, n):
     """Planned before any rank talks to another: an intermediate width N does not divide
@@ -384,7 +385,7 @@ def test_an_expert_split_that_does_not_divide_is_refused(name, field, n):
     from metrale.formats import open_source
     from metrale.model_engine.tp.shard import plan_shards
     meta = open_source(FIXTURES / name).metadata()
-    meta = replace(meta, num_heads=40, num_kv_heads=40, hidden_size=640)
+    meta = replace(meta, num_heads=120, num_kv_heads=120, hidden_size=960)
     with pytest.raises(Unsupported, match=field):
         plan_shards(meta, 0, n, "x", expert_parallel=field.startswith("num_experts"))
 
@@ -418,6 +419,7 @@ def test_expert_plans_split_the_bytes():
     tp = [plan_shards(meta, r, 2, "x") for r in range(2)]
     assert [(p.expert_inter_start, p.expert_intermediate, p.local_experts) for p in tp] == \
         [(0, 24, 6), (24, 24, 6)]
+    assert [(p.shared_start, p.shared_intermediate) for p in tp] == [(0, 40), (40, 40)]
     ep = [plan_shards(meta, r, 4, "x", expert_parallel=True) for r in range(4)]
     assert [(p.expert_start, p.local_experts, p.expert_intermediate) for p in ep] == \
         [(0, 1, 48), (1, 2, 48), (3, 1, 48), (4, 2, 48)]
@@ -457,10 +459,17 @@ def test_a_rank_holds_its_expert_slices_and_the_bytes_it_declares(name, ep):
         router = np.empty((moe.num_experts, hid), np.uint16)
         be.copy_d2h(L.router, router)
         assert np.array_equal(router, src.read_bf16(b + "gate.weight"))
-        if moe.shared_expert_intermediate_size:
-            sd = np.empty((hid, moe.shared_expert_intermediate_size), np.uint16)
+        if moe.shared_expert_intermediate_size:   # TP: a slice of it; EP: whole
+            s0, S = plan.shared_start, plan.shared_intermediate
+            assert S == moe.shared_expert_intermediate_size // (1 if ep else 2)
+            sd = np.empty((hid, S), np.uint16)
             be.copy_d2h(L.shared_down, sd)
-            assert np.array_equal(sd, src.read_bf16(b + "shared_expert.down_proj.weight"))
+            assert np.array_equal(sd, src.read_bf16(b + "shared_expert.down_proj.weight")[
+                :, s0:s0 + S])
+            sgu = np.empty((2 * S, hid), np.uint16)
+            be.copy_d2h(L.shared_gate_up, sgu)
+            assert np.array_equal(sgu[S:], src.read_bf16(b + "shared_expert.up_proj.weight")[
+                s0:s0 + S])
         expert_bytes += gu.nbytes + dn.nbytes
         w.free()
         assert be.live_bytes() == 0
@@ -468,12 +477,10 @@ def test_a_rank_holds_its_expert_slices_and_the_bytes_it_declares(name, ep):
         meta.hidden_size * 2
 
 
-def test_bench_leaves_out_the_dense_comm_columns_for_experts():
-    """`metrale bench --tensor-parallel N` on a mixture of experts: the all-reduce columns
-    time and count dense reductions only, so they are left out rather than wrong."""
+def test_bench_leaves_out_the_reduction_columns_under_expert_parallelism():
+    """`metrale bench --tensor-parallel N ` on an expert-parallel model: the all-reduce
+    columns time and count reductions only, so they are left out rather than wrong."""
     from types import SimpleNamespace
     from metrale.bench.tensor_parallel import comm_columns
-    for name in ("mixtral", "qwen3_moe"):
-        meta = open_source(FIXTURES / name).metadata()
-        model = SimpleNamespace(_tp=object(), metadata=lambda meta=meta: meta)
-        assert comm_columns(model, 0, 4) == {}
+    model = SimpleNamespace(_tp=SimpleNamespace(ep=object()))
+    assert comm_columns(model, 0, 4) == {}

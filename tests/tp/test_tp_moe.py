@@ -41,15 +41,19 @@ def tp4(tmp_path_factory):
     return Results(out, 4, proc)
 
 
-def replicated_bytes(name: str, n_ranks: int) -> int:
-    """BF16 bytes every rank holds whole: norms, routers, shared experts and their gates,
-    and (N above num_key_value_heads) the k/v projections, whose heads are then copied."""
+def replicated_bytes(name: str, n_ranks: int, ep: bool) -> int:
+    """BF16 bytes every rank holds whole: norms, routers, shared experts' gates (expert
+    parallel: the shared experts too), (N above num_key_value_heads) the k/v projections,
+    whose heads are then copied; expert parallel with N not dividing the experts, the extra
+    expert of the ranks that hold one more."""
     m = load(name)
     meta = m._meta
     hid, moe = meta.hidden_size, meta.moe
     per_layer = 2 * hid + moe.num_experts * hid
     if moe.shared_expert_intermediate_size:
-        per_layer += 3 * moe.shared_expert_intermediate_size * hid + hid
+        per_layer += (3 * moe.shared_expert_intermediate_size * hid if ep else 0) + hid
+    if ep and moe.num_experts % n_ranks:
+        per_layer += 3 * moe.expert_intermediate_size * hid
     if meta.qk_norm:
         per_layer += 2 * meta.head_dim
     if n_ranks > meta.num_kv_heads:
@@ -88,7 +92,7 @@ def check(res: Results, key: str, name: str, n_ranks: int) -> None:
     whole = load(name)._weights.nbytes
     per_rank = [f[f"{key.split('@')[0]}/weight_bytes"][name] for f in res.facts]
     assert len(set(per_rank)) == 1 or key.startswith("moe_ep")
-    assert max(per_rank) <= whole / n_ranks + replicated_bytes(name, n_ranks), (name, per_rank, whole)
+    assert max(per_rank) <= whole / n_ranks + replicated_bytes(name, n_ranks, key == 'moe_ep'), (name, per_rank, whole)
 
 
 @pytest.mark.parametrize("name", MOE_FIXTURES)

@@ -7,7 +7,10 @@ Every rank holds the whole residual stream ([n, hidden], BF16) and a slice of ev
                 the embedding row, bit for bit.
   o_proj, down  the rank's slice of the contraction, out in FP32 (`gemm_tc(out_fp32=True)`,
                 no BF16 rounding of a partial sum); `reduce` adds the ranks' partials and
-                rounds once to BF16; the layer's bias is added after it, once.
+                rounds once to BF16; the layer's bias is added after it, once. A MoE
+                block's output likewise: its combine writes the rank's FP32 partial
+                (`moe_combine`; tp/moe_shard.py), or, expert parallel, the block talks to
+                the other ranks itself (tp/expert_parallel.py).
   lm_head       each rank's vocabulary slice of the logits rows; an all-gather and
                 `tp_concat_shards` put whole rows in the logits arena on every rank, so
                 argmax, copy_logits_to_host and every sampler read them unchanged.
@@ -29,9 +32,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...gpu_runtime.types import DevicePtr
-from ...ops import gemm_tc, tensor_parallel
+from ...ops import gemm_tc, moe_combine, tensor_parallel
 from .expert_parallel import ExpertParallel
-from .moe_shard import MoeCombine
 from .shard import ShardPlan
 
 # Largest gathered partials (N * count * 4 bytes) the `gather` schedule is used for; above
@@ -70,11 +72,9 @@ class TensorParallel:
             self.logits_shard = self._alloc(sizes["logits_shard"])  # [rows, Vs]
             self.logits_all = self._alloc(sizes["logits_all"])      # [N, rows, Vs]
             # a mixture of experts: the combine of the ranks' expert partials (moe_shard.py)
-            rows = max(max_tokens, logits_rows)
-            self.moe = (MoeCombine(self, meta, rows)
-                        if meta.moe is not None and not plan.expert_parallel else None)
             # expert parallelism: the dispatch / combine pass (expert_parallel.py)
-            self.ep = ExpertParallel(self, meta, plan, rows) if plan.expert_parallel else None
+            self.ep = (ExpertParallel(self, meta, plan, max(max_tokens, logits_rows))
+                       if plan.expert_parallel else None)
         except BaseException:
             self.free()
             raise
@@ -91,11 +91,9 @@ class TensorParallel:
                  "summed": -(-count // N) * 2,
                  "logits_shard": logits_rows * plan.vocab_shard * lb,
                  "logits_all": N * logits_rows * plan.vocab_shard * lb}
-        rows = max(max_tokens, logits_rows)
-        if meta.moe is not None and not plan.expert_parallel:
-            sizes["moe"] = sum(MoeCombine.layout(N, meta, rows).values())
         if plan.expert_parallel:
-            sizes["ep"] = sum(ExpertParallel.layout(meta, plan, rows).values())
+            sizes["ep"] = sum(ExpertParallel.layout(meta, plan, max(max_tokens,
+                                                                    logits_rows)).values())
         return sizes if parts else sum(sizes.values())
 
     # the three combines ----------------------------------------------------------------
@@ -134,11 +132,16 @@ class TensorParallel:
                 p.vocab_shard * lb, self.size)
             self.bytes_received += (self.size - 1) * k * p.vocab_shard * lb
 
-    def moe_combine(self, stream: int, out_ptr, expert_out, topk_weights, n: int, shared,
-                    gate) -> None:
-        """out[n, hidden] bf16 = the MoE block's output from every rank's partial expert
-        outputs (tp/moe_shard.py: MoeCombine.combine)."""
-        self.moe.combine(stream, out_ptr, expert_out, topk_weights, n, shared, gate)
+    def moe_combine(self, stream: int, out_ptr, expert_out, topk_weights, n: int, top_k: int,
+                    shared, gate) -> None:
+        """out[n, hidden] bf16 = the MoE block's output: this rank's FP32 partial (its slices'
+        expert outputs expert_out [n * top_k, hidden] f32 under topk_weights [n, top_k] f32,
+        plus its slice's shared output [n, hidden] f32 under the gate logits [n] f32, or
+        NULL) by the combine kernel, then the rank-order reduction (tp/moe_shard.py)."""
+        self.before_collective()
+        moe_combine.moe_combine(self.backend, stream, self.partial, expert_out, topk_weights,
+                                n, self.hidden, top_k, shared, gate, out_fp32=True)
+        self.reduce(stream, self.partial, out_ptr, n * self.hidden)
 
     # the fixed-order reduction ---------------------------------------------------------
     def reduce(self, stream: int, partial_ptr, out_ptr, count: int) -> None:

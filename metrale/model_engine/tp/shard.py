@@ -50,6 +50,8 @@ class ShardPlan:
     expert_start: int = 0
     local_experts: int = 0
     expert_parallel: bool = False
+    shared_intermediate: int = 0    # qwen2_moe's shared expert: its width on this rank
+    shared_start: int = 0
 
     def layer_metadata(self, meta):
         """`meta` with this rank's head and intermediate counts: what its layer passes,
