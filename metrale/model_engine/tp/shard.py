@@ -15,8 +15,14 @@ column-split biases (q/k/v, gate/up) are sliced like their weights. o_proj and d
 outputs are partial sums that the ranks add in rank order (tp/runtime.py); their biases
 are added once, after that sum.
 
-Refused, by name: N that does not divide num_attention_heads, intermediate_size or
-hidden_size, or that neither divides nor is divided by num_key_value_heads; N above 64.
+A mixture-of-experts layer holds its experts' slices instead of the MLP (tp/moe_shard.py:
+a 1/N slice of every expert and of the shared expert, or with expert_parallel a range of
+whole experts).
+
+Refused, by name: N that does not divide num_attention_heads, intermediate_size (when a
+layer is dense), hidden_size, moe_intermediate_size or shared_expert_intermediate_size
+(tensor parallel experts), or that neither divides nor is divided by num_key_value_heads;
+more ranks than experts (expert parallel); N above 64.
 """
 from __future__ import annotations
 
