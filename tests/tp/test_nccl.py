@@ -260,3 +260,19 @@ def test_all_to_all_v_is_one_group_of_sends_and_receives(fake):
     c.close()
     be.free(src)
     be.free(dst)
+
+
+def test_a_failure_mid_step_aborts_both_communicators(fake):
+    """announce_failure (a rank failed after the agreement): both communicators aborted, so
+    the peers' waits end with NCCL's remote error; every later call names the failure."""
+    be = FakeCuda()
+    c = comm_nccl.NcclCommunicator(be, 1, 2, b"u" * 128, timeout_s=5)
+    fake.calls.clear()
+    c.announce_failure("RuntimeError: boom")
+    assert fake.calls == [("abort",), ("abort",)]
+    with pytest.raises(TensorParallelError, match="rank 1 of 2 failed mid-step: RuntimeError: "
+                                                  "boom"):
+        c.all_gather(0, 0, 1, np.float32, 0)
+    c.announce_failure("again")   # once
+    assert fake.calls == [("abort",), ("abort",)]
+    c.close()
