@@ -100,6 +100,14 @@ def test_expert_tensor_parallel_at_2(tp2, name):
     check(tp2, "moe", name, 2)
 
 
+def test_expert_tensor_parallel_with_decode_graphs(tp2):
+    """Graph replays of the MoE layers' reductions give the eager rows' bits."""
+    tp2.check_scenario("moe")
+    assert np.array_equal(tp2.same_on_every_rank("moe/graphs/qwen2_moe"),
+                          tp2.same_on_every_rank("moe/rows/qwen2_moe"))
+    assert all(f["moe/graphs_captured"] > 0 for f in tp2.facts)
+
+
 @pytest.mark.parametrize("name", ["qwen3_moe", "mixtral"])
 def test_expert_tensor_parallel_at_4(tp4, name):
     check(tp4, "moe", name, 4)

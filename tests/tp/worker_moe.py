@@ -65,8 +65,13 @@ def scenario(run, key: str, names, **options) -> None:
 
 
 def moe(run) -> None:
-    """Tensor parallelism inside every expert."""
+    """Tensor parallelism inside every expert; and qwen2_moe's rows with decode graphs
+    captured (the MoE block's collectives recorded and replayed like the dense ones)."""
     scenario(run, "moe", MOE_FIXTURES)
+    m = run.load("qwen2_moe", graphs=True)
+    run.arrays["moe/graphs/qwen2_moe"] = rows_of(run, m, "qwen2_moe")
+    run.facts["moe/graphs_captured"] = len(m._graphs)
+    m.teardown()
 
 
 def moe_ep(run) -> None:
