@@ -18,6 +18,8 @@ wall time.
   ep_alltoall_raises     expert parallel (DIR/moe: mixtral): rank 1's fifth all-to-all
                          raises mid-step (in the first decode step)
   ep_interrupt1          expert parallel: rank 1 sends itself SIGINT in a decode loop
+  ep_bad_config          expert parallel: rank 1 loads DIR/moe_bad_config (config.json not
+                         JSON), rank 0 DIR/moe
 Every rank writes "RANK r ..." lines to OUT/rank<r>.txt (what it raised, how far it got):
 mpiexec interleaves the ranks' stdout, not always at line ends.
 """
@@ -72,9 +74,20 @@ def decode(m, steps: int, signal_at: int | None = None) -> None:
     say("DECODED ALL")
 
 
-def load_ep(d: Path):
-    return metrale.load(d / "moe", "cpu", tensor_parallel_size=2, progress=False,
+def load_ep(d: Path, name: str = "moe"):
+    return metrale.load(d / name, "cpu", tensor_parallel_size=2, progress=False,
                         tp_timeout_s=30, expert_parallel=True)
+
+
+def ep_bad_config(d: Path) -> int:
+    t0 = time.monotonic()
+    try:
+        load_ep(d, "moe_bad_config" if RANK == 1 else "moe")
+    except metrale.MetraleError as e:
+        say(f"RAISED {type(e).__name__} after {time.monotonic() - t0:.1f} s: {e}")
+        return 1
+    say("LOADED")
+    return 0
 
 
 def ep_alltoall_raises(d: Path) -> int:
@@ -101,6 +114,8 @@ def ep_alltoall_raises(d: Path) -> int:
 def main(case: str, d: Path) -> int:
     if case == "ep_alltoall_raises":
         return ep_alltoall_raises(d)
+    if case == "ep_bad_config":
+        return ep_bad_config(d)
     if case == "ep_interrupt1":
         decode(load_ep(d), 200, signal_at=6 if RANK == 1 else None)
         return 0

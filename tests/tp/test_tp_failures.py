@@ -46,6 +46,8 @@ def checkpoints(tmp_path_factory) -> Path:
     weights = d / "truncated" / "model.safetensors"
     os.truncate(weights, weights.stat().st_size - 1000)
     shutil.copytree(ROOT / "tests" / "fixtures" / "mixtral", d / "moe")
+    shutil.copytree(ROOT / "tests" / "fixtures" / "mixtral", d / "moe_bad_config")
+    (d / "moe_bad_config" / "config.json").write_text("{ not json")
     return d
 
 
@@ -183,6 +185,18 @@ def test_an_expert_parallel_all_to_all_that_raises_ends_every_rank(checkpoints, 
         in err, err
     assert "DECODED ALL" not in out
     assert wall < 20, wall   # the notice, not the ranks' 30 s timeout
+
+
+def test_an_expert_parallel_rank_that_fails_before_the_communicator_ends_every_rank(
+        checkpoints, tmp_path):
+    status, out, err, wall = launch("ep_bad_config", checkpoints, tmp_path)
+    assert status != 0
+    assert re.match(r"FormatError after [\d.]+ s: \S*moe_bad_config/config\.json: not valid "
+                    r"JSON", raised(out, 1)), out
+    assert re.match(r"FormatError after [\d.]+ s: tensor parallel: rank 1 of 2 failed: "
+                    r"\S*moe_bad_config/config\.json: not valid JSON", raised(out, 0)), out
+    assert "LOADED" not in out
+    assert wall < 20, wall   # the error, not the ranks' 30 s timeout
 
 
 def test_sigint_to_one_expert_parallel_rank_aborts_the_job(checkpoints, tmp_path):
