@@ -18,6 +18,7 @@ wall time.
   ep_alltoall_raises     expert parallel (DIR/moe: mixtral): rank 1's fifth all-to-all
                          raises mid-step (in the first decode step)
   ep_interrupt1          expert parallel: rank 1 sends itself SIGINT in a decode loop
+  no_teardown            both ranks decode a few tokens and exit without teardown
   ep_bad_config          expert parallel: rank 1 loads DIR/moe_bad_config (config.json not
                          JSON), rank 0 DIR/moe
 Every rank writes "RANK r ..." lines to OUT/rank<r>.txt (what it raised, how far it got):
@@ -36,6 +37,7 @@ from metrale.gpu_runtime.comm.ranks import launcher_ranks
 
 RANK = launcher_ranks().rank
 OUT: Path | None = None
+KEPT: list = []
 
 
 def say(text: str) -> None:
@@ -116,6 +118,10 @@ def main(case: str, d: Path) -> int:
         return ep_alltoall_raises(d)
     if case == "ep_bad_config":
         return ep_bad_config(d)
+    if case == "no_teardown":   # the model lives on until the interpreter exits
+        KEPT.append(load(d / "good", 60))
+        decode(KEPT[0], 3)
+        return 0
     if case == "ep_interrupt1":
         decode(load_ep(d), 200, signal_at=6 if RANK == 1 else None)
         return 0

@@ -199,6 +199,16 @@ def test_an_expert_parallel_rank_that_fails_before_the_communicator_ends_every_r
     assert wall < 20, wall   # the error, not the ranks' 30 s timeout
 
 
+def test_a_job_that_exits_without_teardown_ends_quietly(checkpoints, tmp_path):
+    """The group's pending failure-notice receive (comm/notice.py) is withdrawn at exit:
+    MPI finalizes without a warning about it (UCX printed one per rank without that)."""
+    status, out, err, wall = launch("no_teardown", checkpoints, tmp_path)
+    assert status == 0, (out, err)
+    assert out.count("DECODED ALL") == 2
+    assert err.strip() == "", err
+    assert "WARN" not in out and "not returned" not in out, out   # UCX writes to stdout
+
+
 def test_sigint_to_one_expert_parallel_rank_aborts_the_job(checkpoints, tmp_path):
     check_aborted(*launch("ep_interrupt1", checkpoints, tmp_path), ranks=[["1"]])
 

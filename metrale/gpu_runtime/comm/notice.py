@@ -38,6 +38,9 @@ class FailureNotice:
         self._recv = comm.Irecv(self._buf, source=MPI.ANY_SOURCE, tag=NOTICE_TAG)
         self._sends: list = []
         self.message: str | None = None   # what broke the group, once it did
+        # a program that exits without closing its group: the receive is withdrawn before
+        # mpi4py finalizes MPI (atexit runs last-registered first), not left pending there
+        atexit.register(self._withdraw)
 
     def poll(self) -> str | None:
         """The failure a peer announced (this rank's message for it), else None."""
@@ -72,8 +75,12 @@ class FailureNotice:
         atexit.register(self._abort_after_acks)
 
     def cancel(self) -> None:
-        """Withdraw the pending receive (before the communicator is freed)."""
-        if self._recv is not None:
+        """Withdraw the pending receive (before the communicator is freed); once."""
+        atexit.unregister(self._withdraw)
+        self._withdraw()
+
+    def _withdraw(self) -> None:
+        if self._recv is not None and self.message is None:
             self._recv.Cancel()
             self._recv.Wait()
             self._recv = None
