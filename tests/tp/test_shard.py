@@ -368,6 +368,33 @@ def test_quantized_experts_that_cut_a_group_are_refused_by_name():
         metrale.load(FIXTURES / "q_moe_awq", "cpu", tensor_parallel_size=2)
 
 
+@pytest.mark.parametrize("name", ["q_moe_awq", "q_moe_gptq_actorder", "q_moe_fp8_block"])
+def test_expert_parallel_keeps_quantized_experts_whole_and_packed(name):
+    """Under expert_parallel=True no expert is cut: q_moe_awq (whose down slices TP inside
+    the experts refuses) passes the row-parallel check, and each rank holds its experts
+    packed (QuantExperts of the whole widths), their bytes adding up to one process's."""
+    from metrale.model_engine.moe_quant import QuantExperts
+    from metrale.model_engine.tp.model import refuse_unsharded
+    src = open_source(FIXTURES / name)
+    refuse_unsharded(src, 2, expert_parallel=True)
+    meta = src.metadata()
+    one = metrale.load(FIXTURES / name, HostBackend(), progress=False)
+    want = sum(L.moe.gate_up.nbytes + L.moe.down.nbytes for L in one._weights.layers)
+    one.teardown()
+    got = 0
+    for rank in range(2):
+        plan = plan_shards(meta, rank, 2, name, expert_parallel=True)
+        w = ShardedDecoderWeights(HostBackend(), src, meta, plan, progress=False)
+        for L in w.layers:
+            assert isinstance(L.moe.gate_up, QuantExperts) and isinstance(L.moe.down,
+                                                                          QuantExperts)
+            assert (L.moe.down.n, L.moe.down.k) == (meta.hidden_size,
+                                                    meta.moe.expert_intermediate_size)
+            got += L.moe.gate_up.nbytes + L.moe.down.nbytes
+        w.free()
+    assert got == want, (got, want)
+
+
 def test_an_expert_width_the_ranks_cannot_split_is_refused_by_name():
     meta = open_source(FIXTURES / "qwen2_moe").metadata()   # experts 48, shared 80 wide
     plan_shards(meta, 0, 4, "x")
