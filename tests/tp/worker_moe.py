@@ -49,6 +49,11 @@ def moe(run) -> None:
         run.arrays[f"moe_batch/{name}"] = batch
         run.arrays[f"moe_solo/{name}"] = np.concatenate(solo)
         m.teardown()
+    if run.device == "cpu" and run.size == 2:   # decode graphs: the MoE block's reduction
+        m = run.load("qwen2_moe", graphs=True)  # recorded and replayed like the dense ones
+        run.arrays["moe_graphs/qwen2_moe"] = rows_of(run, m, "qwen2_moe")
+        run.facts["moe_graphs_captured"] = len(m._graphs)
+        m.teardown()
 
 
 def rows_of(run, m, name: str) -> np.ndarray:
