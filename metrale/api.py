@@ -5,7 +5,7 @@ and the tensor-contract adapters below take a built source / model and never cal
 """
 from __future__ import annotations
 
-from .errors import Unsupported
+from .errors import InvalidArgument, Unsupported
 from .gpu_runtime import backend_for
 
 
@@ -36,7 +36,9 @@ def load(path_or_source, device="auto", *, kv_blocks=None, block_size=16, max_ba
     `TensorParallelModel` (decoder-only architectures). "cuda" / "auto" then mean the GPU of
     the rank's local rank. Options of the group: `tp_timeout_s` (default 300: how long a rank
     waits for the others before TensorParallelError) and `tp_rendezvous` ("host:port" where
-    NCCL's id is handed out when no MPI launcher started the ranks).
+    NCCL's id is handed out when no MPI launcher started the ranks). A mixture of experts
+    is split inside every expert; `expert_parallel=True` partitions whole experts over the
+    ranks instead, tokens dispatched by all-to-all (model_engine/tp/expert_parallel.py).
     """
     if not (type(tensor_parallel_size) is int and tensor_parallel_size == 1):
         # checks the size itself; opens the checkpoint once the ranks are in touch
@@ -44,6 +46,9 @@ def load(path_or_source, device="auto", *, kv_blocks=None, block_size=16, max_ba
         return load_rank(device, path_or_source, tensor_parallel_size=tensor_parallel_size,
                          kv_blocks=kv_blocks, block_size=block_size, max_batch=max_batch,
                          fp32_logits=fp32_logits, **options)
+    if options.pop("expert_parallel", False):
+        raise InvalidArgument("expert_parallel=True partitions the experts over the ranks of "
+                              "a tensor-parallel load: pass tensor_parallel_size=N > 1")
     from .formats import open_source
     source = open_source(path_or_source)
     meta = source.metadata()

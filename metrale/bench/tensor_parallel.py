@@ -47,8 +47,11 @@ def load_model(backend, source, tp: int, **options):
 
 
 def comm_columns(model, stream: int, batch: int) -> dict:
-    """A row's all-reduce time and bytes per decode step (none without tensor parallelism)."""
-    if model._tp is None:
+    """A row's all-reduce time and bytes per decode step (none without tensor parallelism,
+    and none with expert parallelism: its all-to-alls depend on the routing and are not the
+    reductions these columns time and count; benchmarks/tp_moe_model.py models them). A MoE
+    block split inside its experts ends with one reduction, as a dense MLP does."""
+    if model._tp is None or model._tp.ep is not None:
         return {}
     layers = model.metadata().num_layers
     return {"allreduce_ms_per_step": model._tp.time_step_collectives(stream, batch, layers),

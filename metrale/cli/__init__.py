@@ -94,7 +94,10 @@ def _run(argv: list) -> int:
         sys.stdout.flush()   # a closed pipe shows here, not in the interpreter's last flush
         return rc
     except MetraleError as e:
-        print(f"metrale: error: {' '.join(str(e).split())}", file=sys.stderr)
+        # one write with its newline: the ranks of a tensor-parallel job share the
+        # launcher's stderr, and print's two writes let another rank's line in between
+        sys.stderr.write(f"metrale: error: {' '.join(str(e).split())}\n")
+        sys.stderr.flush()
         return 1
     except KeyboardInterrupt:   # a tensor-parallel job ends as a whole (N > 1: no return)
         from ..gpu_runtime.comm.interrupts import end_interrupted_job

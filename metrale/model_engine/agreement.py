@@ -17,7 +17,10 @@ ends: whichever comes first. Then:
   - the digests differ: the ranks made different calls (or their pools drifted apart, e.g. a
     free_sequence made on one rank only): TensorParallelError on every rank, naming each
     rank's call;
-  - a rank does not answer within the group's timeout: TensorParallelError (gpu_runtime/comm/communicator.py).
+  - a rank does not answer within the group's timeout: TensorParallelError (gpu_runtime/comm/communicator.py);
+  - a rank fails after the agreement (mid-step: an exception in a collective or between
+    two): it announces the failure (gpu_runtime/comm/notice.py), the others raise
+    TensorParallelError naming it from the collective they wait in, and the job ends.
 Cost: one exchange of EXCHANGE_BYTES per rank per call (an MPI all-gather of 1 KiB: ~10-20 us
 on one host; NCCL: a small all-gather on its own stream plus a host wait).
 """
@@ -68,7 +71,14 @@ class AgreedGuard(CallGuard):
 
     def _end(self, exc: BaseException | None) -> None:
         self._depth -= 1
-        if self._depth or self._pending is None:
+        if self._depth:
+            return
+        if self._pending is None:   # agreed: the call failed mid-step, peers may be waiting
+            if exc is not None and not is_agreed(exc) and \
+                    not isinstance(exc, (TensorParallelError, ConcurrentUse)):
+                announce = getattr(self.comm, "announce_failure", None)
+                if announce is not None:
+                    announce(f"{type(exc).__name__}: {exc}")
             return
         digest, summary = self._pending
         self._pending = None

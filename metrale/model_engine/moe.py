@@ -79,6 +79,9 @@ class MoeBuffers:
 def moe_mlp(model, stream: int, n: int, W) -> None:
     """ws.hidden[n, hidden] (bf16) = the MoE block of ws.normed[n, hidden]; W: the layer's
     MoeLayerWeights. Uses ws.gate_up / ws.act as scratch (sized by mlp_width)."""
+    if model._tp is not None and model._tp.ep is not None:   # expert parallelism
+        model._tp.ep.moe_mlp(model, stream, n, W)
+        return
     b, ws, m = model.backend, model._ws, model._layer_meta   # a rank: its expert slices
     moe, mb = m.moe, ws.moe
     E, k, hid, inter = moe.num_experts, moe.top_k, m.hidden_size, moe.expert_intermediate_size
@@ -110,14 +113,14 @@ def moe_mlp(model, stream: int, n: int, W) -> None:
     moe_router.moe_route(b, stream, mb.sorted_pairs, mb.expert_offsets, mb.tile_offsets,
                          mb.topk_ids, pairs, E, tile.bm)
     lists = (mb.sorted_pairs, mb.expert_offsets, mb.tile_offsets)
-    _experts(b, stream, ws.gate_up, ws.normed, W.gate_up, lists, pairs, E, 2 * inter, hid, k,
+    run_experts(b, stream, ws.gate_up, ws.normed, W.gate_up, lists, pairs, E, 2 * inter, hid, k,
              False, tile.name, W.gate_up_bias)
     if moe.oss is None:
         activation.act_mul(b, stream, ws.act, ws.gate_up, pairs, inter, act)
     else:
         activation.act_mul(b, stream, ws.act, ws.gate_up, pairs, inter, "swiglu_clamp",
                            moe.oss.swiglu_alpha, moe.oss.swiglu_limit)
-    _experts(b, stream, mb.expert_out, ws.act, W.down, lists, pairs, E, hid, inter, 1, True,
+    run_experts(b, stream, mb.expert_out, ws.act, W.down, lists, pairs, E, hid, inter, 1, True,
              tile.name, W.down_bias)
     if model._tp is None:
         moe_combine.moe_combine(b, stream, ws.hidden, mb.expert_out, mb.topk_weights, n, hid,
@@ -128,7 +131,7 @@ def moe_mlp(model, stream: int, n: int, W) -> None:
             out_fp32=True))
 
 
-def _experts(b, stream, y, x, w, lists, pairs, E, n, k, row_div, out_fp32, tile, bias):
+def run_experts(b, stream, y, x, w, lists, pairs, E, n, k, row_div, out_fp32, tile, bias):
     """The grouped GEMM of an expert operand: BF16 (a DevicePtr), MXFP4 (gpt-oss) or
     quantized (QuantExperts: FP8, GPTQ, AWQ; no expert biases)."""
     if isinstance(w, QuantExperts):

@@ -15,6 +15,12 @@ wall time.
                          it opens the checkpoint, before the group exists
   cli_bad_config         `metrale bench --tensor-parallel 2` where rank 1's checkpoint has a
                          bad config.json (the command opens it before the group exists)
+  ep_alltoall_raises     expert parallel (DIR/moe: mixtral): rank 1's fifth all-to-all
+                         raises mid-step (in the first decode step)
+  ep_interrupt1          expert parallel: rank 1 sends itself SIGINT in a decode loop
+  no_teardown            both ranks decode a few tokens and exit without teardown
+  ep_bad_config          expert parallel: rank 1 loads DIR/moe_bad_config (config.json not
+                         JSON), rank 0 DIR/moe
 Every rank writes "RANK r ..." lines to OUT/rank<r>.txt (what it raised, how far it got):
 mpiexec interleaves the ranks' stdout, not always at line ends.
 """
@@ -31,6 +37,7 @@ from metrale.gpu_runtime.comm.ranks import launcher_ranks
 
 RANK = launcher_ranks().rank
 OUT: Path | None = None
+KEPT: list = []
 
 
 def say(text: str) -> None:
@@ -69,7 +76,55 @@ def decode(m, steps: int, signal_at: int | None = None) -> None:
     say("DECODED ALL")
 
 
+def load_ep(d: Path, name: str = "moe"):
+    return metrale.load(d / name, "cpu", tensor_parallel_size=2, progress=False,
+                        tp_timeout_s=30, expert_parallel=True)
+
+
+def ep_bad_config(d: Path) -> int:
+    t0 = time.monotonic()
+    try:
+        load_ep(d, "moe_bad_config" if RANK == 1 else "moe")
+    except metrale.MetraleError as e:
+        say(f"RAISED {type(e).__name__} after {time.monotonic() - t0:.1f} s: {e}")
+        return 1
+    say("LOADED")
+    return 0
+
+
+def ep_alltoall_raises(d: Path) -> int:
+    m = load_ep(d)
+    if RANK == 1:
+        comm, calls = m._tp.comm, []
+        real = comm.all_to_all_v
+
+        def failing(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 5:
+                raise RuntimeError("injected all-to-all failure")
+            return real(*args, **kwargs)
+        comm.all_to_all_v = failing
+    t0 = time.monotonic()
+    try:
+        decode(m, 50)
+    except Exception as e:   # noqa: BLE001 - what each rank raised is the test's subject
+        say(f"RAISED {type(e).__name__} after {time.monotonic() - t0:.1f} s: {e}")
+        return 1
+    return 0
+
+
 def main(case: str, d: Path) -> int:
+    if case == "ep_alltoall_raises":
+        return ep_alltoall_raises(d)
+    if case == "ep_bad_config":
+        return ep_bad_config(d)
+    if case == "no_teardown":   # the model lives on until the interpreter exits
+        KEPT.append(load(d / "good", 60))
+        decode(KEPT[0], 3)
+        return 0
+    if case == "ep_interrupt1":
+        decode(load_ep(d), 200, signal_at=6 if RANK == 1 else None)
+        return 0
     if case in ("bad_config", "truncated"):
         return load_one_bad(d, case)
     if case == "never_joins":

@@ -11,7 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from metrale import TensorParallelError, Unsupported
+from metrale import InvalidArgument, TensorParallelError, Unsupported
 from metrale.gpu_runtime import HostBackend
 from metrale.gpu_runtime.comm import nccl as comm_nccl
 from metrale.gpu_runtime.comm.communicator import EXCHANGE_BYTES
@@ -236,3 +236,43 @@ def test_rendezvous_timeouts_and_addresses():
     assert default_address({"MASTER_ADDR": "h", "MASTER_PORT": "29500"}) == "h:29501"
     with pytest.raises(TensorParallelError, match="tp_rendezvous"):
         default_address({})
+
+
+def test_all_to_all_v_is_one_group_of_sends_and_receives(fake):
+    """Rank 1 of 3: a send and a receive per peer with a nonzero count, at the segments'
+    byte offsets, in one group (NCCL matches calls: a zero count is no call on either side)."""
+    be = FakeCuda()
+    c = comm_nccl.NcclCommunicator(be, 1, 3, b"u" * 128, timeout_s=5)
+    calls = []
+    c._comm.send = lambda buf, n, dt, peer, s: calls.append(("send", buf, n, dt, peer, s))
+    c._comm.recv = lambda buf, n, dt, peer, s: calls.append(("recv", buf, n, dt, peer, s))
+    src, dst = be.alloc(64), be.alloc(64)
+    fake.calls.clear()
+    c.all_to_all_v(src, [2, 0, 3], dst, [1, 4, 0], np.float32, 2)
+    s, r = int(src), int(dst)
+    assert calls == [("send", s, 2, 7, 0, 1002), ("recv", r, 1, 7, 0, 1002),
+                     ("recv", r + 4, 4, 7, 1, 1002), ("send", s + 8, 3, 7, 2, 1002)]
+    assert fake.calls == [("groupStart",), ("groupEnd",)]
+    with pytest.raises(InvalidArgument, match="3 ints"):
+        c.all_to_all_v(src, [1, 2], dst, [1, 1, 1], np.float32, 0)
+    with pytest.raises(InvalidArgument, match=">= 0"):
+        c.all_to_all_v(src, [1, -1, 0], dst, [1, 1, 1], np.float32, 0)
+    c.close()
+    be.free(src)
+    be.free(dst)
+
+
+def test_a_failure_mid_step_aborts_both_communicators(fake):
+    """announce_failure (a rank failed after the agreement): both communicators aborted, so
+    the peers' waits end with NCCL's remote error; every later call names the failure."""
+    be = FakeCuda()
+    c = comm_nccl.NcclCommunicator(be, 1, 2, b"u" * 128, timeout_s=5)
+    fake.calls.clear()
+    c.announce_failure("RuntimeError: boom")
+    assert fake.calls == [("abort",), ("abort",)]
+    with pytest.raises(TensorParallelError, match="rank 1 of 2 failed mid-step: RuntimeError: "
+                                                  "boom"):
+        c.all_gather(0, 0, 1, np.float32, 0)
+    c.announce_failure("again")   # once
+    assert fake.calls == [("abort",), ("abort",)]
+    c.close()

@@ -368,6 +368,33 @@ def test_quantized_experts_that_cut_a_group_are_refused_by_name():
         metrale.load(FIXTURES / "q_moe_awq", "cpu", tensor_parallel_size=2)
 
 
+@pytest.mark.parametrize("name", ["q_moe_awq", "q_moe_gptq_actorder", "q_moe_fp8_block"])
+def test_expert_parallel_keeps_quantized_experts_whole_and_packed(name):
+    """Under expert_parallel=True no expert is cut: q_moe_awq (whose down slices TP inside
+    the experts refuses) passes the row-parallel check, and each rank holds its experts
+    packed (QuantExperts of the whole widths), their bytes adding up to one process's."""
+    from metrale.model_engine.moe_quant import QuantExperts
+    from metrale.model_engine.tp.model import refuse_unsharded
+    src = open_source(FIXTURES / name)
+    refuse_unsharded(src, 2, expert_parallel=True)
+    meta = src.metadata()
+    one = metrale.load(FIXTURES / name, HostBackend(), progress=False)
+    want = sum(L.moe.gate_up.nbytes + L.moe.down.nbytes for L in one._weights.layers)
+    one.teardown()
+    got = 0
+    for rank in range(2):
+        plan = plan_shards(meta, rank, 2, name, expert_parallel=True)
+        w = ShardedDecoderWeights(HostBackend(), src, meta, plan, progress=False)
+        for L in w.layers:
+            assert isinstance(L.moe.gate_up, QuantExperts) and isinstance(L.moe.down,
+                                                                          QuantExperts)
+            assert (L.moe.down.n, L.moe.down.k) == (meta.hidden_size,
+                                                    meta.moe.expert_intermediate_size)
+            got += L.moe.gate_up.nbytes + L.moe.down.nbytes
+        w.free()
+    assert got == want, (got, want)
+
+
 def test_an_expert_width_the_ranks_cannot_split_is_refused_by_name():
     meta = open_source(FIXTURES / "qwen2_moe").metadata()   # experts 48, shared 80 wide
     plan_shards(meta, 0, 4, "x")
@@ -389,6 +416,21 @@ def test_moe_plan_splits_every_expert_and_the_shared_one():
     assert lm.moe.expert_intermediate_size == 24 and lm.moe.shared_expert_intermediate_size == 40
 
 
+@pytest.mark.parametrize("name,field,n", [("qwen3_moe", "moe_intermediate_size=48", 5),
+                                          ("qwen2_moe", "shared_expert_intermediate_size=80", 3),
+                                          ("mixtral", "num_experts=4", 8)])
+def test_an_expert_split_that_does_not_divide_is_refused(name, field, n):
+    """Planned before any rank talks to another: an intermediate width N does not divide
+    (tensor parallel), fewer experts than ranks (expert parallel)."""
+    from metrale.formats import open_source
+    from metrale.model_engine.tp.shard import plan_shards
+    meta = open_source(FIXTURES / name).metadata()
+    meta = replace(meta, num_heads=120, num_kv_heads=120, hidden_size=960,
+                   intermediate_size=1200)
+    with pytest.raises(Unsupported, match=field):
+        plan_shards(meta, 0, n, "x", expert_parallel=field.startswith("num_experts"))
+
+
 def test_the_tensor_contract_is_refused():
     with pytest.raises(Unsupported, match="pointer API"):
         metrale.load_generative(FIXTURES / "llama_gqa", "cpu", tensor_parallel_size=2)
@@ -398,3 +440,88 @@ def test_host_ranks_need_an_mpi_launcher():
     from metrale.gpu_runtime.comm import open_communicator
     with pytest.raises(Unsupported, match="mpiexec"):
         open_communicator(HostBackend(), RankInfo(0, 2, 0, "torchrun"))
+
+
+def test_expert_parallel_needs_ranks_and_experts():
+    """expert_parallel=True without tensor_parallel_size, or on a dense checkpoint, is refused
+    by name before any rank is asked for."""
+    with pytest.raises(InvalidArgument, match="expert_parallel=True .* tensor_parallel_size"):
+        metrale.load(FIXTURES / "mixtral", "cpu", expert_parallel=True)
+    meta = open_source(FIXTURES / "llama_gqa").metadata()
+    with pytest.raises(Unsupported, match="expert_parallel=True needs a mixture-of-experts"):
+        plan_shards(meta, 0, 2, "x", expert_parallel=True)
+    with pytest.raises(InvalidArgument, match="expert_parallel must be a bool"):
+        metrale.load(FIXTURES / "mixtral", "cpu", tensor_parallel_size=2, expert_parallel=1)
+
+
+def test_expert_plans_split_the_bytes():
+    """Tensor parallel: every expert's 1/N; expert parallel: E // N or E // N + 1 experts."""
+    meta = open_source(FIXTURES / "qwen2_moe").metadata()
+    tp = [plan_shards(meta, r, 2, "x") for r in range(2)]
+    assert [(p.expert_start, p.expert_intermediate, p.local_experts) for p in tp] == \
+        [(0, 24, 6), (24, 24, 6)]
+    assert [(p.shared_start, p.shared_intermediate) for p in tp] == [(0, 40), (40, 40)]
+    ep = [plan_shards(meta, r, 4, "x", expert_parallel=True) for r in range(4)]
+    assert [(p.first_expert, p.local_experts, p.expert_intermediate) for p in ep] == \
+        [(0, 1, 48), (1, 2, 48), (3, 1, 48), (4, 2, 48)]
+    assert rank_weight_bytes(meta, tp[0], True) == rank_weight_bytes(meta, tp[1], True)
+
+
+@pytest.mark.parametrize("name", ["qwen2_moe", "mixtral"])
+@pytest.mark.parametrize("ep", [False, True])
+def test_a_rank_holds_its_expert_slices_and_the_bytes_it_declares(name, ep):
+    """Each rank's expert gate|up rows and down columns (TP) or whole experts (EP), the
+    router and shared expert whole; the device bytes held are exactly `nbytes` (the memory
+    plan's and weight_bytes()'s figure), and the ranks' expert bytes add up to the model's."""
+    src = open_source(FIXTURES / name)
+    meta = src.metadata()
+    moe = meta.moe
+    gate, upn, down = moe.expert_proj
+    b = f"model.layers.1.{moe.block}."
+    expert_bytes = 0
+    for rank in range(2):
+        be = HostBackend()
+        plan = plan_shards(meta, rank, 2, name, expert_parallel=ep)
+        w = ShardedDecoderWeights(be, src, meta, plan, progress=False)
+        assert be.live_bytes() == w.nbytes
+        L = w.layers[1].moe
+        i, i0, hid = plan.expert_intermediate, plan.expert_start, meta.hidden_size
+        El = plan.local_experts
+        gu = np.empty((El, 2 * i, hid), np.uint16)
+        be.copy_d2h(L.gate_up, gu)
+        dn = np.empty((El, hid, i), np.uint16)
+        be.copy_d2h(L.down, dn)
+        for j in range(El):
+            e = plan.first_expert + j
+            x = f"{b}experts.{e}."
+            assert np.array_equal(gu[j, :i], src.read_bf16(x + gate + ".weight")[i0:i0 + i])
+            assert np.array_equal(gu[j, i:], src.read_bf16(x + upn + ".weight")[i0:i0 + i])
+            assert np.array_equal(dn[j], src.read_bf16(x + down + ".weight")[:, i0:i0 + i])
+        router = np.empty((moe.num_experts, hid), np.uint16)
+        be.copy_d2h(L.router, router)
+        assert np.array_equal(router, src.read_bf16(b + "gate.weight"))
+        if moe.shared_expert_intermediate_size:   # TP: a slice of it; EP: whole
+            s0, S = plan.shared_start, plan.shared_intermediate
+            assert S == moe.shared_expert_intermediate_size // (1 if ep else 2)
+            sd = np.empty((hid, S), np.uint16)
+            be.copy_d2h(L.shared_down, sd)
+            assert np.array_equal(sd, src.read_bf16(b + "shared_expert.down_proj.weight")[
+                :, s0:s0 + S])
+            sgu = np.empty((2 * S, hid), np.uint16)
+            be.copy_d2h(L.shared_gate_up, sgu)
+            assert np.array_equal(sgu[S:], src.read_bf16(b + "shared_expert.up_proj.weight")[
+                s0:s0 + S])
+        expert_bytes += gu.nbytes + dn.nbytes
+        w.free()
+        assert be.live_bytes() == 0
+    assert expert_bytes == moe.num_experts * 3 * moe.expert_intermediate_size * \
+        meta.hidden_size * 2
+
+
+def test_bench_leaves_out_the_reduction_columns_under_expert_parallelism():
+    """`metrale bench --tensor-parallel N ` on an expert-parallel model: the all-reduce
+    columns time and count reductions only, so they are left out rather than wrong."""
+    from types import SimpleNamespace
+    from metrale.bench.tensor_parallel import comm_columns
+    model = SimpleNamespace(_tp=SimpleNamespace(ep=object()))
+    assert comm_columns(model, 0, 4) == {}

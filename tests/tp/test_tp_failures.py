@@ -6,7 +6,9 @@ message: `mpiexec -n 2` launches of tests/tp/job_failures.py on the CPU, one cas
     initialisation: the failing rank raises its own FormatError, the other the same class
     naming the failing rank and its message, both within moments (the timeout is 30 s);
   - a rank that never reaches `load` ends the other's wait after its timeout;
-  - SIGINT to one rank, to the whole process group (Ctrl-C: mpiexec forwards it), or a
+  - a rank whose step fails after the agreement (an expert-parallel all-to-all that
+    raises) announces it: the other raises TensorParallelError naming it, at once;
+  - SIGINT to one rank (expert parallel too), to the whole process group (Ctrl-C: mpiexec forwards it), or a
     KeyboardInterrupt in the `metrale` command before the group exists, aborts the whole
     job at once: status 130, one "metrale: rank R of 2 interrupted; aborting the
     tensor-parallel job" line per interrupted rank, no traceback, no MPI noise.
@@ -43,6 +45,9 @@ def checkpoints(tmp_path_factory) -> Path:
     shutil.copytree(FIXTURE, d / "truncated")
     weights = d / "truncated" / "model.safetensors"
     os.truncate(weights, weights.stat().st_size - 1000)
+    shutil.copytree(ROOT / "tests" / "fixtures" / "mixtral", d / "moe")
+    shutil.copytree(ROOT / "tests" / "fixtures" / "mixtral", d / "moe_bad_config")
+    (d / "moe_bad_config" / "config.json").write_text("{ not json")
     return d
 
 
@@ -162,6 +167,50 @@ def test_metrale_command_gets_ctrl_c(checkpoints, tmp_path):
     model: the job ends with 130 at once, no traceback on any rank."""
     check_aborted(*launch("cli_bench", checkpoints, tmp_path, interrupt_group=True),
                   ranks=[["0"], ["1"], ["0", "1"]])
+
+
+def test_an_expert_parallel_all_to_all_that_raises_ends_every_rank(checkpoints, tmp_path):
+    """Expert parallelism, rank 1's all-to-all raises in a decode step (after the step's
+    agreement, rank 0 already waiting in the same collective): rank 1 raises its own error
+    and announces it, rank 0 raises TensorParallelError naming rank 1 and its error at once
+    (not after its 30 s timeout), and the job ends non-zero (comm/notice.py)."""
+    status, out, err, wall = launch("ep_alltoall_raises", checkpoints, tmp_path)
+    assert status != 0, (out, err)
+    assert re.match(r"RuntimeError after [\d.]+ s: injected all-to-all failure$",
+                    raised(out, 1)), out
+    assert re.match(r"TensorParallelError after [\d.]+ s: tensor parallel: rank 1 of 2 failed "
+                    r"mid-step: RuntimeError: injected all-to-all failure; the group is broken",
+                    raised(out, 0)), out
+    assert "metrale: rank 1 of 2 failed mid-step: RuntimeError: injected all-to-all failure" \
+        in err, err
+    assert "DECODED ALL" not in out
+    assert wall < 20, wall   # the notice, not the ranks' 30 s timeout
+
+
+def test_an_expert_parallel_rank_that_fails_before_the_communicator_ends_every_rank(
+        checkpoints, tmp_path):
+    status, out, err, wall = launch("ep_bad_config", checkpoints, tmp_path)
+    assert status != 0
+    assert re.match(r"FormatError after [\d.]+ s: \S*moe_bad_config/config\.json: not valid "
+                    r"JSON", raised(out, 1)), out
+    assert re.match(r"FormatError after [\d.]+ s: tensor parallel: rank 1 of 2 failed: "
+                    r"\S*moe_bad_config/config\.json: not valid JSON", raised(out, 0)), out
+    assert "LOADED" not in out
+    assert wall < 20, wall   # the error, not the ranks' 30 s timeout
+
+
+def test_a_job_that_exits_without_teardown_ends_quietly(checkpoints, tmp_path):
+    """The group's pending failure-notice receive (comm/notice.py) is withdrawn at exit:
+    MPI finalizes without a warning about it (UCX printed one per rank without that)."""
+    status, out, err, wall = launch("no_teardown", checkpoints, tmp_path)
+    assert status == 0, (out, err)
+    assert out.count("DECODED ALL") == 2
+    assert err.strip() == "", err
+    assert "WARN" not in out and "not returned" not in out, out   # UCX writes to stdout
+
+
+def test_sigint_to_one_expert_parallel_rank_aborts_the_job(checkpoints, tmp_path):
+    check_aborted(*launch("ep_interrupt1", checkpoints, tmp_path), ranks=[["1"]])
 
 
 def test_the_sigint_handler_is_held_while_a_group_lives():

@@ -47,6 +47,15 @@ def test_moe_goldens_tp1_batch_and_rank_bytes(tp2m, name):
     print(f"{name}: TP=1 {whole} bytes, TP=2 per rank {per_rank}")
 
 
+def test_moe_tp2_with_decode_graphs_gives_the_eager_bits(tp2m):
+    """qwen2_moe with decode graphs captured: the replayed MoE layers (each rank's combine
+    and the rank-order sum) give the eager rows' bits."""
+    tp2m.check_scenario("moe")
+    assert np.array_equal(tp2m.same_on_every_rank("moe_graphs/qwen2_moe"),
+                          tp2m.same_on_every_rank("moe/qwen2_moe"))
+    assert all(f["moe_graphs_captured"] > 0 for f in tp2m.facts)
+
+
 @pytest.mark.parametrize("device_name", [pytest.param("emu", marks=[
     pytest.mark.gpu, pytest.mark.skipif(not emu_available(), reason="no C++ compiler")])])
 def test_moe_tp2_on_the_emulator(tmp_path, tp2m, device_name):

@@ -375,7 +375,8 @@ SCENARIOS = {"golden": golden_rows, "emu_batch": emu_batch, "fp32_graphs": fp32_
              "kill": kill, "nonfinite": worker_checkpoints.nonfinite,
              "gguf": worker_checkpoints.gguf, "streams": worker_streams.streams,
              "lora": worker_lora.lora, "quant": worker_quant.quant,
-             "moe": worker_moe.moe}
+             "moe": worker_moe.moe, "moe_ep": worker_moe.moe_ep,
+             "a2av": worker_moe.all_to_all_v, "moe_ep_emu": worker_moe.moe_ep_emu}
 
 
 def main(argv) -> int:

@@ -10,6 +10,13 @@ Device collectives (`count` elements of `dtype` per rank; np.float32, np.int32, 
 for BF16 bits, np.uint8):
   all_gather(send, recv, count)   recv [size, count] <- every rank's send [count], rank order
   all_to_all(send, recv, count)   recv[r] <- rank r's send[self.rank]; send, recv [size, count]
+  all_to_all_v(send, send_counts, recv, recv_counts)
+                                  the same with a count per peer (host lists of `size` ints,
+                                  0 allowed): send holds the segments for ranks 0..size-1 back
+                                  to back, recv gets rank r's segment for this rank at
+                                  sum(recv_counts[:r]); every rank's send_counts[q] must equal
+                                  rank q's recv_counts[its rank] (expert parallelism's
+                                  dispatch and combine, model_engine/tp/expert_parallel.py)
   all_reduce(send, recv, count)   recv = the sum over ranks (float32 / int32); the order is the
                                   library's, so the model never uses it for activations
   broadcast(ptr, count, root)     ptr <- root's ptr
@@ -44,6 +51,8 @@ class Communicator(Protocol):
 
     def all_gather(self, send_ptr, recv_ptr, count: int, dtype, stream: int) -> None: ...
     def all_to_all(self, send_ptr, recv_ptr, count: int, dtype, stream: int) -> None: ...
+    def all_to_all_v(self, send_ptr, send_counts, recv_ptr, recv_counts, dtype,
+                     stream: int) -> None: ...
     def all_reduce(self, send_ptr, recv_ptr, count: int, dtype, stream: int) -> None: ...
     def broadcast(self, ptr, count: int, dtype, root: int, stream: int) -> None: ...
     def barrier(self, stream: int) -> None: ...
@@ -65,6 +74,18 @@ def check_collective(what: str, count: int, dtype, reduce: bool = False) -> np.d
             not 1 <= int(count) < 2**31:
         raise InvalidArgument(f"{what}: count must be an int in [1, 2^31), got {count!r}")
     return dt
+
+
+def check_counts(what: str, counts, size: int) -> list[int]:
+    """An all_to_all_v's per-peer counts as ints, after checking their number and range."""
+    try:
+        out = [int(c) for c in counts]
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"{what}: counts must be {size} ints, got {counts!r}") from None
+    if len(out) != size or any(c < 0 for c in out) or sum(out) >= 2**31:
+        raise InvalidArgument(f"{what}: counts must be {size} ints >= 0 summing below 2^31, "
+                              f"got {out}")
+    return out
 
 
 def pack_payload(payload: bytes) -> np.ndarray:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import TensorParallelError
-from .communicator import check_collective
+from .communicator import check_collective, check_counts
 from .mpi_group import MpiGroup
 from .ranks import RankInfo
 
@@ -48,6 +48,20 @@ class MpiCommunicator:
         self._task(stream, "all_to_all", lambda: self._comm.Ialltoall(
             self._read(send_ptr, n, dt), self._view(recv_ptr, n, dt)))
 
+    def all_to_all_v(self, send_ptr, send_counts, recv_ptr, recv_counts, dtype,
+                     stream: int) -> None:
+        """MPI_Alltoallv over the segments of the counts (comm/communicator.py)."""
+        dt = check_collective("all_to_all_v", 1, dtype)
+        sc = check_counts("all_to_all_v send", send_counts, self.size)
+        rc = check_counts("all_to_all_v recv", recv_counts, self.size)
+
+        def start():
+            send = self._read(send_ptr, sum(sc), dt) if sum(sc) else np.empty(0, dt)
+            recv = self._view(recv_ptr, sum(rc), dt) if sum(rc) else np.empty(0, dt)
+            return self._comm.Ialltoallv([send, (sc, _displs(sc))],
+                                         [recv, (rc, _displs(rc))])
+        self._task(stream, "all_to_all_v", start)
+
     def all_reduce(self, send_ptr, recv_ptr, count: int, dtype, stream: int) -> None:
         dt = check_collective("all_reduce", count, dtype, reduce=True)
 
@@ -77,6 +91,10 @@ class MpiCommunicator:
     def wait(self, stream: int) -> None:
         self._check()   # host collectives complete inside their task
 
+    def announce_failure(self, text: str) -> None:
+        """This rank failed mid-step: the peers raise, naming it (comm/notice.py)."""
+        self.group.announce_failure(text)
+
     def close(self) -> None:
         self._closed = True
         if self._owns_group:
@@ -98,3 +116,8 @@ class MpiCommunicator:
         if self._closed:
             raise TensorParallelError("tensor parallel: the communicator was closed")
         self.group.check()
+
+
+def _displs(counts: list[int]) -> list[int]:
+    """Each segment's offset: the counts before it."""
+    return [int(x) for x in np.concatenate([[0], np.cumsum(counts)[:-1]])]

@@ -26,6 +26,7 @@ import numpy as np
 
 from ...errors import TensorParallelError, Unsupported
 from .communicator import EXCHANGE_BYTES, Deadline, pack_payload, timeout_message, unpack_payloads
+from .notice import FailureNotice
 from .ranks import RankInfo
 
 _ABORT_CODE = 70   # EX_SOFTWARE: the exit status of a job ended by a broken group
@@ -96,7 +97,7 @@ class MpiGroup:
         self.timeout_s = float(timeout_s)
         self._deadline = Deadline(timeout_s)
         self._broken: str | None = None
-        self.comm = None
+        self.comm = self.notice = None
         world = MPI.COMM_WORLD
         self.rank, self.size = world.Get_rank(), world.Get_size()
         if (self.rank, self.size) != (ranks.rank, ranks.size):
@@ -107,6 +108,8 @@ class MpiGroup:
         comm, req = world.Idup()
         self.comm = comm
         self.wait(req, "creating the communicator (MPI_Comm_idup)")
+        # a peer that fails mid-step tells the others at once (notice.py)
+        self.notice = FailureNotice(MPI, comm, self.rank, self.size, self.timeout_s)
         self._exchange_recv = np.empty(self.size * EXCHANGE_BYTES, np.uint8)
 
     def exchange(self, payload: bytes) -> list[bytes]:
@@ -117,10 +120,25 @@ class MpiGroup:
         return unpack_payloads(self._exchange_recv)
 
     def wait(self, req, what: str) -> None:
-        """Wait for MPI request `req`, at most the timeout (then the group is broken)."""
-        self._deadline.wait(req.Test, lambda waited: self._fail(what, waited))
+        """Wait for MPI request `req`, at most the timeout (then the group is broken), or
+        until a peer announces that it failed mid-step (TensorParallelError naming it)."""
+        def done() -> bool:
+            self.check()
+            return req.Test()
+        self._deadline.wait(done, lambda waited: self._fail(what, waited))
+
+    def announce_failure(self, text: str) -> None:
+        """This rank failed mid-step with `text` (its error): the peers raise it, naming this
+        rank, from the collective they wait in; the group is broken (notice.py)."""
+        if self.notice is None or self._broken is not None:
+            return
+        self.notice.announce(text)
+        self._broken = (f"tensor parallel: rank {self.rank} of {self.size} failed mid-step: "
+                        f"{text}; the group is broken")
 
     def check(self) -> None:
+        if self._broken is None and self.notice is not None and self.notice.poll():
+            self._broken = self.notice.message
         if self._broken is not None:
             raise TensorParallelError(self._broken)
         if self.comm is None:
@@ -128,6 +146,8 @@ class MpiGroup:
 
     def close(self) -> None:
         if self.comm is not None and self._broken is None:
+            if self.notice is not None:
+                self.notice.cancel()
             self.comm.Free()
         self.comm = None
 

@@ -6,7 +6,8 @@ stream it is given (the model's stream), so it orders with the model's kernels a
 captured into the decode CUDA graphs like them (NCCL >= 2.9.6 supports stream capture).
 
   all_gather / broadcast / all_reduce   ncclAllGather / ncclBroadcast / ncclAllReduce (sum)
-  all_to_all                            ncclSend + ncclRecv to every rank in one group
+  all_to_all / all_to_all_v            ncclSend + ncclRecv to every rank in one group (a
+                                        zero count is no call: NCCL matches calls, not bytes)
   barrier                               an all_reduce of one int
   exchange (host)                       an all_gather on a second communicator (split from
                                         the first) and stream of its own, through pinned host
@@ -30,8 +31,8 @@ import threading
 import numpy as np
 
 from ...errors import TensorParallelError, Unsupported
-from .communicator import (EXCHANGE_BYTES, Deadline, check_collective, pack_payload, timeout_message,
-                   unpack_payloads)
+from .communicator import (EXCHANGE_BYTES, Deadline, check_collective, check_counts,
+                           pack_payload, timeout_message, unpack_payloads)
 from .ranks import RankInfo
 
 UNIQUE_ID_BYTES = 128
@@ -133,6 +134,25 @@ class NcclCommunicator:
         finally:
             self._nccl.groupEnd()
 
+    def all_to_all_v(self, send_ptr, send_counts, recv_ptr, recv_counts, dtype,
+                     stream: int) -> None:
+        dt = check_collective("all_to_all_v", 1, dtype)
+        sc = check_counts("all_to_all_v send", send_counts, self.size)
+        rc = check_counts("all_to_all_v recv", recv_counts, self.size)
+        self._check()
+        code, s, item = nccl_dtype(self._nccl, dt), self._stream(stream), dt.itemsize
+        self._nccl.groupStart()
+        try:
+            so = ro = 0
+            for peer in range(self.size):
+                if sc[peer]:
+                    self._comm.send(int(send_ptr) + so * item, sc[peer], code, peer, s)
+                if rc[peer]:
+                    self._comm.recv(int(recv_ptr) + ro * item, rc[peer], code, peer, s)
+                so, ro = so + sc[peer], ro + rc[peer]
+        finally:
+            self._nccl.groupEnd()
+
     def all_reduce(self, send_ptr, recv_ptr, count: int, dtype, stream: int) -> None:
         dt = check_collective("all_reduce", count, dtype, reduce=True)
         self._check()
@@ -166,6 +186,16 @@ class NcclCommunicator:
     def wait(self, stream: int) -> None:
         self._check()
         self._wait_event(self._event, stream, "waiting for the stream's collectives")
+
+    def announce_failure(self, text: str) -> None:
+        """This rank failed mid-step: abort both communicators, so the peers' waits end
+        with NCCL's remote error instead of the timeout (not run on GPUs)."""
+        if self._broken is None and self._comm is not None:
+            try:
+                self._fail(f"tensor parallel: rank {self.rank} of {self.size} failed "
+                           f"mid-step: {text}", None)
+            except TensorParallelError:
+                pass
 
     def close(self) -> None:
         if self._broken is None:   # a broken group's communicators are aborted already

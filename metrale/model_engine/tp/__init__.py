@@ -5,4 +5,7 @@
   runtime.py          how a rank's layer passes end: the fixed-order combines
   model.py            `TensorParallelModel`, the pointer API over all of it
   lora_shard.py       a rank's slice of a LoRA adapter (A like the input, B like the output)
+  moe_shard.py        a rank's experts (a slice of each, or whole ones) and the TP combine
+  expert_parallel.py  expert parallelism: tokens dispatched and combined by all-to-all
+  ep_contract.py      the original's ModelEp contract on SPMD ranks
 """

@@ -30,12 +30,13 @@ from ...gpu_runtime.comm.interrupts import AbortOnInterrupt
 from ...gpu_runtime.comm.ranks import RankInfo, launch_hint, launcher_ranks
 from ..agreement import AgreedGuard, error_record, is_agreed, ok_record, settle
 from ..memory_plan import MemoryPlan
+from .ep_contract import SpmdEp
 from .shard import ShardPlan, plan_shards, rank_weight_bytes
 from .sharded_weights import ShardedDecoderWeights
 from .runtime import TensorParallel
 from ..transformer import TransformerModel
 
-class TensorParallelModel(TransformerModel):
+class TensorParallelModel(SpmdEp, TransformerModel):
     """One rank of a tensor-parallel decoder model; see the module docstring."""
 
     def __init__(self, backend, source, *, comm, plan: ShardPlan, group=None,
@@ -44,6 +45,12 @@ class TensorParallelModel(TransformerModel):
         self._shard_plan = plan
         # closed / released at teardown: the launch's group (MPI) and SIGINT's job abort
         self._group, self._interrupts = group, interrupts
+        if plan.expert_parallel:   # the dispatch reads each layer's routing on the host
+            if options.get("graphs"):
+                raise Unsupported(f"{source.description}: expert_parallel=True decodes without "
+                                  "graphs (each MoE layer reads its routing back to size the "
+                                  "all-to-all); leave graphs unset or False")
+            options["graphs"] = False
         super().__init__(backend, source, _shard=_RankShard(self, comm, plan), **options)
         self._guard = AgreedGuard(comm, self)
 
@@ -137,7 +144,7 @@ def agree_values(comm, value: bytes) -> list[bytes]:
 # What the shard plan knows how to split: dense decoders with BF16 (or float) weights.
 TP_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral")
 
-def refuse_unsharded(source, n: int) -> None:
+def refuse_unsharded(source, n: int, expert_parallel: bool = False) -> None:
     """Unsupported, by name, for a checkpoint tensor parallelism does not split: another
     architecture (whisper, llava, gpt-oss, ...) or a quantized linear (dense or an expert's)
     whose rank slices its format cannot hold (tp/quant_shard.py)."""
@@ -149,7 +156,7 @@ def refuse_unsharded(source, n: int) -> None:
     if cfg.get("quantization_config"):   # every rank's slice of the quantized linears
         from .quant_weights import check_row_parallel
         meta = source.metadata()
-        check_row_parallel(meta, plan_shards(meta, 0, n, source.description),
+        check_row_parallel(meta, plan_shards(meta, 0, n, source.description, expert_parallel),
                            f"{source.description}: tensor_parallel_size={n}")
 
 
@@ -193,13 +200,16 @@ def load_rank(device, path_or_source, *, tensor_parallel_size: int,
     them waiting in MPI's initialisation for a rank that left. From then on SIGINT ends the
     whole job (gpu_runtime/comm/interrupts.py) until `teardown`."""
     N = check_tensor_parallel_size(tensor_parallel_size)
+    expert_parallel = options.pop("expert_parallel", False)
+    if not isinstance(expert_parallel, bool):
+        raise InvalidArgument(f"expert_parallel must be a bool, got {expert_parallel!r}")
     ranks = launcher_ranks() if ranks is None else ranks
     timeout = DEFAULT_TIMEOUT_S if tp_timeout_s is None else float(tp_timeout_s)
     if not timeout > 0:
         raise InvalidArgument(f"tp_timeout_s must be > 0, got {tp_timeout_s!r}")
     if ranks.size != N:
         # no group of N waits on this rank: a checkpoint refused by name says so first
-        refuse_unsharded(open_source(path_or_source), N)
+        refuse_unsharded(open_source(path_or_source), N, expert_parallel)
         raise TensorParallelError(
             f"tensor_parallel_size={N} but this process is rank {ranks.rank} of {ranks.size} "
             f"({ranks.launcher}): start one process per rank, e.g. {launch_hint(N)}")
@@ -208,7 +218,7 @@ def load_rank(device, path_or_source, *, tensor_parallel_size: int,
     try:
         group = join_group(ranks, timeout_s=timeout)
         source, plan, backend, record = _prepare_rank(group, device, path_or_source, ranks,
-                                                      N, options)
+                                                      N, options, expert_parallel)
         comm = open_communicator(backend, ranks, timeout_s=timeout, rendezvous=tp_rendezvous,
                                  group=group)
         try:
@@ -260,17 +270,21 @@ def fail_rank(error: BaseException, tensor_parallel_size: int,
     raise error
 
 
-def _prepare_rank(group, device, path_or_source, ranks: RankInfo, n: int, options: dict):
+def _prepare_rank(group, device, path_or_source, ranks: RankInfo, n: int, options: dict,
+                  expert_parallel: bool = False):
     """(source, shard plan, backend, agreement record) of this rank, agreed over `group`
     (None: torchrun, each rank raises its own errors): every rank raises a failing rank's
     error, the others' message naming that rank; different checkpoints or options are
     refused."""
     try:
         source = open_source(path_or_source)
-        refuse_unsharded(source, n)
-        plan = plan_shards(source.metadata(), ranks.rank, n, source.description)
+        refuse_unsharded(source, n, expert_parallel)
+        plan = plan_shards(source.metadata(), ranks.rank, n, source.description,
+                           expert_parallel)
         backend = backend_for(rank_device(device, ranks))
-        record = ok_record(load_digest(source, n, options), source.description)
+        record = ok_record(load_digest(source, n, dict(options,
+                                                       expert_parallel=expert_parallel)),
+                           source.description)
     except Exception as e:
         if group is not None:
             settle(group, error_record(e), e, name_rank=True)

@@ -5,7 +5,10 @@ the same way, its one-row gate whole. A rank then runs the routing of every toke
 router is whole, so every rank routes alike) and every expert on its slice; moe.py sums
 the ranks' FP32 partial combines in rank order (the runtime's reduce), as down_proj's.
 Quantized experts are cut packed (quant_shard.py: gate/up rows, down columns) into
-moe_quant.py's layout; a block the config quantizes in part goes up BF16, dequantized."""
+moe_quant.py's layout; a block the config quantizes in part goes up BF16, dequantized.
+Expert parallel (plan.expert_parallel): the same uploads over the rank's range of whole
+experts [first_expert, + local_experts) (a whole width: nothing is cut, quantized experts
+stay packed as released), the shared expert whole (tp/expert_parallel.py runs them)."""
 from __future__ import annotations
 
 import numpy as np
@@ -27,8 +30,10 @@ def upload_moe_shard(w, meta, plan, layer: int) -> MoeLayerWeights | None:
         return None
     b = f"model.layers.{layer}.{moe.block}."
     a, z = plan.expert_start, plan.expert_start + plan.expert_intermediate
-    quant = _quantized_experts(w, meta, b, (a, z))   # None: BF16 (or partly quantized)
-    gate_up, down_all = quant if quant is not None else _bf16_experts(w, meta, b, (a, z))
+    experts = range(plan.first_expert, plan.first_expert + plan.local_experts)
+    quant = _quantized_experts(w, meta, b, (a, z), experts)   # None: BF16 (or in part)
+    gate_up, down_all = (quant if quant is not None
+                         else _bf16_experts(w, meta, b, (a, z), experts))
     shared_gate_up = shared_down = shared_gate = NULL
     if moe.shared_expert_intermediate_size:
         sa, sz = plan.shared_start, plan.shared_start + plan.shared_intermediate
@@ -41,8 +46,8 @@ def upload_moe_shard(w, meta, plan, layer: int) -> MoeLayerWeights | None:
                            shared_down=shared_down, shared_gate=shared_gate)
 
 
-def _bf16_experts(w, meta, b: str, span):
-    """gate_up [E, 2 I/N, h] and down [E, h, I/N] as BF16, each expert linear read as BF16
+def _bf16_experts(w, meta, b: str, span, experts):
+    """gate_up [E', 2 I/N, h] and down [E', h, I/N] (E' the rank's `experts`) as BF16, each expert linear read as BF16
     or, where the config quantizes it, dequantized (ops.gemm_q's formula) then sliced."""
     moe, (a, z) = meta.moe, span
     gate, up, down = moe.expert_proj
@@ -55,21 +60,22 @@ def _bf16_experts(w, meta, b: str, span):
         return dequant_bits(qc.read(w._source, m, n, k))
     gu = np.stack([np.concatenate([bits(f"{b}experts.{e}.{gate}")[a:z],
                                    bits(f"{b}experts.{e}.{up}")[a:z]])
-                   for e in range(moe.num_experts)])
+                   for e in experts])
     dn = np.stack([np.ascontiguousarray(bits(f"{b}experts.{e}.{down}")[:, a:z])
-                   for e in range(moe.num_experts)])
+                   for e in experts])
     return w._upload(gu), w._upload(dn)
 
 
-def _quantized_experts(w, meta, b: str, span):
+def _quantized_experts(w, meta, b: str, span, experts):
     """(gate_up, down) QuantExperts of the rank's slices when the config quantizes every
     expert linear of the block (quant_shard.py cuts each), else None."""
     qc, moe, (a, z) = meta.quantization, meta.moe, span
     if qc is None:
         return None
     gate, up, down = moe.expert_proj
-    mods = [[f"{b}experts.{e}.{p}" for p in (gate, up, down)] for e in range(moe.num_experts)]
-    if not all(qc.converts(m) for row in mods for m in row):
+    mods = [[f"{b}experts.{e}.{p}" for p in (gate, up, down)] for e in experts]
+    every = [f"{b}experts.{e}.{p}" for p in (gate, up, down) for e in range(moe.num_experts)]
+    if not all(qc.converts(m) for m in every):   # (the same choice on every rank)
         return None
     shapes = linear_shapes(meta, w._source.tensor_names())
 

@@ -30,6 +30,8 @@ def check_row_parallel(meta, plan, where: str) -> None:
             per = plan.num_heads * D
         elif name.endswith("mlp.down_proj"):
             per = plan.intermediate
+        elif plan.expert_parallel:   # every expert and the shared one whole on its rank
+            continue
         elif name.endswith("shared_expert.down_proj"):
             per = plan.shared_intermediate
         elif down is not None and ".experts." in name and name.endswith(down):

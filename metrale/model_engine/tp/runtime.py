@@ -7,7 +7,10 @@ Every rank holds the whole residual stream ([n, hidden], BF16) and a slice of ev
                 the embedding row, bit for bit.
   o_proj, down  the rank's slice of the contraction, out in FP32 (`gemm_tc(out_fp32=True)`,
                 no BF16 rounding of a partial sum); `reduce` adds the ranks' partials and
-                rounds once to BF16; the layer's bias is added after it, once.
+                rounds once to BF16; the layer's bias is added after it, once. A MoE
+                block's output likewise: its combine writes the rank's FP32 partial
+                (`sum_partials`; tp/moe_shard.py), or, expert parallel, the block talks to
+                the other ranks itself (tp/expert_parallel.py).
   lm_head       each rank's vocabulary slice of the logits rows; an all-gather and
                 `tp_concat_shards` put whole rows in the logits arena on every rank, so
                 argmax, copy_logits_to_host and every sampler read them unchanged.
@@ -31,6 +34,7 @@ import numpy as np
 from ...gpu_runtime.types import DevicePtr
 from ...ops import tensor_parallel
 from ..linear import run_linear
+from .expert_parallel import ExpertParallel
 from .shard import ShardPlan
 
 # Largest gathered partials (N * count * 4 bytes) the `gather` schedule is used for; above
@@ -68,6 +72,9 @@ class TensorParallel:
             self.summed = self._alloc(sizes["summed"])              # [T*hidden/N] bf16
             self.logits_shard = self._alloc(sizes["logits_shard"])  # [rows, Vs]
             self.logits_all = self._alloc(sizes["logits_all"])      # [N, rows, Vs]
+            # expert parallelism: the dispatch / combine pass (expert_parallel.py)
+            self.ep = (ExpertParallel(self, meta, plan, max(max_tokens, logits_rows))
+                       if plan.expert_parallel else None)
         except BaseException:
             self.free()
             raise
@@ -84,6 +91,9 @@ class TensorParallel:
                  "summed": -(-count // N) * 2,
                  "logits_shard": logits_rows * plan.vocab_shard * lb,
                  "logits_all": N * logits_rows * plan.vocab_shard * lb}
+        if plan.expert_parallel:
+            sizes["ep"] = sum(ExpertParallel.layout(meta, plan, max(max_tokens,
+                                                                    logits_rows)).values())
         return sizes if parts else sum(sizes.values())
 
     # the three combines ----------------------------------------------------------------

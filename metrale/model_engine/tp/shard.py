@@ -18,11 +18,14 @@ are added once, after that sum.
 Mixture of experts (qwen2_moe, qwen3_moe, mixtral): the router whole on every rank, every
 expert's intermediate rows split like the dense MLP's ([r * I/N, (r+1) * I/N) of gate/up
 rows and down columns; the shared expert's likewise): a rank runs every expert on its
-slice, and its combine's FP32 partial is summed over the ranks like down_proj's.
+slice, and its combine's FP32 partial is summed over the ranks like down_proj's. With
+expert_parallel=True a rank holds a range of whole experts instead
+(tp/expert_parallel.py), the router and the shared expert whole.
 
 Refused, by name: N that does not divide num_attention_heads, intermediate_size,
-moe_intermediate_size, shared_expert_intermediate_size or hidden_size, or that neither
-divides nor is divided by num_key_value_heads; N above 64.
+moe_intermediate_size, shared_expert_intermediate_size (tensor-parallel experts) or
+hidden_size, or that neither divides nor is divided by num_key_value_heads; more ranks than
+experts, or a dense checkpoint, under expert_parallel=True; N above 64.
 """
 from __future__ import annotations
 
@@ -52,6 +55,11 @@ class ShardPlan:
     expert_start: int = 0
     shared_intermediate: int = 0   # qwen2_moe's shared expert: [shared_start, + this)
     shared_start: int = 0
+    # the experts held: [first_expert, + local_experts) (all of them unless expert parallel,
+    # where each is whole: expert_intermediate is the whole width)
+    first_expert: int = 0
+    local_experts: int = 0
+    expert_parallel: bool = False
 
     def layer_metadata(self, meta):
         """`meta` with this rank's head and intermediate counts: what its layer passes,
@@ -64,9 +72,10 @@ class ShardPlan:
                        intermediate_size=self.intermediate, moe=moe)
 
 
-def plan_shards(meta, rank: int, size: int, where: str) -> ShardPlan:
-    """Rank `rank`'s ShardPlan of `size` ranks; Unsupported naming the field that cannot be
-    split."""
+def plan_shards(meta, rank: int, size: int, where: str,
+                expert_parallel: bool = False) -> ShardPlan:
+    """Rank `rank`'s ShardPlan of `size` ranks (expert_parallel: whole experts partitioned
+    over the ranks); Unsupported naming the field that cannot be split."""
     H, KV, inter, hid, V = (meta.num_heads, meta.num_kv_heads, meta.intermediate_size,
                             meta.hidden_size, meta.vocab_size)
     N = int(size)
@@ -87,13 +96,27 @@ def plan_shards(meta, rank: int, size: int, where: str) -> ShardPlan:
         kv, kv_start, replicated = 1, rank * KV // N, True
     else:
         refuse("num_key_value_heads", KV, "neither divides nor is a multiple of")
+    moe = getattr(meta, "moe", None)
     ei = si = 0
-    if getattr(meta, "moe", None) is not None:
-        ei, si = meta.moe.expert_intermediate_size, meta.moe.shared_expert_intermediate_size
-        if ei % N:
+    experts = {}
+    if moe is None and expert_parallel:
+        raise Unsupported(f"{where}: expert_parallel=True needs a mixture-of-experts "
+                          "checkpoint (num_experts / num_local_experts in config.json)")
+    if moe is not None:
+        ei, si, E = (moe.expert_intermediate_size, moe.shared_expert_intermediate_size,
+                     moe.num_experts)
+        experts = dict(first_expert=0, local_experts=E)
+        if expert_parallel:   # whole experts [r * E // N, (r+1) * E // N); a divisor of 1
+            if E < N:
+                raise Unsupported(f"{where}: expert_parallel over tensor_parallel_size={N} "
+                                  f"ranks needs at least one expert a rank; num_experts={E}")
+            a, z = rank * E // N, (rank + 1) * E // N
+            experts = dict(first_expert=a, local_experts=z - a, expert_parallel=True)
+        elif ei % N:
             refuse("moe_intermediate_size", ei, "does not divide")
-        if si % N:
+        elif si % N:
             refuse("shared_expert_intermediate_size", si, "does not divide")
+    d = 1 if expert_parallel else N   # the experts' intermediate split
     h = H // N
     i = inter // N
     vs = -(-V // N)
@@ -101,9 +124,10 @@ def plan_shards(meta, rank: int, size: int, where: str) -> ShardPlan:
     return ShardPlan(rank=rank, size=N, num_heads=h, head_start=rank * h, num_kv_heads=kv,
                      kv_head_start=kv_start, kv_replicated=replicated, intermediate=i,
                      inter_start=rank * i, vocab_shard=vs, vocab_start=v0,
-                     vocab_rows=max(0, min(vs, V - v0)), expert_intermediate=ei // N,
-                     expert_start=rank * (ei // N), shared_intermediate=si // N,
-                     shared_start=rank * (si // N))
+                     vocab_rows=max(0, min(vs, V - v0)), expert_intermediate=ei // d,
+                     expert_start=rank * (ei // N) if d > 1 else 0,
+                     shared_intermediate=si // d,
+                     shared_start=rank * (si // N) if d > 1 else 0, **experts)
 
 
 def rank_weight_bytes(meta, plan: ShardPlan, tied: bool) -> int:
@@ -126,7 +150,7 @@ def rank_weight_bytes(meta, plan: ShardPlan, tied: bool) -> int:
         if moe is None or not moe.sparse_layers[L]:   # shared expert (+ its gate)
             total += 3 * hid * plan.intermediate
             continue
-        total += moe.num_experts * hid * (1 + 3 * plan.expert_intermediate)
+        total += moe.num_experts * hid + plan.local_experts * 3 * hid * plan.expert_intermediate
         if moe.shared_expert_intermediate_size:
             total += 3 * hid * plan.shared_intermediate + hid
     total += plan.vocab_shard * hid * (1 if tied else 2)                # embedding (+ head)
