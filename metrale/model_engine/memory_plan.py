@@ -36,6 +36,9 @@ def weight_bytes(meta, packed_source=None) -> int:
         from .nemotron import nemotron_weight_bytes
         return nemotron_weight_bytes(meta) if meta.hybrid.mamba is not None else \
             hybrid_weight_bytes(meta)
+    if getattr(meta, "quantization", None) is not None and getattr(meta, "mla", None):
+        from .deepseek_fp8 import deepseek_fp8_bytes   # DeepSeek-V3 FP8: kv_b_proj BF16
+        return deepseek_fp8_bytes(meta)
     if getattr(meta, "quantization", None) is not None:
         from .linear import quantized_weight_bytes
         return quantized_weight_bytes(meta)
@@ -44,9 +47,10 @@ def weight_bytes(meta, packed_source=None) -> int:
 
 def held_bytes_of(name: str, shape) -> int:
     """Device bytes of one checkpoint tensor as held: BF16, except gpt-oss's attention sinks
-    (FP32, as the attention kernels read them) and MXFP4 experts' blocks and scales (their
-    stored bytes)."""
-    n = 4 if name.endswith(".sinks") else 1 if name.endswith(("_blocks", "_scales")) else 2
+    (FP32, as the attention kernels read them), DeepSeek-V3's e_score_correction_bias
+    (FP32, as its router reads it) and MXFP4 experts' blocks and scales (their stored
+    bytes)."""
+    n = 4 if name.endswith((".sinks", ".e_score_correction_bias")) else 1 if name.endswith(("_blocks", "_scales")) else 2
     for s in shape:
         n *= int(s)
     return n
