@@ -13,7 +13,7 @@ import pytest
 
 import metrale
 from metrale import FormatError, Unsupported
-from metrale.formats import ModelMetadata, open_source
+from metrale.formats import MemorySource, ModelMetadata, open_source
 from metrale.formats.quant.checkpoint import DequantizedSource
 from metrale.gpu_runtime import backend
 from metrale.gpu_runtime.types import DevicePtr
@@ -68,6 +68,23 @@ def test_linears_and_experts_stay_fp8_kv_b_is_dequantized_and_bytes_are_reported
     assert m.weight_bytes() == held == deepseek_fp8_bytes(m._meta) == weight_bytes(m._meta)
     bf16 = dequantized(m.backend).weight_bytes()
     assert m.weight_bytes() < 0.7 * bf16
+
+
+def test_a_v2_lite_layout_in_fp8_runs_its_q_proj_fp8_and_equals_its_dequantized_bits():
+    """q_lora_rank null (q_proj straight from the hidden state): random FP8 weights at the
+    deepseek_v2 fixture's shapes."""
+    c = json.loads((FIXTURES / "deepseek_v2" / "config.json").read_text())
+    c["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [24, 16]}
+    be = backend("cpu")
+    m = metrale.load(MemorySource(c), be, progress=False)
+    assert isinstance(m._weights.layers[0].q_proj, Fp8Linear)
+    out = []
+    for model in (m, metrale.load(DequantizedSource(MemorySource(c)), be, progress=False)):
+        seq = model.alloc_sequence()
+        rows = [logits_rows(model, model.prefill([5, 6, 7, 8, 9], seq, 0))[0]]
+        out.append(np.stack(rows + [logits_rows(model, model.decode(t, seq, 0))[0]
+                                    for t in (10, 11, 12)]))
+    assert np.isfinite(out[0]).all() and np.array_equal(*out)
 
 
 def cfg():
