@@ -59,9 +59,27 @@ def held_bytes_of(name: str, shape) -> int:
 def active_weight_bytes(meta, packed_source=None) -> int:
     """Weight bytes one token's forward pass reads: all of them for a dense model; for a
     mixture of experts all but the routed experts it did not choose."""
-    from ..formats.moe_config import expert_param_bytes, inactive_parameters
-    return weight_bytes(meta, packed_source) - int(expert_param_bytes(meta) *
+    from ..formats.moe_config import inactive_parameters
+    return weight_bytes(meta, packed_source) - int(expert_bytes_per_parameter(meta) *
                                                    inactive_parameters(meta, 1))
+
+
+def expert_bytes_per_parameter(meta) -> float:
+    """Device bytes per routed-expert parameter: BF16 2, gpt-oss's MXFP4 17/32, or the
+    packed bytes of a quantized checkpoint's experts (one expert's three linears as
+    moe_quant.py holds them, over its parameters; a layer quantized in part is BF16)."""
+    from ..formats.moe_config import expert_param_bytes, expert_parameters
+    qc, moe = getattr(meta, "quantization", None), getattr(meta, "moe", None)
+    if qc is None or moe is None or not moe.num_sparse_layers or moe.oss is not None:
+        return expert_param_bytes(meta)
+    from .linear import linear_device_bytes
+    layer = moe.sparse_layers.index(True)
+    b = f"model.layers.{layer}.{moe.block}.experts.0."
+    if not all(qc.converts(b + p) for p in moe.expert_proj):
+        return 2
+    i, h = moe.expert_intermediate_size, meta.hidden_size
+    return (2 * linear_device_bytes(qc, i, h) + linear_device_bytes(qc, h, i)) / \
+        expert_parameters(meta)
 
 
 def plan_memory(backend, meta, *, kv_blocks, block_size, max_rows, max_tokens, max_seq_len,

@@ -19,7 +19,7 @@ from metrale.gpu_runtime import backend
 from metrale.gpu_runtime.types import DevicePtr
 from metrale.model_engine.deepseek_fp8 import deepseek_fp8_bytes
 from metrale.model_engine.linear import Fp8Linear
-from metrale.model_engine.memory_plan import weight_bytes
+from metrale.model_engine.memory_plan import active_weight_bytes, weight_bytes
 from metrale.model_engine.moe_quant import QuantExperts
 from tests.conftest import emu_available
 from tests.model.common import FIXTURES, assert_matches_golden, golden, load, logits_rows
@@ -68,6 +68,11 @@ def test_linears_and_experts_stay_fp8_kv_b_is_dequantized_and_bytes_are_reported
     assert m.weight_bytes() == held == deepseek_fp8_bytes(m._meta) == weight_bytes(m._meta)
     bf16 = dequantized(m.backend).weight_bytes()
     assert m.weight_bytes() < 0.7 * bf16
+    # a token reads all but its idle experts, counted at their FP8 bytes as held
+    moe = m._meta.moe
+    expert = (sparse.moe.gate_up.nbytes + sparse.moe.down.nbytes) // moe.num_experts
+    idle = (moe.num_experts - moe.top_k) * moe.num_sparse_layers * expert
+    assert active_weight_bytes(m._meta) == m.weight_bytes() - idle
 
 
 def test_a_v2_lite_layout_in_fp8_runs_its_q_proj_fp8_and_equals_its_dequantized_bits():

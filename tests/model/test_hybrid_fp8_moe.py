@@ -17,6 +17,7 @@ from metrale.gpu_runtime import backend
 from metrale.gpu_runtime.types import DevicePtr
 from metrale.model_engine.hybrid_weights import hybrid_weight_bytes
 from metrale.model_engine.linear import Fp8Linear
+from metrale.model_engine.memory_plan import active_weight_bytes
 from metrale.model_engine.moe_quant import QuantExperts
 from tests.conftest import emu_available
 from tests.model.common import FIXTURES, assert_matches_golden, golden, load, logits_rows
@@ -74,6 +75,11 @@ def test_experts_and_linears_stay_fp8_routers_and_gates_bf16_bytes_reported(name
     held = sum(m.backend._sizes[int(DevicePtr(p))] for p in W._owned)
     assert m.weight_bytes() == held == hybrid_weight_bytes(m._meta)
     assert m.weight_bytes() < 0.7 * dequantized(name, m.backend).weight_bytes()
+    # a token reads all but its idle experts, counted at their FP8 bytes as held
+    moe = m._meta.moe
+    expert = (sparse[0].moe.gate_up.nbytes + sparse[0].moe.down.nbytes) // moe.num_experts
+    idle = (moe.num_experts - moe.top_k) * moe.num_sparse_layers * expert
+    assert active_weight_bytes(m._meta) == m.weight_bytes() - idle
 
 
 def test_routers_and_shared_gates_are_read_bf16_whatever_the_config_names(tmp_path):
