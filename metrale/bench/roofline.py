@@ -50,10 +50,10 @@ def weight_read_bytes(meta, n_rows: int, held: tuple[int, int] | None = None) ->
     """Weight bytes one decode step over `n_rows` rows reads (see the module docstring).
     `held`: (all weights, the embedding table) in the bytes the device holds when they are
     not weight_bytes(meta)'s BF16 (a GGUF kept packed: model_engine/gguf_weights.held_bytes)."""
-    from ..formats.moe_config import expert_param_bytes, inactive_parameters
-    from ..model_engine.memory_plan import weight_bytes
+    from ..formats.moe_config import inactive_parameters
+    from ..model_engine.memory_plan import expert_bytes_per_parameter, weight_bytes
     weights, table = held or (weight_bytes(meta), meta.vocab_size * meta.hidden_size * 2)
-    total = weights - int(expert_param_bytes(meta) * inactive_parameters(meta, n_rows))
+    total = weights - int(expert_bytes_per_parameter(meta) * inactive_parameters(meta, n_rows))
     if not meta.tie_word_embeddings:
         total -= table - min(n_rows, meta.vocab_size) * (table // meta.vocab_size)
     return total

@@ -115,12 +115,6 @@ def refuse_unsupported(c: _Cfg, arch: str) -> None:
     """Values of fields that would change the math and that metrale does not implement,
     refused by name (deepseek_fields.py says why each)."""
     d = c.d
-    if d.get("quantization_config") is not None:
-        q = d["quantization_config"]
-        method = q.get("quant_method") if isinstance(q, dict) else q
-        raise Unsupported(f"{c.source}: quantization_config (quant_method={method!r}) on a "
-                          f"{arch} checkpoint is not supported yet (FP8 block-scaled DeepSeek "
-                          "weights are not implemented; a BF16 checkpoint loads)")
     for key in ("attention_bias", "mlp_bias"):
         if c.bool(key, False):
             raise Unsupported(f"{c.source}: {key}=true on {arch} is not supported (the MLA "
@@ -149,6 +143,21 @@ def refuse_unsupported(c: _Cfg, arch: str) -> None:
         raise Unsupported(f"{c.source}: norm_topk_prob=true on deepseek_v2 is not supported: "
                           "transformers' deepseek_v2 router never renormalises, DeepSeek's "
                           "own code would; the two differ")
+
+
+def deepseek_quantization(config: dict, source: str, arch: str):
+    """The quantization_config of a DeepSeek checkpoint (None without one): fine-grained FP8
+    as DeepSeek-V3 is released (e4m3 block-scaled linears with weight_scale_inv; the
+    routers, norms, embeddings and the head stay BF16). Other methods: Unsupported."""
+    from .quant.parse import parse_quantization
+    if config.get("quantization_config") is None:
+        return None
+    q = parse_quantization(config, source)
+    if q.method != "fp8":
+        raise Unsupported(f"{source}: quantization_config (quant_method={q.method!r}) on a "
+                          f"{arch} checkpoint is not supported (fine-grained fp8, the form "
+                          "DeepSeek-V3 is released in, is)")
+    return q
 
 
 def mla_config(c: _Cfg, arch: str, rope_parameters: dict, rope_scaled: bool,
@@ -332,4 +341,5 @@ def deepseek_fields(config: dict, source: str, arch: str) -> dict:
         tie_word_embeddings=c.bool("tie_word_embeddings", False),
         sliding_window=None, layer_windows=(0,) * layers,
         max_position_embeddings=max_pos, context_length=context_length(max_pos, scaling),
-        moe=moe(c, arch, layers), mla=mla)
+        moe=moe(c, arch, layers), mla=mla,
+        quantization=deepseek_quantization(config, source, arch))

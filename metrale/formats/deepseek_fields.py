@@ -52,8 +52,8 @@ _SHARED = {
                        "attention scores, HF yarn_apply_mscale)"),
     "rope_parameters": _h("as rope_scaling (transformers 5)"),
     "partial_rotary_factor": _r("1 or absent accepted; other values refused"),
-    "quantization_config": _r("FP8 block-scaled DeepSeek weights are not implemented yet: "
-                              "refused whatever its value"),
+    "quantization_config": _h("fine-grained fp8 (DeepSeek-V3's released form; its fields: "
+                              "scope quantization_config.fp8); other methods refused"),
     "output_router_logits": _i("returns router logits for the auxiliary loss, not the logits"),
     "aux_loss_alpha": _i(_TRAIN), "seq_aux": _i(_TRAIN),
     "ep_size": _i("expert-parallel degree of DeepSeek's own training/serving code, not the "

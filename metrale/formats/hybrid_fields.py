@@ -49,8 +49,10 @@ _QWEN_HYBRID = {
     "max_window_layers": _i(_NOT_READ), "mlp_bias": _i(_NOT_READ),
     "output_router_logits": _i("returns router logits for the auxiliary loss, not the logits"),
     "router_aux_loss_coef": _i(_TRAIN + ": the load-balancing loss"),
-    "quantization_config": _r("refused: quantized experts wait for the quantized-MoE "
-                              "kernels (qwen3_5_text: see its scope)"),
+    "quantization_config": _h("fine-grained fp8 as released (Qwen3-Next-*-FP8, "
+                              "Qwen3.5-*-A*-FP8: block-scaled e4m3 linears and routed "
+                              "experts; routers and shared-expert gates read BF16; fields in "
+                              "scope quantization_config.fp8); other methods refused"),
 }
 
 _MOE = {

@@ -23,13 +23,16 @@ import numpy as np
 
 from ..errors import Unsupported
 from ..formats.field_table import HF_ACTIVATIONS
+from ..formats.layout import expected_tensors
 from ..formats.upload import WeightUploader
 from ..gpu_runtime.types import NULL, DevicePtr
 from ..ops import activation, rmsnorm
-from .linear import run_embedding, run_linear
+from .deepseek_fp8 import deepseek_fp8_bytes, split_kv_a, upload_kv_b
+from .linear import run_embedding, run_linear, upload_linear
 from .memory_plan import held_bytes_of
 from .mla import mla_attention
 from .moe import moe_mlp
+from .moe_quant import upload_quant_experts
 from .moe_weights import MoeLayerWeights
 from .weights import check_checkpoint
 
@@ -59,19 +62,22 @@ class DeepseekWeights:
         self.backend = backend
         self._owned: list[DevicePtr] = []
         expected = check_checkpoint(source, meta)
-        self.nbytes = sum(held_bytes_of(n, s) for n, s in expected.items())
+        self.nbytes = (sum(held_bytes_of(n, s) for n, s in expected.items())
+                       if meta.quantization is None else deepseek_fp8_bytes(meta))
         self.embed_bytes = 2 * meta.vocab_size * meta.hidden_size
         try:
             with WeightUploader(backend, source, self.nbytes, desc=source.description,
                                 progress=progress) as up:
                 own = lambda name: self._own(up.upload(name))   # noqa: E731
+                lin = lambda *ms: upload_linear(self, up, source, meta, list(ms))  # noqa: E731
                 self.embed_tokens = own("model.embed_tokens.weight")
                 self.layers: list[MlaLayerWeights] = []
                 for i in range(meta.num_layers):
                     self.layers.append(self.upload_layer(up, meta, f"model.layers.{i}.",
                                                          bool(meta.moe.sparse_layers[i])))
                 self.norm = own("model.norm.weight")
-                self.lm_head = (own("lm_head.weight") if "lm_head.weight" in expected
+                stored = expected_tensors(meta, source.tensor_names())   # a head of its own
+                self.lm_head = (lin("lm_head") if "lm_head.weight" in stored
                                 else self.embed_tokens)
         except BaseException:
             self.free()
@@ -82,42 +88,47 @@ class DeepseekWeights:
         layer's too, mtp.py): MLA attention, then the MoE block (`sparse`) or the dense MLP."""
         a = meta.mla
         own = lambda name: self._own(up.upload(name))   # noqa: E731
+        lin = lambda *ms: upload_linear(self, up, up.source, meta, list(ms))  # noqa: E731
         s = p + "self_attn."
-        kv_a = own(s + "kv_a_proj_with_mqa.weight")
+        # BF16 or FP8 (deepseek_fp8.py: the latent and rope rows two views of one upload)
+        kv_a_c, kv_a_kr = split_kv_a(lin(s + "kv_a_proj_with_mqa"), a, meta.hidden_size)
         q = dict(q_proj=NULL, q_a=NULL, q_a_norm=NULL, q_b=NULL)
         if a.q_lora_rank:
-            q.update(q_a=own(s + "q_a_proj.weight"), q_a_norm=own(s + "q_a_layernorm.weight"),
-                     q_b=own(s + "q_b_proj.weight"))
+            q.update(q_a=lin(s + "q_a_proj"), q_a_norm=own(s + "q_a_layernorm.weight"),
+                     q_b=lin(s + "q_b_proj"))
         else:
-            q["q_proj"] = own(s + "q_proj.weight")
+            q["q_proj"] = lin(s + "q_proj")
         L = MlaLayerWeights(
             input_layernorm=own(p + "input_layernorm.weight"), **q,
-            kv_a_c=kv_a, kv_a_kr=kv_a.offset(a.kv_lora_rank * meta.hidden_size * 2),
-            kv_a_norm=own(s + "kv_a_layernorm.weight"),
-            kv_b=own(s + "kv_b_proj.weight"), o_proj=own(s + "o_proj.weight"),
+            kv_a_c=kv_a_c, kv_a_kr=kv_a_kr, kv_a_norm=own(s + "kv_a_layernorm.weight"),
+            kv_b=upload_kv_b(self, up, meta, s + "kv_b_proj"), o_proj=lin(s + "o_proj"),
             post_attention_layernorm=own(p + "post_attention_layernorm.weight"))
         if sparse:
             L.moe = self._moe(up, meta, p + "mlp.")
         else:
-            L.gate_up = self._alloc(2 * meta.intermediate_size * meta.hidden_size * 2)
-            up.upload_into([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], L.gate_up)
-            L.down_proj = own(p + "mlp.down_proj.weight")
+            L.gate_up = lin(p + "mlp.gate_proj", p + "mlp.up_proj")
+            L.down_proj = lin(p + "mlp.down_proj")
         return L
 
     def _moe(self, up, meta, b: str) -> MoeLayerWeights:
         moe = meta.moe
         E, h, i = moe.num_experts, meta.hidden_size, moe.expert_intermediate_size
-        gate_up = self._alloc(E * 2 * i * h * 2)
-        up.upload_into([f"{b}experts.{e}.{x}_proj.weight" for e in range(E)
-                        for x in ("gate", "up")], gate_up)
-        down = self._alloc(E * h * i * 2)
-        up.upload_into([f"{b}experts.{e}.down_proj.weight" for e in range(E)], down)
+        quant = (upload_quant_experts(self, up, meta, b) if meta.quantization is not None
+                 else None)   # FP8 experts kept packed (moe_quant.py); None: BF16
+        if quant is not None:
+            gate_up, down = quant
+        else:
+            gate_up = self._alloc(E * 2 * i * h * 2)
+            up.upload_into([f"{b}experts.{e}.{x}_proj.weight" for e in range(E)
+                            for x in ("gate", "up")], gate_up)
+            down = self._alloc(E * h * i * 2)
+            up.upload_into([f"{b}experts.{e}.down_proj.weight" for e in range(E)], down)
         shared_gate_up = shared_down = bias = NULL
-        if moe.shared_expert_intermediate_size:
-            shared_gate_up = self._alloc(2 * moe.shared_expert_intermediate_size * h * 2)
-            up.upload_into([b + "shared_experts.gate_proj.weight",
-                            b + "shared_experts.up_proj.weight"], shared_gate_up)
-            shared_down = self._own(up.upload(b + "shared_experts.down_proj.weight"))
+        if moe.shared_expert_intermediate_size:   # BF16 or FP8 linears (linear.py)
+            src = up.source
+            shared_gate_up = upload_linear(self, up, src, meta, [b + "shared_experts.gate_proj",
+                                                                 b + "shared_experts.up_proj"])
+            shared_down = upload_linear(self, up, src, meta, [b + "shared_experts.down_proj"])
         if moe.deepseek.correction_bias:   # float32, whatever dtype it is stored in
             name = b + "gate.e_score_correction_bias"
             src = up.source

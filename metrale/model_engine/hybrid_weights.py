@@ -34,6 +34,7 @@ from ..formats.quant.layout import dequant_bits
 from ..formats.upload import WeightUploader
 from ..gpu_runtime.types import NULL, DevicePtr
 from ..ops.bf16 import bf16_to_f32
+from ..ops.gemm_q import fp8_row_bytes
 from .linear import Fp8Linear, fp8_bytes, linear_device_bytes
 from .moe_weights import MoeLayerWeights, upload_moe_layer
 
@@ -87,7 +88,11 @@ def hybrid_weight_bytes(meta) -> int:
     for name, shape in hybrid_tensors(meta).items():
         module = name[:-len(".weight")]
         if module in shapes and qc.converts(module):
-            total += linear_device_bytes(qc, *shapes[module])
+            n, k = shapes[module]
+            total += linear_device_bytes(qc, n, k)
+            if module.endswith("self_attn.q_proj"):   # its scale grid goes whole with the
+                # q rows (qkv) and again with the gate rows (gate): `take_rows`
+                total += linear_device_bytes(qc, n, k) - n * (fp8_row_bytes(k) + 4)
             continue
         total += int(np.prod(shape)) * (4 if name.endswith(("A_log", "dt_bias")) else 2)
     return total

@@ -36,6 +36,9 @@ def weight_bytes(meta, packed_source=None) -> int:
         from .nemotron import nemotron_weight_bytes
         return nemotron_weight_bytes(meta) if meta.hybrid.mamba is not None else \
             hybrid_weight_bytes(meta)
+    if getattr(meta, "quantization", None) is not None and getattr(meta, "mla", None):
+        from .deepseek_fp8 import deepseek_fp8_bytes   # DeepSeek-V3 FP8: kv_b_proj BF16
+        return deepseek_fp8_bytes(meta)
     if getattr(meta, "quantization", None) is not None:
         from .linear import quantized_weight_bytes
         return quantized_weight_bytes(meta)
@@ -44,9 +47,10 @@ def weight_bytes(meta, packed_source=None) -> int:
 
 def held_bytes_of(name: str, shape) -> int:
     """Device bytes of one checkpoint tensor as held: BF16, except gpt-oss's attention sinks
-    (FP32, as the attention kernels read them) and MXFP4 experts' blocks and scales (their
-    stored bytes)."""
-    n = 4 if name.endswith(".sinks") else 1 if name.endswith(("_blocks", "_scales")) else 2
+    (FP32, as the attention kernels read them), DeepSeek-V3's e_score_correction_bias
+    (FP32, as its router reads it) and MXFP4 experts' blocks and scales (their stored
+    bytes)."""
+    n = 4 if name.endswith((".sinks", ".e_score_correction_bias")) else 1 if name.endswith(("_blocks", "_scales")) else 2
     for s in shape:
         n *= int(s)
     return n
@@ -55,9 +59,27 @@ def held_bytes_of(name: str, shape) -> int:
 def active_weight_bytes(meta, packed_source=None) -> int:
     """Weight bytes one token's forward pass reads: all of them for a dense model; for a
     mixture of experts all but the routed experts it did not choose."""
-    from ..formats.moe_config import expert_param_bytes, inactive_parameters
-    return weight_bytes(meta, packed_source) - int(expert_param_bytes(meta) *
+    from ..formats.moe_config import inactive_parameters
+    return weight_bytes(meta, packed_source) - int(expert_bytes_per_parameter(meta) *
                                                    inactive_parameters(meta, 1))
+
+
+def expert_bytes_per_parameter(meta) -> float:
+    """Device bytes per routed-expert parameter: BF16 2, gpt-oss's MXFP4 17/32, or the
+    packed bytes of a quantized checkpoint's experts (one expert's three linears as
+    moe_quant.py holds them, over its parameters; a layer quantized in part is BF16)."""
+    from ..formats.moe_config import expert_param_bytes, expert_parameters
+    qc, moe = getattr(meta, "quantization", None), getattr(meta, "moe", None)
+    if qc is None or moe is None or not moe.num_sparse_layers or moe.oss is not None:
+        return expert_param_bytes(meta)
+    from .linear import linear_device_bytes
+    layer = moe.sparse_layers.index(True)
+    b = f"model.layers.{layer}.{moe.block}.experts.0."
+    if not all(qc.converts(b + p) for p in moe.expert_proj):
+        return 2
+    i, h = moe.expert_intermediate_size, meta.hidden_size
+    return (2 * linear_device_bytes(qc, i, h) + linear_device_bytes(qc, h, i)) / \
+        expert_parameters(meta)
 
 
 def plan_memory(backend, meta, *, kv_blocks, block_size, max_rows, max_tokens, max_seq_len,

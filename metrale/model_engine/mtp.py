@@ -93,6 +93,14 @@ def mtp_to_load(source, meta, option) -> dict[str, tuple[int, ...]] | None:
             raise Unsupported(f"{source.description}: mtp=True: {meta.architecture} has no "
                               "multi-token-prediction module (deepseek_v3 has)")
         return None
+    if meta.quantization is not None:
+        # the released FP8 checkpoints hold an FP8 MTP layer: its weights would need the
+        # quantized upload (not built for it), so it stays held but unread
+        if option:
+            raise Unsupported(f"{source.description}: mtp=True: the MTP module of a quantized "
+                              f"checkpoint ({meta.quantization.method}) is not supported; "
+                              "load with mtp=None or False")
+        return None
     t = mtp_tensors(meta)
     have = set(source.tensor_names())
     if option is None and mtp_prefix(meta) + "enorm.weight" not in have:

@@ -117,7 +117,8 @@ def test_every_field_read_is_in_the_table(config):
 
 
 @pytest.mark.parametrize("change, error, words", [
-    ({"quantization_config": {"quant_method": "fp8"}}, Unsupported, "quantization_config"),
+    ({"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128}},
+     Unsupported, "quant_method='gptq'.*fine-grained fp8"),
     ({"moe_layer_freq": 2}, Unsupported, "moe_layer_freq"),
     ({"attention_bias": True}, Unsupported, "attention_bias"),
     ({"topk_method": "greedy"}, Unsupported, "topk_method"),

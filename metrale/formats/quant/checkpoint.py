@@ -48,8 +48,10 @@ def check_quantized(source, meta) -> dict[str, tuple[int, ...]]:
             raise FormatError(f"{file_of(name)}: tensor {name!r} has dtype "
                               f"{source.tensor_dtype(name)}; expected {'/'.join(dtypes)}")
     check_tensors(source, floats, complete=False)
+    unloaded = tuple(getattr(source, "unloaded_prefixes", ()))   # DeepSeek-V3's MTP layers
     unused = sorted(n for n in names - set(floats) - set(specs)
                     if not any(p.fullmatch(n) for p in HARMLESS_UNUSED)
+                    and not n.startswith(unloaded)
                     and not (meta.hybrid is not None and skipped(n)))   # MTP, vision
     if unused:
         hint = (" (static activation scales are not supported)"
@@ -111,3 +113,8 @@ class DequantizedSource:
 
     def tokenizer_path(self):
         return self.inner.tokenizer_path()
+
+    @property
+    def unloaded_prefixes(self) -> tuple[str, ...]:
+        """The inner source's parts no load reads (DeepSeek-V3's MTP layers)."""
+        return tuple(getattr(self.inner, "unloaded_prefixes", ()))

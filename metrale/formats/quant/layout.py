@@ -25,6 +25,11 @@ def linear_shapes(meta, names=None) -> dict[str, tuple[int, int]]:
     if getattr(meta, "hybrid", None) is not None:   # the hybrid families' linears
         from ..hybrid_quant import hybrid_linear_shapes
         return hybrid_linear_shapes(meta, names)
+    if getattr(meta, "mla", None) is not None:   # DeepSeek: every 2-D weight but the
+        # embedding and the routers (HF's router is no nn.Linear: never converted)
+        return {n[:-len(".weight")]: tuple(s) for n, s in expected_tensors(meta, names).items()
+                if n.endswith(".weight") and len(s) == 2 and "embed" not in n
+                and not n.endswith("mlp.gate.weight")}
     h, d = meta.hidden_size, meta.head_dim
     q, kv, inter = meta.num_heads * d, meta.num_kv_heads * d, meta.intermediate_size
     dims = {"self_attn.q_proj": (q, h), "self_attn.k_proj": (kv, h),
