@@ -18,6 +18,8 @@ wall time.
   ep_alltoall_raises     expert parallel (DIR/moe: mixtral): rank 1's fifth all-to-all
                          raises mid-step (in the first decode step)
   ep_interrupt1          expert parallel: rank 1 sends itself SIGINT in a decode loop
+  terminate1, ep_terminate1  rank 1 sends itself SIGTERM in a decode loop (tensor / expert
+                         parallel)
   no_teardown            both ranks decode a few tokens and exit without teardown
   ep_bad_config          expert parallel: rank 1 loads DIR/moe_bad_config (config.json not
                          JSON), rank 0 DIR/moe
@@ -62,15 +64,15 @@ def load_one_bad(d: Path, bad: str, timeout_s: float = 30) -> int:
     return 0
 
 
-def decode(m, steps: int, signal_at: int | None = None) -> None:
-    """Decode `steps` tokens, one every few ms; SIGINT to this rank before step `signal_at`."""
+def decode(m, steps: int, signal_at: int | None = None, sig=signal.SIGINT) -> None:
+    """Decode `steps` tokens, one every few ms; `sig` to this rank before step `signal_at`."""
     s = m.default_stream()
     seq = m.alloc_sequence()
     m.prefill([1, 2, 3], seq, s)
     say("DECODING")
     for t in range(steps):
         if t == signal_at:
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), sig)
         m.decode(4 + t % 50, seq, s)
         time.sleep(0.005)
     say("DECODED ALL")
@@ -134,6 +136,10 @@ def main(case: str, d: Path) -> int:
     if case in ("interrupt0", "interrupt1"):
         m = load(d / "good", 60)
         decode(m, 200, signal_at=6 if case == f"interrupt{RANK}" else None)
+        return 0
+    if case in ("terminate1", "ep_terminate1"):   # SIGTERM (a scheduler's kill): no handler
+        m = load_ep(d) if case == "ep_terminate1" else load(d / "good", 60)
+        decode(m, 200, signal_at=6 if RANK == 1 else None, sig=signal.SIGTERM)
         return 0
     if case == "decode_forever":
         decode(load(d / "good", 60), 100_000)

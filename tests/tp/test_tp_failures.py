@@ -213,6 +213,17 @@ def test_sigint_to_one_expert_parallel_rank_aborts_the_job(checkpoints, tmp_path
     check_aborted(*launch("ep_interrupt1", checkpoints, tmp_path), ranks=[["1"]])
 
 
+@pytest.mark.parametrize("case", ["terminate1", "ep_terminate1"])
+def test_sigterm_to_one_rank_ends_the_job(checkpoints, tmp_path, case):
+    """SIGTERM (what a batch scheduler or `kill` sends) keeps its default action: the rank
+    ends at once, and mpiexec, seeing a rank end by a signal, ends the others and returns
+    non-zero, well inside the ranks' 60 s timeout (tensor and expert parallel)."""
+    status, out, err, wall = launch(case, checkpoints, tmp_path)
+    assert status != 0, (status, out, err)
+    assert "DECODED ALL" not in out and "RETURNED" not in out
+    assert wall < 20, wall
+
+
 def test_the_sigint_handler_is_held_while_a_group_lives():
     """In one process: the job abort replaces Python's default SIGINT handler while any
     group holds it and puts it back after the last; a program's own handler is kept."""
