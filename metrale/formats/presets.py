@@ -173,6 +173,70 @@ _QWEN35_08B = {
     "eos_token_id": 248044, "torch_dtype": "bfloat16",
 }
 
+# The published config.json of one checkpoint per newer family (issues 40 and 42), the
+# fields that change shapes or numerics as released (LongRoPE's factor lists excepted: see
+# _PHI4_MINI)
+_GEMMA3_1B = {  # google/gemma-3-1b-it (text only; 5 sliding layers : 1 global)
+    "model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"],
+    "vocab_size": 262144, "hidden_size": 1152, "intermediate_size": 6912,
+    "num_hidden_layers": 26, "num_attention_heads": 4, "num_key_value_heads": 1,
+    "head_dim": 256, "query_pre_attn_scalar": 256, "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+    "rope_scaling": None, "sliding_window": 512, "sliding_window_pattern": 6,
+    "attn_logit_softcapping": None, "final_logit_softcapping": None,
+    "attention_bias": False, "hidden_activation": "gelu_pytorch_tanh",
+    "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": [1, 106],
+    "pad_token_id": 0, "torch_dtype": "bfloat16",
+}
+
+# microsoft/Phi-4-mini-instruct: fused qkv / gate_up, partial rotary 0.75, LongRoPE. The
+# release's 48 short/long factors are not reproduced here: both lists are 1.0 (the shapes
+# and the work per token do not depend on them)
+_PHI4_MINI = {
+    "model_type": "phi3", "architectures": ["Phi3ForCausalLM"],
+    "vocab_size": 200064, "hidden_size": 3072, "intermediate_size": 8192,
+    "num_hidden_layers": 32, "num_attention_heads": 24, "num_key_value_heads": 8,
+    "partial_rotary_factor": 0.75, "max_position_embeddings": 131072,
+    "original_max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 48,
+                     "long_factor": [1.0] * 48},
+    "sliding_window": 262144, "attention_bias": False, "tie_word_embeddings": True,
+    "bos_token_id": 199999, "eos_token_id": 199999, "pad_token_id": 199999,
+    "torch_dtype": "bfloat16", "hidden_act": "silu",
+}
+
+_GPT_OSS_20B = {  # openai/gpt-oss-20b: 32 experts, 4 active; sliding (128) / full layers
+    "model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"],
+    "vocab_size": 201088, "hidden_size": 2880, "intermediate_size": 2880,
+    "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8,
+    "head_dim": 64, "num_local_experts": 32, "num_experts_per_tok": 4,
+    "layer_types": ["sliding_attention", "full_attention"] * 12, "sliding_window": 128,
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 150000.0,
+    "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                     "beta_slow": 1.0, "original_max_position_embeddings": 4096,
+                     "truncate": False},
+    "attention_bias": True, "swiglu_limit": 7.0, "tie_word_embeddings": False,
+    "eos_token_id": 200002, "pad_token_id": 199999, "torch_dtype": "bfloat16",
+    "hidden_act": "silu",
+}
+
+_DEEPSEEK_V2_LITE = {  # deepseek-ai/DeepSeek-V2-Lite: MLA without q_lora, 64 experts, 6 active
+    "model_type": "deepseek_v2", "architectures": ["DeepseekV2ForCausalLM"],
+    "vocab_size": 102400, "hidden_size": 2048, "intermediate_size": 10944,
+    "moe_intermediate_size": 1408, "num_hidden_layers": 27, "num_attention_heads": 16,
+    "num_key_value_heads": 16, "q_lora_rank": None, "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "n_routed_experts": 64, "n_shared_experts": 2, "num_experts_per_tok": 6,
+    "first_k_dense_replace": 1, "moe_layer_freq": 1, "n_group": 1, "topk_group": 1,
+    "topk_method": "greedy", "norm_topk_prob": False, "routed_scaling_factor": 1.0,
+    "max_position_embeddings": 163840, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+    "rope_scaling": {"type": "yarn", "factor": 40.0, "beta_fast": 32, "beta_slow": 1,
+                     "mscale": 0.707, "mscale_all_dim": 0.707,
+                     "original_max_position_embeddings": 4096},
+    "attention_bias": False, "tie_word_embeddings": False, "bos_token_id": 100000,
+    "eos_token_id": 100001, "torch_dtype": "bfloat16", "hidden_act": "silu",
+}
+
 PRESETS: dict[str, dict] = {
     "tiny": _TINY,
     "llama-3.1-8b": _LLAMA_31_8B,
@@ -192,6 +256,10 @@ PRESETS: dict[str, dict] = {
     "qwen1.5-moe-a2.7b": _QWEN15_MOE_A27B,
     "whisper-small": _WHISPER_SMALL,
     "qwen3.5-0.8b": _QWEN35_08B,
+    "gemma-3-1b": _GEMMA3_1B,
+    "phi-4-mini": _PHI4_MINI,
+    "gpt-oss-20b": _GPT_OSS_20B,
+    "deepseek-v2-lite": _DEEPSEEK_V2_LITE,
 }
 
 # generation_config.json of the presets that need one (Whisper's special ids).
