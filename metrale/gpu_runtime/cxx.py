@@ -1,17 +1,23 @@
 """The host C++ compiler and the build cache shared by the two things metrale compiles on
 the CPU: the EmuBackend's kernel libraries (`emu/build.py`) and the HostBackend's native
-helpers (`native.py`)."""
+helpers (`native.py`, `native_recurrent.py`, `native_lora.py`, built by
+`build_host_library`)."""
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from functools import lru_cache
 from pathlib import Path
 
-from ..errors import DeviceError
+from ..errors import DeviceError, KernelError
 from ..progress import say
+
+log = logging.getLogger("metrale")
 
 
 @lru_cache(maxsize=1)
@@ -53,3 +59,52 @@ def run_build(steps, what: str) -> subprocess.CompletedProcess:
             return proc
     say(f"built {what} in {time.perf_counter() - t0:.1f} s")
     return proc
+
+
+@lru_cache(maxsize=8)
+def cpu_identity(flags: tuple) -> str:
+    """What `flags` (`-march=native`) select on this CPU: the target options the compiler
+    enables with them ("" when it cannot say)."""
+    proc = subprocess.run([compiler(), *flags, "-Q", "--help=target"], capture_output=True,
+                          text=True, check=False)
+    return proc.stdout if proc.returncode == 0 else ""
+
+
+def build_host_library(sources, flags, stem: str, what: str, headers=()) -> Path:
+    """The shared library of the C++ `sources` built with `flags`, from
+    `<cache_root()>/host/` when built before. Its name hashes the sources and `headers`, the
+    flags, the compiler and what the flags select on this CPU, so a cache shared by
+    machines never hands one CPU another's `-march=native` build; a concurrent build of
+    the same name is harmless (built in a temporary directory, renamed atomically).
+    KernelError naming the sources when the compiler fails."""
+    flags = tuple(flags)
+    h = hashlib.sha256(b"".join(Path(f).read_bytes() for f in (*sources, *headers)))
+    h.update("\0".join(flags).encode())
+    h.update(compiler_version().encode())
+    h.update(cpu_identity(flags).encode())
+    out = cache_root() / "host" / f"{stem}-{h.hexdigest()[:20]}.so"
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        lib = Path(tmp) / out.name
+        proc = run_build([[compiler(), *flags, *map(str, sources), "-o", str(lib)]], what)
+        if proc.returncode != 0:
+            raise KernelError(f"{', '.join(Path(f).name for f in sources)}: the native build "
+                              f"failed:\n{proc.stderr.strip()[-4000:]}")
+        os.replace(lib, out)
+    return out
+
+
+def load_host_library(open_library, tune, unavailable: str):
+    """`open_library(tune)`, else `open_library(())` when the tuned build fails (a compiler
+    without -march=native), else None with `unavailable` (what runs instead) said once in
+    the log when this machine cannot build it at all."""
+    try:
+        try:
+            return open_library(tune)
+        except KernelError:
+            return open_library(())
+    except (KernelError, DeviceError, OSError) as e:
+        log.info("metrale: %s (%s)", unavailable, str(e).splitlines()[0])
+        return None

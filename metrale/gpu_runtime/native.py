@@ -19,18 +19,15 @@ numpy path.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import subprocess
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import DeviceError, KernelError
-from .cxx import cache_root, compiler, compiler_version, run_build
+from .cxx import build_host_library
 
 log = logging.getLogger("metrale")
 
@@ -53,35 +50,11 @@ _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 
 
-def _cpu_identity(flags) -> str:
-    """What `-march=native` resolves to here (the target options the compiler enables)."""
-    proc = subprocess.run([compiler(), *flags, "-Q", "--help=target"], capture_output=True,
-                          text=True, check=False)
-    return proc.stdout if proc.returncode == 0 else ""
-
-
 def _build(tune) -> Path:
-    flags = [*FLAGS, *tune]
-    h = hashlib.sha256(b"".join(src.read_bytes() for src in (*SOURCES, *HEADERS)))
-    h.update("\0".join(flags).encode())
-    h.update(compiler_version().encode())
-    h.update(_cpu_identity(tune).encode())
-    out_dir = cache_root() / "host"
-    out = out_dir / f"gemm_f32-{h.hexdigest()[:20]}.so"
-    if out.is_file():
-        return out
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-        lib = Path(tmp) / out.name
-        proc = run_build([[compiler(), *flags, *map(str, SOURCES), "-o", str(lib)]],
-                         "the CPU backend's native library" + ("" if tune else
-                                                                " (generic build)"))
-        if proc.returncode != 0:
-            raise KernelError(f"{', '.join(src.name for src in SOURCES)}: the native "
-                              "build failed:\n"
-                              f"{proc.stderr.strip()[-4000:]}")
-        os.replace(lib, out)  # atomic: a concurrent build of the same hash is harmless
-    return out
+    return build_host_library(SOURCES, (*FLAGS, *tune), "gemm_f32",
+                              "the CPU backend's native library" + ("" if tune else
+                                                                     " (generic build)"),
+                              headers=HEADERS)
 
 
 def usable_cpus() -> int:

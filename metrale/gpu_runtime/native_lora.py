@@ -11,17 +11,10 @@ changes the speed and never the bits. Used where the backend runs native code
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
-import os
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 
-from ..errors import DeviceError, KernelError
-from .cxx import cache_root, compiler, compiler_version, run_build
-
-log = logging.getLogger("metrale")
+from .cxx import build_host_library, load_host_library
 
 SOURCE = Path(__file__).resolve().parent / "native" / "lora_f32.cpp"
 FLAGS = ("-std=c++17", "-O3", "-fPIC", "-shared", "-fvisibility=default",
@@ -55,37 +48,16 @@ class LoraSteps:
 
 
 def _build(tune) -> Path:
-    flags = [*FLAGS, *tune]
-    h = hashlib.sha256(SOURCE.read_bytes())
-    h.update("\0".join(flags).encode())
-    h.update(compiler_version().encode())
-    out = cache_root() / "host" / f"lora_f32-{h.hexdigest()[:20]}.so"
-    if out.is_file():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        lib = Path(tmp) / out.name
-        proc = run_build([[compiler(), *flags, str(SOURCE), "-o", str(lib)]],
-                         "the CPU backend's native LoRA GEMMs")
-        if proc.returncode != 0:
-            raise KernelError(f"{SOURCE.name}: the native build failed:\n"
-                              f"{proc.stderr.strip()[-4000:]}")
-        os.replace(lib, out)   # atomic: a concurrent build of the same hash is harmless
-    return out
+    return build_host_library((SOURCE,), (*FLAGS, *tune), "lora_f32",
+                              "the CPU backend's native LoRA GEMMs")
 
 
 @lru_cache(maxsize=1)
 def try_load() -> LoraSteps | None:
     """The library, or None (said once, in the log) when this machine cannot build it."""
-    try:
-        try:
-            return LoraSteps(_build(TUNE))
-        except KernelError:        # a compiler without -march=native
-            return LoraSteps(_build(()))
-    except (KernelError, DeviceError, OSError) as e:
-        log.info("metrale: the native LoRA GEMMs are unavailable (%s); the LoRA twins run in "
-                 "numpy, slower, with the same results", str(e).splitlines()[0])
-        return None
+    return load_host_library(lambda tune: LoraSteps(_build(tune)), TUNE,
+                             "the native LoRA GEMMs are unavailable; "
+                             "the LoRA twins run in numpy, slower, with the same results")
 
 
 def for_backend(backend) -> LoraSteps | None:

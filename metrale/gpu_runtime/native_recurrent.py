@@ -12,17 +12,10 @@ this library builds; otherwise numpy.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
-import os
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 
-from ..errors import DeviceError, KernelError
-from .cxx import cache_root, compiler, compiler_version, run_build
-
-log = logging.getLogger("metrale")
+from .cxx import build_host_library, load_host_library
 
 SOURCE = Path(__file__).resolve().parent / "native" / "recurrent_f32.cpp"
 FLAGS = ("-std=c++17", "-O3", "-fPIC", "-shared", "-fvisibility=default",
@@ -53,38 +46,16 @@ class RecurrentSteps:
 
 
 def _build(tune) -> Path:
-    flags = [*FLAGS, *tune]
-    h = hashlib.sha256(SOURCE.read_bytes())
-    h.update("\0".join(flags).encode())
-    h.update(compiler_version().encode())
-    out = cache_root() / "host" / f"recurrent_f32-{h.hexdigest()[:20]}.so"
-    if out.is_file():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        lib = Path(tmp) / out.name
-        proc = run_build([[compiler(), *flags, str(SOURCE), "-o", str(lib)]],
-                         "the CPU backend's native recurrent-layer steps")
-        if proc.returncode != 0:
-            raise KernelError(f"{SOURCE.name}: the native build failed:\n"
-                              f"{proc.stderr.strip()[-4000:]}")
-        os.replace(lib, out)   # atomic: a concurrent build of the same hash is harmless
-    return out
+    return build_host_library((SOURCE,), (*FLAGS, *tune), "recurrent_f32",
+                              "the CPU backend's native recurrent-layer steps")
 
 
 @lru_cache(maxsize=1)
 def try_load() -> RecurrentSteps | None:
     """The library, or None (said once, in the log) when this machine cannot build it."""
-    try:
-        try:
-            return RecurrentSteps(_build(TUNE))
-        except KernelError:        # a compiler without -march=native
-            return RecurrentSteps(_build(()))
-    except (KernelError, DeviceError, OSError) as e:
-        log.info("metrale: the native recurrent-layer steps are unavailable (%s); the "
-                 "decode twins run in numpy, slower, with the same results",
-                 str(e).splitlines()[0])
-        return None
+    return load_host_library(lambda tune: RecurrentSteps(_build(tune)), TUNE,
+                             "the native recurrent-layer steps are unavailable; "
+                             "the decode twins run in numpy, slower, with the same results")
 
 
 def for_backend(backend) -> RecurrentSteps | None:

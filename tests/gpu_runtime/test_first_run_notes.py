@@ -10,7 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from metrale.gpu_runtime import native
+from metrale.gpu_runtime import cxx as cxx_module
+from metrale.gpu_runtime import native, native_lora, native_recurrent
 from metrale.gpu_runtime.emu.check_report import CheckTally
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +29,7 @@ def test_the_native_library_build_is_said_before_and_after(tmp_path, monkeypatch
     cxx = tmp_path / "fake-g++"
     cxx.write_text(FAKE_CXX)
     cxx.chmod(0o755)
-    monkeypatch.setattr(native, "compiler", lambda: str(cxx))
+    monkeypatch.setattr(cxx_module, "compiler", lambda: str(cxx))
     monkeypatch.setenv("METRALE_CACHE_DIR", str(tmp_path / "cache"))
     lib = native._build(native.TUNE)
     assert lib.is_file() and lib.parent == tmp_path / "cache" / "host"
@@ -38,6 +39,23 @@ def test_the_native_library_build_is_said_before_and_after(tmp_path, monkeypatch
     assert re.fullmatch(r"metrale: built the CPU backend's native library in \d+\.\d s",
                         err[1]), err
     assert native._build(native.TUNE) == lib and capsys.readouterr().err == ""
+
+
+def test_every_host_library_is_cached_per_cpu(tmp_path, monkeypatch):
+    # -march=native builds differ per CPU: a cache shared by two machines must not hand one
+    # the other's library (the LoRA and recurrent libraries' names once left the CPU out)
+    cxx = tmp_path / "fake-g++"
+    cxx.write_text(FAKE_CXX)
+    cxx.chmod(0o755)
+    monkeypatch.setattr(cxx_module, "compiler", lambda: str(cxx))
+    monkeypatch.setenv("METRALE_CACHE_DIR", str(tmp_path / "cache"))
+    for mod in (native, native_lora, native_recurrent):
+        monkeypatch.setattr(cxx_module, "cpu_identity", lambda flags: "cpu A")
+        a = mod._build(mod.TUNE)
+        monkeypatch.setattr(cxx_module, "cpu_identity", lambda flags: "cpu B")
+        b = mod._build(mod.TUNE)
+        assert a.is_file() and b.is_file() and a != b, mod.__name__
+        assert mod._build(mod.TUNE) == b
 
 
 def test_check_tally_summary():
