@@ -150,23 +150,34 @@ def _decode_loop(first, advance, max_new: int, stops, on_token,
     tok = first()
     ttft = time.perf_counter() - t0
     t1 = time.perf_counter()
-    reason = "length"
     while True:
-        out.append(tok)
-        if on_token is not None:
-            on_token(tok)
-        if tok in stops:
-            reason = "stop"
-            break
-        if len(out) >= max_new:
-            break
-        if max_out is not None and len(out) >= max_out:
-            extra["context_limit"] = True
+        reason = emit_tokens([tok], out, on_token, stops, max_new, max_out, extra)
+        if reason is not None:
             break
         tok = advance(tok, out)
     dt = time.perf_counter() - t1
     rate = (len(out) - 1) / dt if len(out) > 1 and dt > 0 else 0.0
     return GenerationResult(out, reason, ttft, rate, extra=extra)
+
+
+def emit_tokens(pending: list[int], out: list[int], on_token, stops, max_new: int,
+                max_out: int | None, extra: dict) -> str | None:
+    """Append the chosen tokens `pending` to `out` in order, each to `on_token`; the
+    finish reason once one ends the generation, else None: "stop" at a stop token;
+    "length" at `max_new` tokens or at `max_out` (the context left after the prompt; None:
+    no limit), which also sets extra["context_limit"]."""
+    for tok in pending:
+        out.append(tok)
+        if on_token is not None:
+            on_token(tok)
+        if tok in stops:
+            return "stop"
+        if len(out) >= max_new:
+            return "length"
+        if max_out is not None and len(out) >= max_out:   # prompt + output <= max_seq_len
+            extra["context_limit"] = True
+            return "length"
+    return None
 
 
 def _max_out(prompt_len: int, limit: int | None) -> int | None:

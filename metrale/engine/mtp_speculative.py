@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 from ..errors import InvalidArgument, Unsupported
 from ..model_engine.transformer import MAX_VERIFY_ROWS
 from .generate import GenerationResult, check_max_new, check_prompt, check_prompt_fits, \
-    resolve_stops
+    emit_tokens, resolve_stops
 from .models import pointer_model
 from .sampler import DeviceSampler
 
@@ -60,22 +60,10 @@ def mtp_speculative_generate(target, prompt_ids: Sequence[int], max_new_tokens: 
         t1 = time.perf_counter()
         pending = [last]
         while True:
-            done = False
-            for tok in pending:
-                out.append(tok)
-                if on_token is not None:
-                    on_token(tok)
-                if tok in stops:
-                    reason, done = "stop", True
-                    break
-                if len(out) >= max_new:
-                    done = True
-                    break
-                if len(prompt) + len(out) >= t_limit:   # prompt + output <= max_seq_len
-                    extra["context_limit"] = True
-                    done = True
-                    break
-            if done:
+            end = emit_tokens(pending, out, on_token, stops, max_new, t_limit - len(prompt),
+                              extra)
+            if end is not None:
+                reason = end
                 break
             fed, last = len(prompt) + len(out) - 1, out[-1]   # the cache holds `fed` tokens
             kk = max(0, min(k, max_new - len(out), t_limit - fed - 2))

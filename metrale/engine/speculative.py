@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 from ..errors import InvalidArgument, Unsupported
 from ..model_engine.transformer import MAX_VERIFY_ROWS
 from .generate import (GenerationResult, check_max_new, check_prompt, check_prompt_fits,
-                       resolve_stops)
+                       emit_tokens, resolve_stops)
 from .models import pointer_model
 from .sampler import DeviceSampler
 from .sampling import SamplingParams
@@ -77,22 +77,10 @@ def speculative_generate(target, draft, prompt_ids: Sequence[int], max_new_token
         t1 = time.perf_counter()
         pending = [last]          # chosen tokens not yet fed to the target
         while True:
-            done = False
-            for tok in pending:
-                out.append(tok)
-                if on_token is not None:
-                    on_token(tok)
-                if tok in stops:
-                    reason, done = "stop", True
-                    break
-                if len(out) >= max_new:
-                    done = True
-                    break
-                if len(prompt) + len(out) >= t_limit:   # prompt + output <= max_seq_len
-                    extra["context_limit"] = True
-                    done = True
-                    break
-            if done:
+            end = emit_tokens(pending, out, on_token, stops, max_new, t_limit - len(prompt),
+                              extra)
+            if end is not None:
+                reason = end
                 break
             # the target holds prompt + out[:-1] (so does the draft while it proposes)
             fed = len(prompt) + len(out) - 1
@@ -138,3 +126,4 @@ def speculative_generate(target, draft, prompt_ids: Sequence[int], max_new_token
     rate = (len(out) - 1) / dt if len(out) > 1 and dt > 0 else 0.0
     return GenerationResult(out, reason, ttft, rate, accepted=accepted, proposed=proposed,
                             extra=extra)
+
