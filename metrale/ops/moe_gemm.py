@@ -52,6 +52,23 @@ def max_tiles(n_pairs: int, num_experts: int, bm: int) -> int:
     return (int(n_pairs) + hit * (bm - 1)) // bm
 
 
+def route_grid(what: str, n_pairs: int, num_experts: int, n: int, row_div: int, tile: str):
+    """(tile, grid) of a grouped GEMM launch `what` over n_pairs routed rows (every
+    moe_gemm* launcher's shared checks: sizes, the expert count, the tile, grid.y)."""
+    check_sizes(what, n_pairs=n_pairs, row_div=row_div)
+    if not 1 <= int(num_experts) <= MAX_EXPERTS:
+        raise InvalidArgument(f"{what}: num_experts must be in [1, {MAX_EXPERTS}], got "
+                              f"{num_experts}")
+    if tile not in TILES:
+        raise InvalidArgument(f"{what}: tile {tile!r} is not one of {sorted(TILES)}")
+    t = TILES[tile]
+    grid = (max_tiles(n_pairs, num_experts, t.bm), -(-int(n) // t.bn))
+    if grid[1] > _MAX_GRID_Y:
+        raise InvalidArgument(f"{what}: n = {n} exceeds {_MAX_GRID_Y * t.bn} for tile "
+                              f"{t.name} (grid.y limit)")
+    return t, grid
+
+
 def moe_gemm(backend, stream: int, y_ptr, x_ptr, w_ptr, sorted_pairs_ptr, expert_offsets_ptr,
              tile_offsets_ptr, n_pairs: int, num_experts: int, n: int, k: int, row_div: int,
              out_fp32: bool = False, tile: str = "16x16", bias_ptr=NULL) -> None:
@@ -63,22 +80,13 @@ def moe_gemm(backend, stream: int, y_ptr, x_ptr, w_ptr, sorted_pairs_ptr, expert
     latter from moe_route with block_m = TILES[tile].bm (the tile must be the one routed
     for); bias_ptr: bf16 [num_experts, n] or NULL. n_pairs sizes the grid.
     """
-    check_sizes("moe_gemm", n_pairs=n_pairs, n=n, k=k, row_div=row_div)
-    if not 1 <= int(num_experts) <= MAX_EXPERTS:
-        raise InvalidArgument(f"moe_gemm: num_experts must be in [1, {MAX_EXPERTS}], got "
-                              f"{num_experts}")
+    check_sizes("moe_gemm", n=n, k=k)
+    t, grid = route_grid("moe_gemm", n_pairs, num_experts, n, row_div, tile)
     if int(num_experts) * int(n) * int(k) >= 2**40:
         raise InvalidArgument("moe_gemm: the expert weights exceed 2^40 elements")
     check_ptrs("moe_gemm", y_ptr=y_ptr, x_ptr=x_ptr, w_ptr=w_ptr,
                sorted_pairs_ptr=sorted_pairs_ptr, expert_offsets_ptr=expert_offsets_ptr,
                tile_offsets_ptr=tile_offsets_ptr)
-    if tile not in TILES:
-        raise InvalidArgument(f"moe_gemm: tile {tile!r} is not one of {sorted(TILES)}")
-    t = TILES[tile]
-    grid = (max_tiles(n_pairs, num_experts, t.bm), -(-int(n) // t.bn))
-    if grid[1] > _MAX_GRID_Y:
-        raise InvalidArgument(f"moe_gemm: n = {n} exceeds {_MAX_GRID_Y * t.bn} for tile "
-                              f"{t.name} (grid.y limit)")
     func = f"moe_gemm_{'fp32' if out_fp32 else 'bf16'}_{t.name}"
     backend.launch(backend.kernel(MODULE, func), grid, (t.threads,), 0, stream,
                    (DevicePtr(y_ptr), DevicePtr(x_ptr), DevicePtr(w_ptr),
@@ -93,23 +101,14 @@ def moe_gemm_mxfp4(backend, stream: int, y_ptr, x_ptr, blocks_ptr, scales_ptr,
                    tile: str = "16x16", bias_ptr=NULL) -> None:
     """`moe_gemm` with W given as MXFP4: blocks uint8 [num_experts, n, k / 2] (16-byte
     aligned), scales uint8 [num_experts, n, k / 32] (ops/mxfp4.py); k % 32 == 0."""
-    check_sizes("moe_gemm_mxfp4", n_pairs=n_pairs, n=n, k=k, row_div=row_div)
+    check_sizes("moe_gemm_mxfp4", n=n, k=k)
     if int(k) % 32:
         raise InvalidArgument(f"moe_gemm_mxfp4: k must be a multiple of 32, got {k}")
-    if not 1 <= int(num_experts) <= MAX_EXPERTS:
-        raise InvalidArgument(f"moe_gemm_mxfp4: num_experts must be in [1, {MAX_EXPERTS}], "
-                              f"got {num_experts}")
+    t, grid = route_grid("moe_gemm_mxfp4", n_pairs, num_experts, n, row_div, tile)
     check_ptrs("moe_gemm_mxfp4", 16, blocks_ptr=blocks_ptr)
     check_ptrs("moe_gemm_mxfp4", y_ptr=y_ptr, x_ptr=x_ptr, scales_ptr=scales_ptr,
                sorted_pairs_ptr=sorted_pairs_ptr, expert_offsets_ptr=expert_offsets_ptr,
                tile_offsets_ptr=tile_offsets_ptr)
-    if tile not in TILES:
-        raise InvalidArgument(f"moe_gemm_mxfp4: tile {tile!r} is not one of {sorted(TILES)}")
-    t = TILES[tile]
-    grid = (max_tiles(n_pairs, num_experts, t.bm), -(-int(n) // t.bn))
-    if grid[1] > _MAX_GRID_Y:
-        raise InvalidArgument(f"moe_gemm_mxfp4: n = {n} exceeds {_MAX_GRID_Y * t.bn} for tile "
-                              f"{t.name} (grid.y limit)")
     func = f"moe_gemm_mxfp4_{'fp32' if out_fp32 else 'bf16'}_{t.name}"
     backend.launch(backend.kernel(MODULE, func), grid, (t.threads,), 0, stream,
                    (DevicePtr(y_ptr), DevicePtr(x_ptr), DevicePtr(blocks_ptr),

@@ -21,29 +21,12 @@ import numpy as np
 
 from ..errors import InvalidArgument
 from ..gpu_runtime.types import DevicePtr
-from .checks import check_ptrs, check_sizes
+from .checks import check_ptrs
 from .gemm_q import check_fp8, check_q4, fp8_row_bytes, fp8_rows_twin, q4_row_bytes, q4_rows_twin
-from .moe_gemm import TILES, max_tiles
-from .moe_router import MAX_EXPERTS
+from .moe_gemm import TILES, route_grid
 from .registry import twin
 
 MODULE = "moe_gemm_q"
-_MAX_GRID_Y = 65535
-
-
-def _grid(what: str, n_pairs: int, num_experts: int, n: int, row_div: int, tile: str):
-    check_sizes(what, n_pairs=n_pairs, row_div=row_div)
-    if not 1 <= int(num_experts) <= MAX_EXPERTS:
-        raise InvalidArgument(f"{what}: num_experts must be in [1, {MAX_EXPERTS}], got "
-                              f"{num_experts}")
-    if tile not in TILES:
-        raise InvalidArgument(f"{what}: tile {tile!r} is not one of {sorted(TILES)}")
-    t = TILES[tile]
-    grid = (max_tiles(n_pairs, num_experts, t.bm), -(-int(n) // t.bn))
-    if grid[1] > _MAX_GRID_Y:
-        raise InvalidArgument(f"{what}: n = {n} exceeds {_MAX_GRID_Y * t.bn} for tile "
-                              f"{t.name} (grid.y limit)")
-    return t, grid
 
 
 def moe_gemm_q4(backend, stream: int, y_ptr, x_ptr, q_ptr, scales_ptr, zeros_ptr, gidx_ptr,
@@ -57,7 +40,7 @@ def moe_gemm_q4(backend, stream: int, y_ptr, x_ptr, q_ptr, scales_ptr, zeros_ptr
     int32 [num_experts + 1] from moe_route with block_m = TILES[tile].bm.
     """
     what = "moe_gemm_q4"
-    t, grid = _grid(what, n_pairs, num_experts, n, row_div, tile)
+    t, grid = route_grid(what, n_pairs, num_experts, n, row_div, tile)
     check_q4(what, 1, n, k, q_ptr, scales_ptr, zeros_ptr, gidx_ptr, gidx_row_ptr, groups,
              group_size)
     if int(num_experts) * int(n) * q4_row_bytes(k) >= 2**40:
@@ -84,7 +67,7 @@ def moe_gemm_fp8(backend, stream: int, y_ptr, x_ptr, q_ptr, scales_ptr, scale_ro
     = ceil(k / block_k)); y, the row lists and the tile as `moe_gemm_q4`.
     """
     what = "moe_gemm_fp8"
-    t, grid = _grid(what, n_pairs, num_experts, n, row_div, tile)
+    t, grid = route_grid(what, n_pairs, num_experts, n, row_div, tile)
     check_fp8(what, 1, n, k, q_ptr, scales_ptr, scale_row_ptr, k_blocks, block_k)
     if int(num_experts) * int(n) * fp8_row_bytes(k) >= 2**40:
         raise InvalidArgument(f"{what}: the expert weights exceed 2^40 bytes")
