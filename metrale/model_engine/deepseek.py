@@ -25,6 +25,7 @@ from ..errors import Unsupported
 from ..formats.field_table import HF_ACTIVATIONS
 from ..formats.layout import expected_tensors
 from ..formats.upload import WeightUploader
+from ..gpu_runtime.owned import OwnedBuffers
 from ..gpu_runtime.types import NULL, DevicePtr
 from ..ops import activation, rmsnorm
 from .deepseek_fp8 import deepseek_fp8_bytes, split_kv_a, upload_kv_b
@@ -55,7 +56,7 @@ class MlaLayerWeights:
     moe: MoeLayerWeights | None = None
 
 
-class DeepseekWeights:
+class DeepseekWeights(OwnedBuffers):
     """Uploads a deepseek_v2 / deepseek_v3 checkpoint; `free()` returns every byte."""
 
     def __init__(self, backend, source, meta, progress: bool = True) -> None:
@@ -141,18 +142,6 @@ class DeepseekWeights:
                                gate_up=gate_up, down=down, shared_gate_up=shared_gate_up,
                                shared_down=shared_down, shared_gate=NULL,
                                correction_bias=bias)
-
-    def _alloc(self, nbytes: int) -> DevicePtr:
-        return self._own(self.backend.alloc(nbytes))
-
-    def _own(self, ptr: DevicePtr) -> DevicePtr:
-        self._owned.append(ptr)
-        return ptr
-
-    def free(self) -> None:
-        for p in self._owned:
-            self.backend.free(p)
-        self._owned.clear()
 
 
 def run_deepseek_decoder(model, stream: int, n: int, *, n_seqs: int, out_ptr: DevicePtr,

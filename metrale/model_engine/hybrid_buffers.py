@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..gpu_runtime.types import NULL, DevicePtr
+from ..gpu_runtime.owned import OwnedBuffers
+from ..gpu_runtime.types import NULL
 from .hybrid_weights import proj_width
 from .nemotron import mamba_proj_width
 
@@ -21,7 +22,7 @@ def _widths(meta) -> tuple[int, int, int]:
     return 0, 0, 0
 
 
-class HybridBuffers:
+class HybridBuffers(OwnedBuffers):
     """Buffers for up to `rows` token rows (max(max_tokens, max_rows)) of model `meta`."""
 
     def __init__(self, backend, meta, rows: int) -> None:
@@ -61,13 +62,3 @@ class HybridBuffers:
         self.backend.copy_h2d_async(self.h_slots[:n], self.slots, stream)
         if start:
             self.backend.copy_h2d_async(self.h_start[:n], self.start_pos, stream)
-
-    def _alloc(self, nbytes: int) -> DevicePtr:
-        p = self.backend.alloc(nbytes)
-        self._owned.append(p)
-        return p
-
-    def free(self) -> None:
-        for p in self._owned:
-            self.backend.free(p)
-        self._owned.clear()

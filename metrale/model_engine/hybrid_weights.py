@@ -32,6 +32,7 @@ from ..formats.hybrid_quant import hybrid_linear_shapes
 from ..formats.quant.fp8 import HostFp8, concat_fp8
 from ..formats.quant.layout import dequant_bits
 from ..formats.upload import WeightUploader
+from ..gpu_runtime.owned import OwnedBuffers
 from ..gpu_runtime.types import NULL, DevicePtr
 from ..ops.bf16 import bf16_to_f32
 from ..ops.gemm_q import fp8_row_bytes
@@ -103,7 +104,7 @@ def take_rows(h: HostFp8, rows: np.ndarray) -> HostFp8:
     return HostFp8(h.q[rows], h.scales, h.scale_row[rows], h.k, h.block_k)
 
 
-class HybridWeights:
+class HybridWeights(OwnedBuffers):
     """Uploads a hybrid checkpoint; `layers` is a HybridLayer per layer; `free()` returns
     every byte; `nbytes` is what the weights hold on the device."""
 
@@ -214,16 +215,3 @@ class HybridWeights:
         else:
             arr = bf16_to_f32(np.asarray(src.read_bf16(name)))
         return self._own(self._up.upload_bytes(np.ascontiguousarray(arr, np.float32)))
-
-    # ownership (moe_weights.upload_moe_layer allocates through these) -------------------
-    def _alloc(self, nbytes: int) -> DevicePtr:
-        return self._own(self.backend.alloc(nbytes))
-
-    def _own(self, ptr: DevicePtr) -> DevicePtr:
-        self._owned.append(ptr)
-        return ptr
-
-    def free(self) -> None:
-        for p in self._owned:
-            self.backend.free(p)
-        self._owned.clear()

@@ -34,6 +34,7 @@ import numpy as np
 from ..errors import Unsupported
 from ..formats.deepseek_config import deepseek_layer_tensors, deepseek_moe_tensors
 from ..formats.upload import WeightUploader
+from ..gpu_runtime.owned import OwnedBuffers
 from ..gpu_runtime.types import DevicePtr
 from .memory_plan import held_bytes_of
 
@@ -160,7 +161,7 @@ def scratch_blocks(block_size: int, max_chain: int) -> int:
     return -(-max_chain // block_size) + 1
 
 
-class MtpBuffers:
+class MtpBuffers(OwnedBuffers):
     """The module's device buffers: its latent cache (the pool's blocks, the pad block and
     `scratch` blocks), the saved target hidden rows, the pass's normed rows and its logits."""
 
@@ -189,16 +190,6 @@ class MtpBuffers:
         T, hid = max_tokens, meta.hidden_size
         return ((num_blocks + 1 + scratch) * block_bytes + 3 * T * hid * 2 + hid * 2 +
                 max_chain * meta.vocab_size * logit_bytes)
-
-    def _alloc(self, nbytes: int) -> DevicePtr:
-        p = self.backend.alloc(nbytes)
-        self._owned.append(p)
-        return p
-
-    def free(self) -> None:
-        for p in self._owned:
-            self.backend.free(p)
-        self._owned.clear()
 
 
 def mtp_state(seq) -> MtpState:

@@ -15,6 +15,7 @@ from ..formats import check_tensors, expected_tensors
 from ..formats.quant.checkpoint import check_quantized
 from ..formats.quant.mxfp4_check import check_mxfp4
 from ..formats.upload import WeightUploader
+from ..gpu_runtime.owned import OwnedBuffers
 from ..gpu_runtime.types import NULL, DevicePtr
 from .gguf_weights import EMBED, held_bytes, packed_runs, upload_packed
 from .linear import upload_linear
@@ -69,7 +70,7 @@ def check_checkpoint(source, meta) -> dict[str, tuple[int, ...]]:
     return check_quantized(source, meta)   # quantized linears: formats/quant/
 
 
-class DecoderWeights:
+class DecoderWeights(OwnedBuffers):
     """Uploads a decoder checkpoint (MoE blocks: moe_weights.py); `free()` returns every
     byte. `packed`: a GGUF source's block-type tensors stay at their stored bytes
     (gguf_weights.py); `nbytes` is what the weights hold on the device, `embed_bytes` the
@@ -157,16 +158,3 @@ class DecoderWeights:
             out["sinks"] = self._alloc(f32.nbytes)
             self.backend.copy_h2d(f32, out["sinks"])
         return out
-
-    def _alloc(self, nbytes: int) -> DevicePtr:
-        return self._own(self.backend.alloc(nbytes))
-
-    def _own(self, ptr: DevicePtr) -> DevicePtr:
-        self._owned.append(ptr)
-        return ptr
-
-    def free(self) -> None:
-        for p in self._owned:
-            self.backend.free(p)
-        self._owned.clear()
-

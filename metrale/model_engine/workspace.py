@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..gpu_runtime.owned import OwnedBuffers
 from ..gpu_runtime.types import DevicePtr
 from ..ops import attention
 from .mla import MLA_CHUNK_ROWS, MlaBuffers
 from .moe import MoeBuffers, mlp_width
 
 
-class Workspace:
+class Workspace(OwnedBuffers):
     def __init__(self, backend, meta, *, max_tokens: int, max_rows: int, num_blocks: int,
                  block_size: int, max_blocks_per_seq: int, fp32_logits: bool,
                  window_layers: tuple[int, ...] = (), window_blocks: int = 0) -> None:
@@ -127,16 +128,6 @@ class Workspace:
         if self.windowed:
             self.window_slots, self.window_tables = ptrs[6:]
         self.backend.copy_h2d_async(self.h_meta[:off], self.meta, stream)
-
-    def _alloc(self, nbytes: int) -> DevicePtr:
-        p = self.backend.alloc(nbytes)
-        self._owned.append(p)
-        return p
-
-    def free(self) -> None:
-        for p in self._owned:
-            self.backend.free(p)
-        self._owned.clear()
 
     @staticmethod
     def estimate_bytes(meta, *, max_tokens, max_rows, num_blocks, block_size,

@@ -25,6 +25,7 @@ from ..errors import FormatError, InvalidArgument, Unsupported
 from ..formats import check_tensors
 from ..formats.layout import llava_tensors
 from ..formats.upload import WeightUploader
+from ..gpu_runtime.owned import OwnedBuffers
 from ..gpu_runtime.types import NULL, DevicePtr
 from ..ops import activation, elementwise, gemm_tc, rmsnorm
 from ..ops import vision as vision_ops
@@ -71,7 +72,7 @@ class ClipLayer:
     fc2_b: DevicePtr
 
 
-class ClipVisionTower:
+class ClipVisionTower(OwnedBuffers):
     """Weights and workspaces of the CLIP tower + projector of one llava checkpoint.
 
     `encode(images, out_ptr, stream)` writes `len(images) * num_features` rows of
@@ -237,16 +238,3 @@ class ClipVisionTower:
         gemm_tc.gemm_tc(b, stream, out_ptr, self.mlp, self.proj2, F, th, th)
         if not self.proj2_b.is_null():
             elementwise.add_bias(b, stream, out_ptr, self.proj2_b, F, th)
-
-    # ------------------------------------------------------------------------------ memory
-    def _alloc(self, nbytes: int) -> DevicePtr:
-        return self._own(self.backend.alloc(nbytes))
-
-    def _own(self, ptr: DevicePtr) -> DevicePtr:
-        self._owned.append(ptr)
-        return ptr
-
-    def free(self) -> None:
-        for p in self._owned:
-            self.backend.free(p)
-        self._owned.clear()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..gpu_runtime.owned import OwnedBuffers
 from ..gpu_runtime.types import DevicePtr
 from ..ops import activation, dense_attention, elementwise, embedding, gemm_tc, rmsnorm
 from ..ops.bf16 import f32_to_bf16
@@ -31,7 +32,7 @@ GELU_MODES = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh",
               "gelu_fast": "tanh", "quick_gelu": "quick"}
 
 
-class Workspace:
+class Workspace(OwnedBuffers):
     """Activation buffers, allocated once at load: encoder rows sized by the encoder's
     maximum window, decoder rows by max_target_positions."""
 
@@ -63,16 +64,6 @@ class Workspace:
         except BaseException:
             self.free()
             raise
-
-    def _alloc(self, nbytes: int) -> DevicePtr:
-        p = self.backend.alloc(nbytes)
-        self._owned.append(p)
-        return p
-
-    def free(self) -> None:
-        for p in self._owned:
-            self.backend.free(p)
-        self._owned.clear()
 
 
 def _linear(b, s, fn, y, x, w, bias, m, n, k) -> None:

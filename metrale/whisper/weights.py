@@ -17,6 +17,7 @@ import numpy as np
 
 from ..formats import check_tensors, expected_tensors
 from ..formats.upload import WeightUploader
+from ..gpu_runtime.owned import OwnedBuffers
 from ..gpu_runtime.types import DevicePtr
 from ..ops.conv1d import hf_weight_to_tap_major
 
@@ -63,7 +64,7 @@ class DecoderLayer:
     fc2_b: DevicePtr
 
 
-class WhisperWeights:
+class WhisperWeights(OwnedBuffers):
     """Uploads a WhisperForConditionalGeneration checkpoint; `free()` returns every byte."""
 
     def __init__(self, backend, source, meta, progress: bool = True) -> None:
@@ -161,12 +162,3 @@ class WhisperWeights:
         parts = [np.zeros(d, np.uint16) if n is None else self._source.read_bf16(n)
                  for n in names]
         return self._array(np.concatenate(parts))
-
-    def _own(self, ptr: DevicePtr) -> DevicePtr:
-        self._owned.append(ptr)
-        return ptr
-
-    def free(self) -> None:
-        for p in self._owned:
-            self.backend.free(p)
-        self._owned.clear()

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...gpu_runtime.owned import OwnedBuffers
 from ...gpu_runtime.types import DevicePtr
 from ...ops import tensor_parallel
 from ..linear import run_linear
@@ -45,7 +46,7 @@ from .shard import ShardPlan
 GATHER_MAX_BYTES = 4 << 20
 
 
-class TensorParallel:
+class TensorParallel(OwnedBuffers):
     """A rank's communicator, slices and combine buffers; see the module docstring."""
 
     def __init__(self, backend, comm, plan: ShardPlan, meta, *, max_tokens: int,
@@ -207,17 +208,6 @@ class TensorParallel:
         """Bytes each rank receives in one decode step of `n_rows` rows."""
         return step_comm_bytes(self.size, self.hidden, self.plan.vocab_shard, num_layers,
                                n_rows, self.logit_bytes, self._gathers(n_rows * self.hidden))
-
-    # ownership -------------------------------------------------------------------------
-    def _alloc(self, nbytes: int) -> DevicePtr:
-        p = self.backend.alloc(nbytes)
-        self._owned.append(p)
-        return p
-
-    def free(self) -> None:
-        for p in self._owned:
-            self.backend.free(p)
-        self._owned.clear()
 
 
 

@@ -14,6 +14,7 @@ import numpy as np
 from ...errors import FormatError
 from ...formats import check_tensors, expected_tensors
 from ...formats.upload import WeightUploader
+from ...gpu_runtime.owned import OwnedBuffers
 from ...gpu_runtime.types import NULL, DevicePtr
 from ...formats.quant.checkpoint import check_quantized
 from .moe_shard import upload_moe_shard
@@ -22,7 +23,7 @@ from .shard import ShardPlan, rank_weight_bytes
 from ..weights import LayerWeights
 
 
-class ShardedDecoderWeights:
+class ShardedDecoderWeights(OwnedBuffers):
     """Rank `plan.rank`'s slice of a llama/mistral/qwen2/qwen3 checkpoint; `free()` returns
     every byte. Attributes as `DecoderWeights` (embed_tokens and lm_head hold the rank's
     vocabulary rows, `plan.vocab_shard` of them)."""
@@ -140,13 +141,3 @@ class ShardedDecoderWeights:
         rows = np.zeros((p.vocab_shard, full.shape[1]), np.uint16)
         rows[:p.vocab_rows] = full[p.vocab_start:p.vocab_start + p.vocab_rows]
         return self._upload(rows)
-
-    # ownership -------------------------------------------------------------------------
-    def _own(self, ptr: DevicePtr) -> DevicePtr:
-        self._owned.append(ptr)
-        return ptr
-
-    def free(self) -> None:
-        for p in self._owned:
-            self.backend.free(p)
-        self._owned.clear()
