@@ -18,10 +18,11 @@ recurrent kernels keep sequences apart: a row's bits never depend on the batch.
 from __future__ import annotations
 
 from ..formats.field_table import HF_ACTIVATIONS
-from ..ops import activation, attention, attention_tc, gated_norm, rope
+from ..ops import activation, gated_norm, rope
 from .linear import run_embedding, run_linear
 from .linear_attn import gdn_layer
 from .moe import moe_mlp
+from .paged_attention import paged_attention
 
 
 def run_hybrid_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int,
@@ -70,15 +71,7 @@ def gated_attention(model, stream: int, L, n: int, decode: bool, n_seqs: int,
     kc, vc = ws.k_cache(L.kv_index), ws.v_cache(L.kv_index)
     rope.rope_write_kv(b, stream, ws.qkv, ws.positions, model._rope_table, kc, vc,
                        ws.slot_mapping, n, H, KV, D, model._max_positions)
-    if decode:
-        attention.decode_attention(b, stream, ws.attn_out, ws.qkv, kc, vc, ws.block_tables,
-                                   ws.kv_lens, n_seqs, H, KV, D, model._block_size,
-                                   ws.max_blocks_per_seq, model._attn_scale, ws.decode_ws,
-                                   ws.max_splits, 0)
-    else:
-        attention_tc.prefill_attention_auto(b, stream, ws.attn_out, ws.qkv, kc, vc,
-                                            ws.block_tables, ws.kv_lens, ws.qo_indptr, n_seqs,
-                                            n, max_q_len, H, KV, D, model._block_size,
-                                            ws.max_blocks_per_seq, model._attn_scale, 0)
+    paged_attention(model, stream, kc, vc, ws.block_tables, n, decode, n_seqs, max_q_len, H,
+                    KV, D)
     gated_norm.sigmoid_gate_mul(b, stream, ws.attn_out, hb.gate, n, H * D, H * D)
     run_linear(b, stream, ws.hidden, ws.attn_out, L.o_proj, n, hid, H * D)

@@ -35,11 +35,11 @@ from __future__ import annotations
 
 from ..formats.field_table import HF_ACTIVATIONS
 from ..gpu_runtime.types import NULL, DevicePtr
-from ..ops import activation, attention, elementwise, rmsnorm, rope
-from ..ops import attention_tc, gemm_fused
+from ..ops import activation, elementwise, gemm_fused, rmsnorm, rope
 from .linear import Fp8Linear, Q4Linear, fused_operand, run_embedding, run_linear
 from .moe import moe_mlp
 from .deepseek import run_deepseek_decoder
+from .paged_attention import paged_attention
 
 
 def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_len: int,
@@ -106,19 +106,8 @@ def run_decoder(model, stream: int, n: int, *, decode: bool, n_seqs: int, max_q_
         rope.rope_write_kv(b, stream, ws.qkv, ws.positions, model._layer_rope[i], kc, vc,
                            slots, n, H, KV, D, model._rope_rows, L.q_norm,
                            L.k_norm, eps, rotary_dim=rd, gemma_norm=mode == "gemma")
-        if decode:
-            attention.decode_attention(b, stream, ws.attn_out, ws.qkv, kc, vc, tables,
-                                       ws.kv_lens, n_seqs, H, KV, D, model._block_size,
-                                       ws.max_blocks_per_seq, model._attn_scale, ws.decode_ws,
-                                       ws.max_splits, window, var.attn_softcap, L.sinks)
-        else:
-            # tensor cores for the head dims that have an instance (attention_tc.py)
-            attention_tc.prefill_attention_auto(b, stream, ws.attn_out, ws.qkv, kc, vc,
-                                                tables, ws.kv_lens, ws.qo_indptr,
-                                                n_seqs, n, max_q_len, H, KV, D,
-                                                model._block_size, ws.max_blocks_per_seq,
-                                                model._attn_scale, window, var.attn_softcap,
-                                                L.sinks)
+        paged_attention(model, stream, kc, vc, tables, n, decode, n_seqs, max_q_len, H, KV, D,
+                        window, var.attn_softcap, L.sinks)
         if fuse:   # residual += o_proj(attn), then the MLP's norm inside gate_up, and
             # residual += down(act_mul(gate_up)): no rmsnorm or act_mul launch
             gemm_fused.gemm_residual(b, stream, ws.residual, ws.attn_out,
@@ -200,3 +189,4 @@ def lm_head(model, stream: int, x_ptr: DevicePtr, n_rows: int, out_ptr: DevicePt
 
 
 __all__ = ["run_decoder", "decode_fusable", "lm_head", "NULL"]
+

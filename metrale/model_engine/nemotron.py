@@ -21,11 +21,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..formats.upload import WeightUploader
+from ..gpu_runtime.owned import OwnedBuffers
 from ..gpu_runtime.types import NULL, DevicePtr
-from ..ops import attention, attention_tc, causal_conv1d, gated_norm, kv_cache, mamba2_ssd
+from ..ops import causal_conv1d, gated_norm, kv_cache, mamba2_ssd
 from ..ops.bf16 import bf16_to_f32
 from .linear import run_embedding, run_linear
 from .linear_attn import run_recurrent
+from .paged_attention import paged_attention
 
 P = "backbone.layers."
 
@@ -55,7 +57,7 @@ def mamba_proj_width(mb) -> int:
     return -(-mb.proj_dim // 8) * 8
 
 
-class NemotronWeights:
+class NemotronWeights(OwnedBuffers):
     """Uploads a Nemotron-H checkpoint (`free()` returns every byte)."""
 
     def __init__(self, backend, source, meta, nbytes: int, progress: bool = True) -> None:
@@ -110,15 +112,6 @@ class NemotronWeights:
         else:
             arr = bf16_to_f32(np.asarray(src.read_bf16(name)))
         return self._own(self._up.upload_bytes(np.ascontiguousarray(arr, np.float32)))
-
-    def _own(self, ptr: DevicePtr) -> DevicePtr:
-        self._owned.append(ptr)
-        return ptr
-
-    def free(self) -> None:
-        for p in self._owned:
-            self.backend.free(p)
-        self._owned.clear()
 
 
 def nemotron_weight_bytes(meta) -> int:
@@ -208,14 +201,6 @@ def plain_attention(model, stream: int, L, n: int, decode: bool, n_seqs: int,
     run_linear(b, stream, ws.qkv, ws.normed, L.qkv, n, ws.qkv_dim, hid)
     kc, vc = ws.k_cache(L.kv_index), ws.v_cache(L.kv_index)
     kv_cache.write_kv(b, stream, ws.qkv, kc, vc, ws.slot_mapping, n, H, KV, D)
-    if decode:
-        attention.decode_attention(b, stream, ws.attn_out, ws.qkv, kc, vc, ws.block_tables,
-                                   ws.kv_lens, n_seqs, H, KV, D, model._block_size,
-                                   ws.max_blocks_per_seq, model._attn_scale, ws.decode_ws,
-                                   ws.max_splits, 0)
-    else:
-        attention_tc.prefill_attention_auto(b, stream, ws.attn_out, ws.qkv, kc, vc,
-                                            ws.block_tables, ws.kv_lens, ws.qo_indptr, n_seqs,
-                                            n, max_q_len, H, KV, D, model._block_size,
-                                            ws.max_blocks_per_seq, model._attn_scale, 0)
+    paged_attention(model, stream, kc, vc, ws.block_tables, n, decode, n_seqs, max_q_len, H,
+                    KV, D)
     run_linear(b, stream, ws.hidden, ws.attn_out, L.o_proj, n, hid, H * D)
