@@ -90,7 +90,8 @@ class NativeKernels:
         self._rmsnorm, self._rope, self._silu = (lib.md_rmsnorm, lib.md_rope_write_kv,
                                                  lib.md_silu_mul)
         self._rmsnorm.restype = self._rope.restype = self._silu.restype = None
-        self._rmsnorm.argtypes = [_P] * 4 + [_I64] * 2 + [ctypes.c_float]
+        self._rmsnorm.argtypes = [_P] * 4 + [_I64] * 2 + [ctypes.c_float, ctypes.c_int32,
+                                                           ctypes.c_float]
         self._rope.argtypes = [_P] * 8 + [_I64] * 4 + [ctypes.c_float]
         self._silu.argtypes = [_P, _P, _I64, _I64]
         self._add = lib.md_add_bf16
@@ -255,12 +256,14 @@ class NativeKernels:
         return out
 
     def rmsnorm(self, out_ptr: int, x_ptr: int, weight_ptr: int, residual_ptr: int,
-                n_rows: int, hidden: int, eps: float) -> None:
+                n_rows: int, hidden: int, eps: float, mode: int = 0,
+                offset: float = 0.0) -> None:
         """ops.rmsnorm's twin bit for bit on host addresses the caller has bounds-checked:
         x, out, residual (0: none) [n_rows, hidden] BF16; weight [hidden] BF16. out may
-        equal x; no other overlap."""
+        equal x; no other overlap. mode 0: bf16(bf16(x * inv) * w); 1: bf16(x * inv * w);
+        2: bf16(x * inv * (w + offset)) (norm_rope_act.cpp)."""
         self._rmsnorm(out_ptr, x_ptr, weight_ptr, residual_ptr or None, n_rows, hidden,
-                      eps)
+                      eps, int(mode), float(offset))
 
     def rope_write_kv(self, qkv_ptr: int, positions_ptr: int, table_ptr: int,
                       q_norm_ptr: int, k_norm_ptr: int, k_cache_ptr: int, v_cache_ptr: int,

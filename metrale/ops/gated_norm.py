@@ -27,6 +27,7 @@ from .activation import silu_f32
 from .bf16 import bf16_to_f32, f32_to_bf16, round_bf16
 from .checks import check_ptrs, check_sizes
 from .registry import twin
+from .rmsnorm import whole_or_apart
 
 MODULE = "gated_norm"
 ROWS_PER_CTA = 4          # GN_ROWS_PER_CTA
@@ -162,6 +163,16 @@ def _offset_twin(ctx, out_ptr, x_ptr, w_a, w_b, residual_ptr, n_tokens, heads_a,
                  stride, eps, offset) -> None:
     n, ha, hb, d, s = (int(v) for v in (n_tokens, heads_a, heads_b, dim, stride))
     h = ha + hb
+    nat = ctx.native_rows
+    if nat is not None and not hb and s == h * d and \
+            whole_or_apart(n * s * 2, x_ptr, out_ptr, residual_ptr):
+        # contiguous rows of one weight (every norm but the q/k heads'): the native row
+        # routine's offset mode gives the bits below (native/norm_rope_act.cpp)
+        nat.rmsnorm(ctx.write_addr(out_ptr, n * s * 2), ctx.read_addr(x_ptr, n * s * 2),
+                    ctx.read_addr(w_a, d * 2),
+                    ctx.write_addr(residual_ptr, n * s * 2) if int(residual_ptr) else 0,
+                    n * ha, d, float(eps), 2, float(offset))
+        return
     if s == h * d:   # contiguous rows (every norm but the q/k heads'): plain views
         x = ctx.read(x_ptr, n * s, np.uint16).reshape(n, h, d)
         res = ctx.view(residual_ptr, n * s, np.uint16).reshape(n, h, d) \

@@ -83,7 +83,7 @@ def layernorm(backend, stream: int, out_ptr, x_ptr, weight_ptr, bias_ptr, n_rows
                     DevicePtr(bias_ptr), np.int32(n_rows), np.int32(hidden), np.float32(eps)))
 
 
-def _whole_or_apart(nbytes: int, *ptrs) -> bool:
+def whole_or_apart(nbytes: int, *ptrs) -> bool:
     """Each pair of the non-NULL ranges [p, p + nbytes) identical or disjoint (what the
     native row routine handles: it reads a row whole before writing it)."""
     ps = sorted({int(p) for p in ptrs if int(p)})
@@ -95,13 +95,13 @@ def rmsnorm_twin(ctx, out_ptr, x_ptr, weight_ptr, residual_ptr, n_rows, hidden, 
                  weight_mode) -> None:
     r, h, mode = int(n_rows), int(hidden), int(weight_mode)
     nat = ctx.native_rows
-    if nat is not None and mode == WEIGHT_MODES["llama"] and \
-            _whole_or_apart(r * h * 2, x_ptr, out_ptr, residual_ptr):
-        # the same bits as below (native/norm_rope_act.cpp), a few microseconds a row
+    if nat is not None and whole_or_apart(r * h * 2, x_ptr, out_ptr, residual_ptr):
+        # the same bits as below (native/norm_rope_act.cpp), a few microseconds a row;
+        # its modes: 0 llama, 1 once, 2 w + offset (gemma: offset 1)
         nat.rmsnorm(ctx.write_addr(out_ptr, r * h * 2), ctx.read_addr(x_ptr, r * h * 2),
                     ctx.read_addr(weight_ptr, h * 2),
                     ctx.write_addr(residual_ptr, r * h * 2) if int(residual_ptr) else 0,
-                    r, h, float(eps))
+                    r, h, float(eps), mode, 1.0 if mode == WEIGHT_MODES["gemma"] else 0.0)
         return
     x_all = ctx.read(x_ptr, r * h, np.uint16).reshape(r, h)
     w = bf16_to_f32(ctx.read(weight_ptr, h, np.uint16))

@@ -10,6 +10,7 @@ from metrale.gpu_runtime import HostBackend
 from metrale.ops import activation, rope
 from metrale.ops.bf16 import bf16_to_f32, f32_to_bf16
 from tests.helpers import Buffers
+from tests.ops.test_gated_norm import run_offset
 from tests.ops.test_rmsnorm import run_rmsnorm
 from tests.ops.test_rope import kv_case, rand_bits, run_rope, run_rope_write_kv
 
@@ -50,16 +51,41 @@ def calls_native(be, name):
 @pytest.mark.parametrize("hidden", [1, 7, 19, 111, 576, 4097])
 @pytest.mark.parametrize("rows", [1, 3, 33])
 @pytest.mark.parametrize("mode", ["plain", "residual", "in_place"])
-def test_rmsnorm_same_bits(native, numpy_only, rng, rows, hidden, mode):
+@pytest.mark.parametrize("weight_mode", ["llama", "once", "gemma"])
+def test_rmsnorm_same_bits(native, numpy_only, rng, rows, hidden, mode, weight_mode):
     scale = rng.choice([1e-3, 1.0, 40.0])
     x = f32_to_bf16((rng.standard_normal((rows, hidden)) * scale).astype(np.float32))
     w = f32_to_bf16(rng.standard_normal(hidden).astype(np.float32))
+    w[::5] = 0x8000   # -0.0: "once" keeps its sign, "gemma" adds 1
     res = f32_to_bf16(rng.standard_normal((rows, hidden)).astype(np.float32)) \
         if mode == "residual" else None
+    kw = dict(residual=res, in_place=mode == "in_place", mode=weight_mode)
     with calls_native(native, "rmsnorm") as c:
-        got = run_rmsnorm(native, x, w, residual=res, in_place=mode == "in_place")
+        got = run_rmsnorm(native, x, w, **kw)
     assert c.n == 1
-    want = run_rmsnorm(numpy_only, x, w, residual=res, in_place=mode == "in_place")
+    want = run_rmsnorm(numpy_only, x, w, **kw)
+    assert np.array_equal(got[0], want[0])
+    if res is not None:
+        assert np.array_equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("hidden", [1, 7, 19, 111, 1024, 4097])
+@pytest.mark.parametrize("rows", [1, 3, 33])
+@pytest.mark.parametrize("mode", ["plain", "residual", "in_place"])
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_rmsnorm_offset_same_bits(native, numpy_only, rng, rows, hidden, mode, offset):
+    """gated_norm's zero-centred norm (the hybrids' every layer norm) on the native rows."""
+    x = f32_to_bf16((rng.standard_normal((rows, hidden)) * rng.choice([1e-3, 1.0, 40.0]))
+                    .astype(np.float32))
+    w = f32_to_bf16(rng.standard_normal(hidden).astype(np.float32) * 0.1)
+    w[::5] = 0x8000
+    res = f32_to_bf16(rng.standard_normal((rows, hidden)).astype(np.float32)) \
+        if mode == "residual" else None
+    kw = dict(residual=res, in_place=mode == "in_place", offset=offset)
+    with calls_native(native, "rmsnorm") as c:
+        got = run_offset(native, x, w, **kw)
+    assert c.n == 1
+    want = run_offset(numpy_only, x, w, **kw)
     assert np.array_equal(got[0], want[0])
     if res is not None:
         assert np.array_equal(got[1], want[1])

@@ -17,7 +17,9 @@
 //
 // Formulas (x, w, r BF16 widened exactly; every operation float32):
 //   rmsnorm:  [residual: s = bf16(r + x), r = s, x = s]; inv = 1 / sqrt(sum(x*x) / h + eps);
-//             out = bf16(bf16(x * inv) * w)
+//             mode 0 (llama): out = bf16(bf16(x * inv) * w); mode 1 (once):
+//             out = bf16((x * inv) * w); mode 2 (offset): out = bf16((x * inv) * (w + offset))
+//             (ops/rmsnorm.py's weight modes; ops/gated_norm.py's rmsnorm_offset)
 //   rope:     per token t, head j of the q and k heads: [norm: x = bf16((x * inv) * w_qk)];
 //             c, s = table[pos[t], :D/2], table[pos[t], D/2:];
 //             out1 = bf16(x1*c - x2*s), out2 = bf16(x2*c + x1*s)   (in place in qkv)
@@ -119,7 +121,8 @@ inline float np_sum_squares(const float *x, int64_t n) {
 
 // rows [lo, hi) on one thread; buf: hidden floats
 void rmsnorm_rows(uint16_t *out, const uint16_t *x, const uint16_t *w, uint16_t *residual,
-                  int64_t lo, int64_t hi, int64_t hidden, float eps, float *buf) {
+                  int64_t lo, int64_t hi, int64_t hidden, float eps, int mode, float offset,
+                  float *buf) {
     for (int64_t r = lo; r < hi; r++) {
         const uint16_t *xr = x + r * hidden;
         if (residual != nullptr) {
@@ -136,7 +139,14 @@ void rmsnorm_rows(uint16_t *out, const uint16_t *x, const uint16_t *w, uint16_t 
         const float ss = np_sum_squares(buf, hidden);
         const float inv = 1.0f / std::sqrt(ss / float(hidden) + eps);
         uint16_t *o = out + r * hidden;
-        for (int64_t i = 0; i < hidden; i++) o[i] = to_bf(round_bf(buf[i] * inv) * bf(w[i]));
+        if (mode == 0) {
+            for (int64_t i = 0; i < hidden; i++) o[i] = to_bf(round_bf(buf[i] * inv) * bf(w[i]));
+        } else if (mode == 1) {
+            for (int64_t i = 0; i < hidden; i++) o[i] = to_bf((buf[i] * inv) * bf(w[i]));
+        } else {
+            for (int64_t i = 0; i < hidden; i++)
+                o[i] = to_bf((buf[i] * inv) * (bf(w[i]) + offset));
+        }
     }
 }
 
@@ -163,10 +173,11 @@ extern "C" {
 __attribute__((visibility("default"))) void md_rmsnorm(uint16_t *out, const uint16_t *x,
                                                        const uint16_t *weight,
                                                        uint16_t *residual, int64_t n_rows,
-                                                       int64_t hidden, float eps) {
+                                                       int64_t hidden, float eps, int32_t mode,
+                                                       float offset) {
     over_rows(n_rows, hidden, [&](int64_t lo, int64_t hi) {
         std::vector<float> buf(static_cast<size_t>(hidden));
-        rmsnorm_rows(out, x, weight, residual, lo, hi, hidden, eps, buf.data());
+        rmsnorm_rows(out, x, weight, residual, lo, hi, hidden, eps, mode, offset, buf.data());
     });
 }
 
