@@ -215,11 +215,11 @@ def kv_bytes_per_token_layer(m) -> int:
 def rope_head_dim(c: _Cfg, arch: str) -> int:
     """qk_rope_head_dim; glm4_moe_lite's `head_dim` is its alias and wins (HF attribute_map):
     a different qk_rope_head_dim beside it is refused."""
-    rope_dim = _int(c, arch, "qk_rope_head_dim")
     if arch != "glm4_moe_lite" or "head_dim" not in c.d:
-        return rope_dim
-    alias = c.int("head_dim", required=True)
-    if c.d.get("qk_rope_head_dim") is not None and alias != rope_dim:
+        return _int(c, arch, "qk_rope_head_dim")
+    alias = c.int("head_dim", required=True)   # null refused, naming it
+    rope_dim = c.int("qk_rope_head_dim")
+    if rope_dim is not None and alias != rope_dim:
         raise FormatError(f"{c.source}: head_dim {alias} and qk_rope_head_dim {rope_dim} "
                           "disagree (glm4_moe_lite: head_dim is an alias of qk_rope_head_dim)")
     return alias
