@@ -95,3 +95,21 @@ def test_mtp_layer_tensors_are_left_out(tmp_path, name):
     mtp_tensors_left_out(tmp_path, name)
     with pytest.raises(Unsupported, match=f"mtp=True: {name} has no multi-token-prediction"):
         load(name, mtp=True)
+
+
+def test_info_describes_the_deepseek_router(capsys):
+    """`metrale info` states the routing the model runs: the sigmoid router with its
+    correction bias and groups, the scaling, an ungated shared expert."""
+    import json
+
+    from metrale.cli import main
+    from tests.model.common import FIXTURES
+    assert main(["info", str(FIXTURES / "glm4_moe"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["kv_bytes_per_token"] == 3 * 2 * 2 * 32 * 2   # layers * K,V * kv heads * D
+    math = info["math"]
+    assert math["experts"].startswith("8 experts of width 32, top-2 of a float32 sigmoid + "
+                                      "e_score_correction_bias (choice only) in the best 2 of "
+                                      "4 expert groups, renormalised, times 2.5, plus a shared "
+                                      "expert of width 32 (ungated)")
+    assert math["rotary_dims"].startswith("the first 16 of each head's 32")
