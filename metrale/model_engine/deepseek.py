@@ -1,5 +1,6 @@
-"""DeepSeek-V2 / V3 decoders on the device: their weights and their layer sequence
-(formats/deepseek_config.py has the math; layers.run_decoder hands an MLA model here).
+"""DeepSeek-V2 / V3 and GLM-4.7-Flash (glm4_moe_lite) decoders on the device: their weights
+and their layer sequence (formats/deepseek_config.py has the math; layers.run_decoder hands
+an MLA model here).
 
     residual = embed(ids)
     per layer:  x = input_layernorm(residual)            (layer 0: no add)
@@ -53,7 +54,8 @@ class MlaLayerWeights:
 
 
 class DeepseekWeights:
-    """Uploads a deepseek_v2 / deepseek_v3 checkpoint; `free()` returns every byte."""
+    """Uploads a deepseek_v2 / deepseek_v3 / glm4_moe_lite checkpoint; `free()` returns every
+    byte."""
 
     def __init__(self, backend, source, meta, progress: bool = True) -> None:
         self.backend = backend
