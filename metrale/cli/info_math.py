@@ -82,12 +82,19 @@ def experts_text(meta) -> str:
     moe = meta.moe
     sparse = [i for i, s in enumerate(moe.sparse_layers) if s]
     dense = [i for i, s in enumerate(moe.sparse_layers) if not s]
+    r = moe.deepseek   # DeepSeek's router (deepseek_moe_config.py), else the softmax one
     text = (f"{moe.num_experts} experts of width {moe.expert_intermediate_size}, top-"
-            f"{moe.top_k} of a float32 softmax"
-            f"{', renormalised' if moe.norm_topk_prob else ''}")
+            f"{moe.top_k} of a float32 {'softmax' if r is None else r.scoring}"
+            + ("" if r is None else
+               (" + e_score_correction_bias (choice only)" if r.correction_bias else "")
+               + (f" in the best {r.topk_group} of {r.n_group} expert groups"
+                  if r.n_group > 1 else ""))
+            + f"{', renormalised' if moe.norm_topk_prob else ''}"
+            + ("" if r is None or r.routed_scaling_factor == 1 else
+               f", times {r.routed_scaling_factor:g}"))
     if moe.shared_expert_intermediate_size:
         text += (f", plus a shared expert of width {moe.shared_expert_intermediate_size} "
-                 "times sigmoid(shared_expert_gate)")
+                 + ("times sigmoid(shared_expert_gate)" if r is None else "(ungated)"))
     if moe.oss is not None:   # gpt-oss
         o = moe.oss
         text += (f" (a softmax over the top-{moe.top_k} biased router logits, the same "
@@ -163,7 +170,7 @@ def math_fields(meta, source, head_stored: bool) -> dict[str, str]:
                              "min(gate, limit)")
         out["qk_norm"] = ("none" if not meta.qk_norm else "RMSNorm on each q/k head "
                           + ("(gemma: 1 + w)" if meta.variant.norm_mode == "gemma"
-                             else "(qwen3)"))
+                             else "(qwen3, glm4_moe)"))
         out.update(variant_fields(meta))
     else:
         w = meta.whisper

@@ -17,7 +17,8 @@ and runs exactly as before; the families of issue 40 set what they change:
   final_softcap   0, or the same cap on the logits (Gemma 2/3 final_logit_softcapping)
   local_rope      None, or (rope_theta, RopeScaling | None) of the sliding-window layers
                   (Gemma 3's rope_local_base_freq); full layers use the model's rope
-  rotary_dim      0 (head_dim), or the rotated dims of a partial rotary embedding (Phi-3/4)
+  rotary_dim      0 (head_dim), or the rotated dims of a partial rotary embedding (Phi-3/4,
+                  GLM-4.5)
   fused_projections  the checkpoint stores q|k|v as one `qkv_proj` and gate|up as one
                   `gate_up_proj` (Phi-3): the layout metrale fuses to anyway
   attention_sinks a learned sink logit per head (`self_attn.sinks`, gpt-oss)

@@ -1,6 +1,7 @@
-"""DeepSeek-V2 / V3 (`deepseek_v2`, `deepseek_v3`), as transformers 5.25's configuration_*.py
-and modeling_*.py resolve config.json (deepseek_fields.py lists every field). Against the
-Llama block:
+"""DeepSeek-V2 / V3 (`deepseek_v2`, `deepseek_v3`) and GLM-4.7-Flash (`glm4_moe_lite`:
+DeepSeek-V3's attention and MoE block under GLM's defaults), as transformers 5.25's
+configuration_*.py and modeling_*.py resolve config.json (deepseek_fields.py and
+glm4_fields.py list every field). Against the Llama block:
 
   - attention is multi-head latent attention (MLA, `MlaConfig`):
         q      = x @ Wq^T                          (V2-Lite: q_lora_rank null)
@@ -15,22 +16,15 @@ Llama block:
     (i, i + d/2) for V3 without it. The score scale is (nope + rope) ** -0.5, times
     mscale(factor, mscale_all_dim) ** 2 when the rope is scaled and mscale_all_dim is set
     (HF yarn_apply_mscale); the yarn cos/sin carry mscale / mscale_all_dim as usual.
-  - MLP: layer i is a DeepSeek MoE block iff i >= first_k_dense_replace (else the dense
-    MLP of intermediate_size); the block (`DeepseekRouting`):
-        V3: s = sigmoid(x @ Wg^T) (float32); choice = s + e_score_correction_bias;
-            group score = sum of the top two choices of each of n_group groups; the
-            topk_group best groups; top_k of choice inside them; w = s of the chosen
-            (norm_topk_prob: / (sum + 1e-20)) * routed_scaling_factor
-        V2: s = softmax(x @ Wg^T); topk_method "greedy": top_k of s; "group_limited_greedy":
-            group score = max of the group, the topk_group best groups, top_k of s inside
-            them (others 0); w = s of the chosen * routed_scaling_factor (HF's V2 never
-            renormalises)
-        out = sum_s w_s expert_{e_s}(x) + shared_experts(x)   (n_shared_experts experts
-            fused as one MLP of width moe_intermediate_size * n_shared_experts)
+  - MLP: layer i is a DeepSeek MoE block (deepseek_moe_config.py has its routing) iff
+    i >= first_k_dense_replace (glm4_moe_lite: iff mlp_layer_types[i] is "sparse", default
+    ["dense"] + ["sparse"] * (n - 1)), else the dense MLP of intermediate_size.
+  - glm4_moe_lite against deepseek_v3: the V3 router and rope pairs; `head_dim` is an alias
+    of qk_rope_head_dim (HF attribute_map, and it wins); its class defaults (`DEFAULTS`).
 Checkpoint keys: `self_attn.{q_proj | q_a_proj, q_a_layernorm, q_b_proj}`,
 `self_attn.kv_a_proj_with_mqa`, `self_attn.kv_a_layernorm`, `self_attn.kv_b_proj`,
 `self_attn.o_proj`; `mlp.gate.weight` [E, hidden], `mlp.gate.e_score_correction_bias` [E]
-(V3), `mlp.experts.{e}.{gate,up,down}_proj.weight`, `mlp.shared_experts.*`.
+(V3 router), `mlp.experts.{e}.{gate,up,down}_proj.weight`, `mlp.shared_experts.*`.
 """
 from __future__ import annotations
 
@@ -39,10 +33,11 @@ from dataclasses import dataclass
 
 from ..errors import FormatError, Unsupported
 from .config_fields import _Cfg
-from .moe_config import MAX_EXPERTS, MAX_TOP_K, MoeConfig
+from .deepseek_moe_config import (deepseek_moe, first_dense_layers,
+                                  refuse_routing, sized)
 
-DEEPSEEK_ARCHS = ("deepseek_v2", "deepseek_v3")
-# the HF classes' defaults (configuration_deepseek_v2.py / _v3.py)
+DEEPSEEK_ARCHS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
+# the HF classes' defaults (configuration_deepseek_v2.py / _v3.py / glm4_moe_lite.py)
 DEFAULTS = {
     "deepseek_v3": dict(vocab_size=129280, hidden_size=7168, intermediate_size=18432,
                         moe_intermediate_size=2048, num_hidden_layers=61,
@@ -51,7 +46,8 @@ DEFAULTS = {
                         qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128,
                         n_group=8, topk_group=4, num_experts_per_tok=8,
                         first_k_dense_replace=3, norm_topk_prob=True,
-                        max_position_embeddings=4096, bos_token_id=0, eos_token_id=1),
+                        max_position_embeddings=4096, bos_token_id=0, eos_token_id=1,
+                        rms_norm_eps=1e-6),
     "deepseek_v2": dict(vocab_size=102400, hidden_size=4096, intermediate_size=11008,
                         moe_intermediate_size=1407, num_hidden_layers=32,
                         num_attention_heads=32, n_shared_experts=2, n_routed_experts=64,
@@ -59,12 +55,21 @@ DEFAULTS = {
                         qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128,
                         n_group=None, topk_group=None, num_experts_per_tok=None,
                         first_k_dense_replace=0, norm_topk_prob=False,
-                        max_position_embeddings=2048, bos_token_id=1, eos_token_id=2),
+                        max_position_embeddings=2048, bos_token_id=1, eos_token_id=2,
+                        rms_norm_eps=1e-6),
+    "glm4_moe_lite": dict(vocab_size=154880, hidden_size=2048, intermediate_size=10240,
+                          moe_intermediate_size=1536, num_hidden_layers=47,
+                          num_attention_heads=20, n_shared_experts=1, n_routed_experts=64,
+                          routed_scaling_factor=1.8, kv_lora_rank=512, q_lora_rank=768,
+                          qk_rope_head_dim=64, v_head_dim=256, qk_nope_head_dim=192,
+                          n_group=1, topk_group=1, num_experts_per_tok=4,
+                          norm_topk_prob=True, max_position_embeddings=202752,
+                          bos_token_id=0, eos_token_id=1, rms_norm_eps=1e-5),
 }
 # The widest latent row (kv_lora_rank + qk_rope_head_dim) the MLA decode kernel keeps per
 # CTA in shared memory: V3's 576 with room.
 MAX_LATENT_DIM = 1024
-V2_TOPK_METHODS = ("greedy", "group_limited_greedy")
+MLP_LAYER_TYPES = ("dense", "sparse")   # glm4_moe_lite
 
 
 @dataclass(frozen=True)
@@ -89,26 +94,12 @@ class MlaConfig:
         return self.kv_lora_rank + self.qk_rope_head_dim
 
 
-@dataclass(frozen=True)
-class DeepseekRouting:
-    """How a DeepSeek MoE block picks and weighs its experts (MoeConfig.deepseek)."""
-
-    scoring: str               # "sigmoid" (V3) | "softmax" (V2)
-    n_group: int               # 1: no group limit
-    topk_group: int
-    routed_scaling_factor: float
-    correction_bias: bool      # V3: e_score_correction_bias joins the choice, not the weight
-
-
 def _default(c: _Cfg, arch: str, key: str):
     return DEFAULTS[arch][key]
 
 
 def _int(c: _Cfg, arch: str, key: str, positive=True) -> int:
-    v = c.int(key, _default(c, arch, key), positive=positive)
-    if v is None or (key in c.d and c.d[key] is None):
-        raise FormatError(f"{c.source}: {key} is null ({arch}: transformers cannot run it)")
-    return v
+    return sized(c, arch, DEFAULTS[arch], key, positive)
 
 
 def refuse_unsupported(c: _Cfg, arch: str) -> None:
@@ -119,30 +110,11 @@ def refuse_unsupported(c: _Cfg, arch: str) -> None:
         if c.bool(key, False):
             raise Unsupported(f"{c.source}: {key}=true on {arch} is not supported (the MLA "
                               "projections and DeepSeek MLPs are bias-free here)")
-    if c.int("moe_layer_freq", 1) != 1:
-        raise Unsupported(f"{c.source}: moe_layer_freq={d['moe_layer_freq']!r} is not "
-                          f"supported: transformers' {arch} puts a MoE block on every layer "
-                          "from first_k_dense_replace on (moe_layer_freq 1), DeepSeek's own "
-                          "code would skip layers; the two differ")
+    refuse_routing(c, arch)
     prf = d.get("partial_rotary_factor")
     if prf is not None and prf != 1:
         raise Unsupported(f"{c.source}: partial_rotary_factor={prf!r} on {arch} is not "
                           "supported (the rope turns all qk_rope_head_dim dims)")
-    scoring = d.get("scoring_func")
-    want = "sigmoid" if arch == "deepseek_v3" else "softmax"
-    if scoring is not None and scoring != want:
-        raise Unsupported(f"{c.source}: scoring_func={scoring!r} is not supported: "
-                          f"transformers' {arch} router always scores with {want}")
-    if arch == "deepseek_v3":
-        tm = d.get("topk_method")
-        if tm is not None and tm != "noaux_tc":
-            raise Unsupported(f"{c.source}: topk_method={tm!r} is not supported: "
-                              "transformers' deepseek_v3 router is noaux_tc (the corrected "
-                              "scores choose, group-limited)")
-    elif c.bool("norm_topk_prob", False):
-        raise Unsupported(f"{c.source}: norm_topk_prob=true on deepseek_v2 is not supported: "
-                          "transformers' deepseek_v2 router never renormalises, DeepSeek's "
-                          "own code would; the two differ")
 
 
 def deepseek_quantization(config: dict, source: str, arch: str):
@@ -152,6 +124,9 @@ def deepseek_quantization(config: dict, source: str, arch: str):
     from .quant.parse import parse_quantization
     if config.get("quantization_config") is None:
         return None
+    if arch == "glm4_moe_lite":
+        raise Unsupported(f"{source}: quantization_config on a glm4_moe_lite checkpoint is "
+                          "not supported (fine-grained fp8 is, on deepseek_v3)")
     q = parse_quantization(config, source)
     if q.method != "fp8":
         raise Unsupported(f"{source}: quantization_config (quant_method={q.method!r}) on a "
@@ -160,13 +135,14 @@ def deepseek_quantization(config: dict, source: str, arch: str):
     return q
 
 
-def mla_config(c: _Cfg, arch: str, rope_parameters: dict, rope_scaled: bool,
+def mla_config(c: _Cfg, arch: str, rope_dim: int, rope_parameters: dict, rope_scaled: bool,
                yarn_factor: float) -> MlaConfig:
-    """The attention's ranks and dims, checked, and its softmax scale."""
+    """The attention's ranks and dims (`rope_dim`: qk_rope_head_dim, `rope_head_dim`),
+    checked, and its softmax scale."""
     q_lora = c.d.get("q_lora_rank", _default(c, arch, "q_lora_rank"))
-    q_lora = 0 if q_lora is None else c.int("q_lora_rank")
-    dims = {k: _int(c, arch, k) for k in ("kv_lora_rank", "qk_nope_head_dim",
-                                          "qk_rope_head_dim", "v_head_dim")}
+    q_lora = 0 if q_lora is None else c.int("q_lora_rank", q_lora)   # absent: the default
+    dims = {k: _int(c, arch, k) for k in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim")}
+    dims["qk_rope_head_dim"] = rope_dim
     if dims["qk_rope_head_dim"] % 2:
         raise FormatError(f"{c.source}: qk_rope_head_dim must be even (rope pairs), got "
                           f"{dims['qk_rope_head_dim']}")
@@ -175,7 +151,7 @@ def mla_config(c: _Cfg, arch: str, rope_parameters: dict, rope_scaled: bool,
             dims["qk_nope_head_dim"] > MAX_LATENT_DIM:
         raise Unsupported(f"{c.source}: kv_lora_rank + qk_rope_head_dim = {latent} (or a head "
                           f"dim) exceeds the MLA kernels' {MAX_LATENT_DIM}")
-    pairs = True if arch == "deepseek_v2" else c.bool("rope_interleave", True)
+    pairs = True if arch == "deepseek_v2" else c.bool("rope_interleave", True)   # V3, lite
     scale = (dims["qk_nope_head_dim"] + dims["qk_rope_head_dim"]) ** -0.5
     # HF yarn_apply_mscale: any scaled rope with a non-zero mscale_all_dim
     mad = rope_parameters.get("mscale_all_dim") or 0
@@ -188,64 +164,6 @@ def mla_config(c: _Cfg, arch: str, rope_parameters: dict, rope_scaled: bool,
 def _mscale(scale: float, mscale: float) -> float:
     """HF's yarn get_mscale."""
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
-
-
-def moe(c: _Cfg, arch: str, n_layers: int) -> MoeConfig:
-    """The expert block: routed experts, their routing, the shared experts' width and which
-    layers are sparse."""
-    alias = "num_local_experts" if arch == "deepseek_v3" else "num_experts"   # attribute_map
-    vals = {k: c.int(k) for k in ("n_routed_experts", alias) if c.d.get(k) is not None}
-    if len(set(vals.values())) > 1:
-        raise FormatError(f"{c.source}: {vals} disagree (aliases of n_routed_experts)")
-    E = next(iter(vals.values())) if vals else _default(c, arch, "n_routed_experts")
-    first = _int(c, arch, "first_k_dense_replace", positive=False)
-    sparse = tuple(i >= first for i in range(n_layers))
-    inter = _int(c, arch, "moe_intermediate_size")
-    shared = c.int("n_shared_experts", _default(c, arch, "n_shared_experts"), positive=False)
-    shared = 0 if shared is None else shared
-    scale = c.float("routed_scaling_factor", _default(c, arch, "routed_scaling_factor"),
-                    f32=True)
-    k = c.int("num_experts_per_tok", _default(c, arch, "num_experts_per_tok"))
-    if arch == "deepseek_v3":
-        n_group = _int(c, arch, "n_group")
-        topk_group = _int(c, arch, "topk_group")
-        limited = True
-    else:
-        method = c.d.get("topk_method", "greedy")
-        if method not in V2_TOPK_METHODS:
-            raise Unsupported(f"{c.source}: topk_method={method!r} is not supported "
-                              f"(deepseek_v2: {', '.join(V2_TOPK_METHODS)})")
-        limited = method == "group_limited_greedy"
-        n_group = c.int("n_group") if limited else 1
-        topk_group = c.int("topk_group") if limited else 1
-        if limited and (n_group is None or topk_group is None):
-            raise FormatError(f"{c.source}: topk_method group_limited_greedy needs n_group "
-                              "and topk_group")
-    if any(sparse):
-        if k is None:
-            raise FormatError(f"{c.source}: num_experts_per_tok is null but layers "
-                              f"{first}.. are MoE blocks")
-        if E % n_group:
-            raise FormatError(f"{c.source}: n_routed_experts {E} is not a multiple of "
-                              f"n_group {n_group}")
-        if topk_group > n_group:
-            raise FormatError(f"{c.source}: topk_group {topk_group} exceeds n_group {n_group}")
-        if arch == "deepseek_v3" and E // n_group < 2:
-            raise FormatError(f"{c.source}: deepseek_v3 scores a group by its top two "
-                              f"experts; {E} experts in {n_group} groups leave one a group")
-        if k > topk_group * (E // n_group):
-            raise FormatError(f"{c.source}: num_experts_per_tok {k} exceeds the "
-                              f"{topk_group * (E // n_group)} experts of the topk_group "
-                              f"{topk_group} groups it may choose from")
-        if E > MAX_EXPERTS or k > MAX_TOP_K:
-            raise Unsupported(f"{c.source}: n_routed_experts={E} / num_experts_per_tok={k}: "
-                              f"the MoE kernels support at most {MAX_EXPERTS} experts and "
-                              f"top-{MAX_TOP_K}")
-    routing = DeepseekRouting("sigmoid" if arch == "deepseek_v3" else "softmax",
-                              n_group, topk_group, scale, arch == "deepseek_v3")
-    norm = arch == "deepseek_v3" and c.bool("norm_topk_prob", True)
-    return MoeConfig(E, k or 1, norm, inter, inter * shared, sparse, "mlp",
-                     ("gate_proj", "up_proj", "down_proj"), deepseek=routing)
 
 
 def deepseek_layer_tensors(m, p: str) -> dict[str, tuple[int, ...]]:
@@ -267,35 +185,19 @@ def deepseek_layer_tensors(m, p: str) -> dict[str, tuple[int, ...]]:
     return t
 
 
-def deepseek_moe_tensors(m, p: str) -> dict[str, tuple[int, ...]]:
-    """A sparse layer's MoE block: the router, its correction bias (V3), the routed experts
-    and the fused shared experts."""
-    moe, h, b = m.moe, m.hidden_size, p + "mlp."
-    i = moe.expert_intermediate_size
-    t = {b + "gate.weight": (moe.num_experts, h)}
-    if moe.deepseek.correction_bias:
-        t[b + "gate.e_score_correction_bias"] = (moe.num_experts,)
-    for e in range(moe.num_experts):
-        t[f"{b}experts.{e}.gate_proj.weight"] = (i, h)
-        t[f"{b}experts.{e}.up_proj.weight"] = (i, h)
-        t[f"{b}experts.{e}.down_proj.weight"] = (h, i)
-    s = moe.shared_expert_intermediate_size
-    if s:
-        t[b + "shared_experts.gate_proj.weight"] = (s, h)
-        t[b + "shared_experts.up_proj.weight"] = (s, h)
-        t[b + "shared_experts.down_proj.weight"] = (h, s)
-    return t
-
-
 def mtp_prefixes(config: dict) -> tuple[str, ...]:
-    """The tensor-name prefixes of DeepSeek-V3's MTP layers, `model.layers.{num_hidden_layers
-    + j}.` for j < num_nextn_predict_layers: not part of the main model (transformers ignores
-    them, `_keys_to_ignore_on_load_unexpected`); the first loads as the draft proposer when
-    present (model_engine/mtp.py checks and uploads it), the others stay unread. () for any
-    other model_type."""
-    if config.get("model_type") != "deepseek_v3":
+    """The tensor-name prefixes of the MTP layers of DeepSeek-V3 and the GLM-4.5 families,
+    `model.layers.{num_hidden_layers + j}.` for j < num_nextn_predict_layers (alias
+    num_mtp_layers; absent: 1): not part of the main model (transformers ignores them,
+    `_keys_to_ignore_on_load_unexpected`). DeepSeek-V3's first loads as the draft proposer
+    when present (model_engine/mtp.py checks and uploads it); the others, and GLM's, stay
+    unread. () for any other model_type."""
+    from .glm4_config import GLM4_DEFAULTS
+    arch = config.get("model_type")
+    defaults = {**DEFAULTS, "glm4_moe": GLM4_DEFAULTS}
+    if arch not in ("deepseek_v3", "glm4_moe", "glm4_moe_lite"):
         return ()
-    n = config.get("num_hidden_layers", DEFAULTS["deepseek_v3"]["num_hidden_layers"])
+    n = config.get("num_hidden_layers", defaults[arch]["num_hidden_layers"])
     k = config.get("num_nextn_predict_layers", config.get("num_mtp_layers", 1))
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (n, k)):
         return ()   # the metadata parser names the bad field
@@ -310,9 +212,41 @@ def kv_bytes_per_token_layer(m) -> int:
     return 2 * m.num_kv_heads * m.head_dim * 2
 
 
+def rope_head_dim(c: _Cfg, arch: str) -> int:
+    """qk_rope_head_dim; glm4_moe_lite's `head_dim` is its alias and wins (HF attribute_map):
+    a different qk_rope_head_dim beside it is refused."""
+    if arch != "glm4_moe_lite" or "head_dim" not in c.d:
+        return _int(c, arch, "qk_rope_head_dim")
+    alias = c.int("head_dim", required=True)   # null refused, naming it
+    rope_dim = c.int("qk_rope_head_dim")
+    if rope_dim is not None and alias != rope_dim:
+        raise FormatError(f"{c.source}: head_dim {alias} and qk_rope_head_dim {rope_dim} "
+                          "disagree (glm4_moe_lite: head_dim is an alias of qk_rope_head_dim)")
+    return alias
+
+
+def lite_sparse_layers(c: _Cfg, n_layers: int) -> tuple[bool, ...]:
+    """glm4_moe_lite's `mlp_layer_types` (default: layer 0 dense, the others sparse); its
+    HF model never reads first_k_dense_replace, so one that disagrees is refused."""
+    types = c.d.get("mlp_layer_types")
+    if types is None:
+        types = ["dense"] + ["sparse"] * (n_layers - 1)
+    if not isinstance(types, list) or len(types) != n_layers or \
+            any(t not in MLP_LAYER_TYPES for t in types):
+        raise FormatError(f"{c.source}: mlp_layer_types must list 'dense' or 'sparse' for "
+                          f"each of the {n_layers} layers, got {types!r}")
+    sparse = tuple(t == "sparse" for t in types)
+    first = c.int("first_k_dense_replace", positive=False)
+    if first is not None and sparse != tuple(i >= first for i in range(n_layers)):
+        raise Unsupported(f"{c.source}: first_k_dense_replace={first} disagrees with "
+                          f"mlp_layer_types {types}: transformers' glm4_moe_lite reads "
+                          "mlp_layer_types only")
+    return sparse
+
+
 def deepseek_fields(config: dict, source: str, arch: str) -> dict:
-    """ModelMetadata's fields of a deepseek_v2 / deepseek_v3 config (all but the token ids
-    and the dtype, which metadata.py reads as for every family)."""
+    """ModelMetadata's fields of a deepseek_v2 / deepseek_v3 / glm4_moe_lite config (all but
+    the token ids and the dtype, which metadata.py reads as for every family)."""
     from .decoder_fields import activation
     from .rope_config import context_length, parse_rope
     c = _Cfg(config, source)
@@ -324,22 +258,24 @@ def deepseek_fields(config: dict, source: str, arch: str) -> dict:
                           f"num_attention_heads {heads}")
     layers = _int(c, arch, "num_hidden_layers")
     max_pos = _int(c, arch, "max_position_embeddings")
-    rope_dim = _int(c, arch, "qk_rope_head_dim")
+    rope_dim = rope_head_dim(c, arch)
     theta, scaling = parse_rope(config, source, max_pos, rope_dim)
     rp = config.get("rope_scaling") or config.get("rope_parameters") or {}
-    mla = mla_config(c, arch, rp if isinstance(rp, dict) else {}, scaling is not None,
-                     scaling.factor if scaling is not None else 1.0)
+    mla = mla_config(c, arch, rope_dim, rp if isinstance(rp, dict) else {},
+                     scaling is not None, scaling.factor if scaling is not None else 1.0)
+    sparse = (lite_sparse_layers(c, layers) if arch == "glm4_moe_lite" else
+              first_dense_layers(c, arch, DEFAULTS[arch], layers))
     return dict(
         architecture=arch, vocab_size=_int(c, arch, "vocab_size"), hidden_size=hidden,
         intermediate_size=_int(c, arch, "intermediate_size"), num_layers=layers,
         # every head has its own key and value, expanded from the one latent
         num_heads=heads, num_kv_heads=heads, head_dim=rope_dim,
         rope_theta=theta, rope_scaling=scaling,
-        rms_norm_eps=c.float("rms_norm_eps", 1e-6, ge=0, f32=True),
+        rms_norm_eps=c.float("rms_norm_eps", DEFAULTS[arch]["rms_norm_eps"], ge=0, f32=True),
         attention_bias=False, o_proj_bias=False, mlp_bias=False,
         hidden_act=activation(c), qk_norm=False,
         tie_word_embeddings=c.bool("tie_word_embeddings", False),
         sliding_window=None, layer_windows=(0,) * layers,
         max_position_embeddings=max_pos, context_length=context_length(max_pos, scaling),
-        moe=moe(c, arch, layers), mla=mla,
+        moe=deepseek_moe(c, arch, DEFAULTS[arch], sparse), mla=mla,
         quantization=deepseek_quantization(config, source, arch))

@@ -25,6 +25,7 @@ from .hybrid_fields import HYBRID_SCOPES, VISION_SCOPES
 from .moe_fields import MOE_SCOPES
 from .gpt_oss_fields import GPT_OSS
 from .deepseek_fields import DEEPSEEK_SCOPES
+from .glm4_fields import GLM4_SCOPES
 from .phi3_fields import PHI3
 from .quant.fields import QUANT_SCOPES
 
@@ -357,6 +358,7 @@ FIELD_TABLE: dict[str, dict[str, Field]] = {
        for arch, fields in HYBRID_SCOPES.items()},
     **VISION_SCOPES,
     **{arch: {**_DECODER, **fields} for arch, fields in DEEPSEEK_SCOPES.items()},
+    **{arch: {**_DECODER, **fields} for arch, fields in GLM4_SCOPES.items()},
     "whisper": WHISPER, "llava": LLAVA, "clip_vision_model": CLIP_VISION,
     "generation_config": GENERATION_CONFIG, "gguf": GGUF,
     **QUANT_SCOPES,   # quantization_config.<method> (quant/fields.py)

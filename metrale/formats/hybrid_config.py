@@ -27,7 +27,7 @@ from ..errors import FormatError, Unsupported
 from .config_fields import KERNEL_MAX_HEAD_DIM, _Cfg
 from .moe_config import MAX_EXPERTS, MAX_TOP_K, MoeConfig
 from .nemotron_config import Mamba2Config, nemotron_fields
-from .rope_config import context_length, parse_rope
+from .rope_config import context_length, partial_rope
 
 QWEN_HYBRID = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 WRAPPERS = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}   # text_config
@@ -201,31 +201,6 @@ def _moe(c: _Cfg, arch: str, n_layers: int, intermediate: int | None) -> MoeConf
                      ("gate_proj", "up_proj", "down_proj"))
 
 
-def _rope(c: _Cfg, max_pos: int, head_dim: int):
-    """(theta, scaling, rotary_dim): parse_rope without partial_rotary_factor (the
-    rotation covers the first rotary_dim dims; its frequencies are those of a head of
-    rotary_dim, as HF computes them with dim = head_dim * partial_rotary_factor)."""
-    params = c.d.get("rope_parameters") or c.d.get("rope_scaling") or {}
-    if not isinstance(params, dict):
-        raise FormatError(f"{c.source}: rope_parameters must be an object, got {params!r}")
-    prf = params.get("partial_rotary_factor", c.d.get("partial_rotary_factor", 0.25))
-    prf = _Cfg({"partial_rotary_factor": prf}, c.source).float("partial_rotary_factor", gt=0)
-    if prf > 1:
-        raise FormatError(f"{c.source}: partial_rotary_factor must be in (0, 1], got {prf}")
-    rotary = int(head_dim * prf)
-    if rotary < 2 or rotary % 2:
-        raise Unsupported(f"{c.source}: partial_rotary_factor {prf} gives {rotary} rotary "
-                          f"dims of head_dim {head_dim}; an even count >= 2 is needed")
-    stripped = {k: v for k, v in c.d.items() if k != "partial_rotary_factor"}
-    for key in ("rope_parameters", "rope_scaling"):
-        if isinstance(stripped.get(key), dict):
-            stripped[key] = {k: v for k, v in stripped[key].items()
-                             if k not in ("partial_rotary_factor", "mrope_section",
-                                          "mrope_interleaved")}
-    theta, scaling = parse_rope(stripped, c.source, max_pos, rotary)
-    return theta, scaling, rotary
-
-
 def hybrid_fields(config: dict, source: str, arch: str) -> dict:
     """ModelMetadata keyword arguments of a hybrid config (all but the token ids and
     dtype, which metadata.py reads as for every decoder)."""
@@ -255,7 +230,7 @@ def hybrid_fields(config: dict, source: str, arch: str) -> dict:
                           f"{KERNEL_MAX_HEAD_DIM})")
     layers = c.int("num_hidden_layers", required=True)
     max_pos = c.int("max_position_embeddings", 32768)
-    theta, scaling, rotary = _rope(c, max_pos, head_dim)
+    theta, scaling, rotary = partial_rope(c, max_pos, head_dim, 0.25)
     types = _layer_types(c, layers)
     inter = c.int("intermediate_size", None if tarch == "qwen3_5_moe_text" else 5632)
     moe = _moe(c, tarch, layers, inter)

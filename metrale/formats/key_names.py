@@ -6,8 +6,9 @@ checkpoints mapped onto one name per tensor.
 - gemma3: the text model of either layout onto the plain decoder's names; its vision tower
   and projector are held but never read (`GEMMA3_VISION`).
 - qwen3_5 / qwen3_5_moe wrappers: the text model's names (hybrid_layout.py).
-- deepseek_v3: its MTP layers are not the main model's (deepseek_config.mtp_prefixes); the
-  first loads as the draft proposer (model_engine/mtp.py).
+- deepseek_v3, glm4_moe, glm4_moe_lite: their MTP layers are not the main model's
+  (deepseek_config.mtp_prefixes); DeepSeek-V3's first loads as the draft proposer
+  (model_engine/mtp.py), GLM's stay unread.
 """
 from __future__ import annotations
 

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 from .gpt_oss_config import oss_layer_tensors
 from .hybrid_layout import hybrid_tensors
-from .deepseek_config import deepseek_layer_tensors, deepseek_moe_tensors
+from .deepseek_config import deepseek_layer_tensors
+from .deepseek_moe_config import deepseek_moe_tensors
 from .moe_config import moe_layer_tensors
 
 if TYPE_CHECKING:

@@ -4,7 +4,8 @@ Architectures: llama, mistral, qwen2, qwen3 and the mixture-of-experts qwen2_moe
 mixtral (decoder-only; moe_config.py), gemma2 and gemma3_text (gemma_config.py; a gemma3
 checkpoint loads as its text model), the hybrid linear-attention decoders (qwen3_next,
 qwen3_5_text, qwen3_5_moe_text and the qwen3_5 / qwen3_5_moe text models; hybrid_config.py),
-whisper (encoder-decoder) and llava (a CLIP tower + projector in front of a dense
+deepseek_v2 / deepseek_v3 / glm4_moe_lite (latent attention; deepseek_config.py), glm4_moe
+(GQA with DeepSeek's MoE block; glm4_config.py), whisper (encoder-decoder) and llava (a CLIP tower + projector in front of a dense
 decoder-only text model). How a family's block departs from Llama's is
 `ModelMetadata.variant` (decoder_variant.py). Rope settings come either from the
 older `rope_scaling` + top-level `rope_theta` keys or from the newer `rope_parameters` key
@@ -27,6 +28,7 @@ from .decoder_variant import DecoderVariant
 from .deepseek_config import DEEPSEEK_ARCHS, MlaConfig, deepseek_fields
 from .deepseek_config import DEFAULTS as DEEPSEEK_DEFAULTS
 from .gemma4_config import GEMMA4_ARCHS
+from .glm4_config import GLM4_ARCHS, glm4_fields
 from .gemma4_config import refuse as refuse_gemma4
 from .hybrid_config import HYBRID_ARCHS, WRAPPERS, HybridConfig, hybrid_fields
 from .hybrid_quant import hybrid_quantization
@@ -39,9 +41,10 @@ __all__ = ["ModelMetadata", "RopeScaling", "parse_rope", "ARCHITECTURES", "DECOD
 
 DENSE_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 # mixture-of-experts: moe_config.py; gemma: gemma_config.py ("gemma3": its text model);
-# phi3: phi3_config.py; the hybrids: hybrid_config.py; deepseek: deepseek_config.py
+# phi3: phi3_config.py; the hybrids: hybrid_config.py; deepseek (and glm4_moe_lite):
+# deepseek_config.py; glm4_moe: glm4_config.py
 DECODER_ARCHS = DENSE_ARCHS + MOE_ARCHS + gemma.GEMMA_ARCHS + ("gemma3", "phi3", "gpt_oss") \
-    + DEEPSEEK_ARCHS
+    + DEEPSEEK_ARCHS + GLM4_ARCHS
 ARCHITECTURES = DECODER_ARCHS + HYBRID_ARCHS + ("whisper", "llava")
 _DTYPES = ("bfloat16", "float16", "float32")
 
@@ -79,7 +82,7 @@ class ModelMetadata:
     vision: VisionConfig | None = None    # multimodal.py
     quantization: Any = None              # formats/quant/: the quantization_config (None: floats)
     moe: MoeConfig | None = None          # qwen2_moe / qwen3_moe / mixtral (moe_config.py)
-    mla: MlaConfig | None = None          # deepseek_v2 / v3 latent attention (deepseek_config.py)
+    mla: MlaConfig | None = None          # deepseek_v2 / v3 / glm4_moe_lite latent attention
     variant: DecoderVariant = DecoderVariant()   # the block's departures from Llama's
     hybrid: HybridConfig | None = None    # linear-attention layers (hybrid_config.py)
     config: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False,
@@ -116,6 +119,11 @@ class ModelMetadata:
             meta = ModelMetadata(**deepseek_fields(config, source, arch),
                                  bos_token_id=_bos(config, generation_config, source, ids),
                                  eos_token_ids=_eos(config, generation_config, source, ids),
+                                 dtype=_dtype(config, source))
+        elif arch in GLM4_ARCHS:   # no default token ids
+            meta = ModelMetadata(**glm4_fields(config, source, arch),
+                                 bos_token_id=_bos(config, generation_config, source),
+                                 eos_token_ids=_eos(config, generation_config, source),
                                  dtype=_dtype(config, source))
         else:
             meta = _decoder(config, generation_config, source, arch)

@@ -73,7 +73,7 @@ class MoeConfig:
     block: str                           # checkpoint key of the block: "mlp" | "block_sparse_moe"
     expert_proj: tuple[str, str, str]    # gate, up, down tensor names of one expert
     oss: OssExperts | None = None        # gpt-oss's block (its own tensor layout)
-    deepseek: object = None              # DeepSeek's routing (deepseek_config.DeepseekRouting)
+    deepseek: object = None              # DeepSeek's routing (deepseek_moe_config.DeepseekRouting)
 
     @property
     def num_sparse_layers(self) -> int:

@@ -150,6 +150,38 @@ def _yarn(params: dict, c: _Cfg, theta: float, max_pos: int, orig: int) -> RopeS
                        truncate=truncate)
 
 
+def partial_rope(c: _Cfg, max_pos: int, head_dim: int,
+                 default_factor: float) -> tuple[float, RopeScaling | None, int]:
+    """(theta, scaling, rotary_dim) of a partial rotary embedding: it turns the first
+    rotary_dim = int(head_dim * partial_rotary_factor) dims of each head (NeoX halves within
+    them), with the frequencies of a head of rotary_dim, for every rope type (HF computes
+    them with dim = head_dim * partial_rotary_factor). The factor is the rope dict's (as
+    `parse_rope` picks the dict), else the top level's, else `default_factor` (the family's
+    class default: Qwen3.5 0.25, GLM-4.5 0.5); null refused."""
+    params = c.d.get("rope_scaling") or c.d.get("rope_parameters") or {}
+    if not isinstance(params, dict):
+        raise FormatError(f"{c.source}: rope_parameters must be an object, got {params!r}")
+    where = params if "partial_rotary_factor" in params else c.d
+    prf = where.get("partial_rotary_factor", default_factor)
+    if prf is None:
+        raise FormatError(f"{c.source}: partial_rotary_factor is null")
+    prf = _number(prf, "partial_rotary_factor", c.source, gt=0)
+    if prf > 1:
+        raise FormatError(f"{c.source}: partial_rotary_factor must be in (0, 1], got {prf}")
+    rotary = int(head_dim * prf)
+    if rotary < 2 or rotary % 2:
+        raise Unsupported(f"{c.source}: partial_rotary_factor {prf} gives {rotary} rotary "
+                          f"dims of head_dim {head_dim}; an even count >= 2 is needed")
+    stripped = {k: v for k, v in c.d.items() if k != "partial_rotary_factor"}
+    for key in ("rope_parameters", "rope_scaling"):   # Qwen3.5's mrope keys: text only
+        if isinstance(stripped.get(key), dict):
+            stripped[key] = {k: v for k, v in stripped[key].items()
+                             if k not in ("partial_rotary_factor", "mrope_section",
+                                          "mrope_interleaved")}
+    theta, scaling = parse_rope(stripped, c.source, max_pos, rotary)
+    return theta, scaling, rotary
+
+
 def context_length(max_pos: int, scaling: RopeScaling | None) -> int:
     """The positions metrale runs: max_position_embeddings, raised to factor *
     original_max_position_embeddings for yarn (a static rope defined at every position).

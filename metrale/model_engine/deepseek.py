@@ -1,5 +1,6 @@
-"""DeepSeek-V2 / V3 decoders on the device: their weights and their layer sequence
-(formats/deepseek_config.py has the math; layers.run_decoder hands an MLA model here).
+"""DeepSeek-V2 / V3 and GLM-4.7-Flash (glm4_moe_lite) decoders on the device: their weights
+and their layer sequence (formats/deepseek_config.py has the math; layers.run_decoder hands
+an MLA model here).
 
     residual = embed(ids)
     per layer:  x = input_layernorm(residual)            (layer 0: no add)
@@ -19,8 +20,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..errors import Unsupported
 from ..formats.field_table import HF_ACTIVATIONS
 from ..formats.layout import expected_tensors
@@ -33,8 +32,7 @@ from .linear import run_embedding, run_linear, upload_linear
 from .memory_plan import held_bytes_of
 from .mla import mla_attention
 from .moe import moe_mlp
-from .moe_quant import upload_quant_experts
-from .moe_weights import MoeLayerWeights
+from .moe_weights import MoeLayerWeights, upload_deepseek_moe
 from .weights import check_checkpoint
 
 
@@ -57,7 +55,8 @@ class MlaLayerWeights:
 
 
 class DeepseekWeights(OwnedBuffers):
-    """Uploads a deepseek_v2 / deepseek_v3 checkpoint; `free()` returns every byte."""
+    """Uploads a deepseek_v2 / deepseek_v3 / glm4_moe_lite checkpoint; `free()` returns every
+    byte."""
 
     def __init__(self, backend, source, meta, progress: bool = True) -> None:
         self.backend = backend
@@ -105,43 +104,11 @@ class DeepseekWeights(OwnedBuffers):
             kv_b=upload_kv_b(self, up, meta, s + "kv_b_proj"), o_proj=lin(s + "o_proj"),
             post_attention_layernorm=own(p + "post_attention_layernorm.weight"))
         if sparse:
-            L.moe = self._moe(up, meta, p + "mlp.")
+            L.moe = upload_deepseek_moe(self, up, meta, p + "mlp.")
         else:
             L.gate_up = lin(p + "mlp.gate_proj", p + "mlp.up_proj")
             L.down_proj = lin(p + "mlp.down_proj")
         return L
-
-    def _moe(self, up, meta, b: str) -> MoeLayerWeights:
-        moe = meta.moe
-        E, h, i = moe.num_experts, meta.hidden_size, moe.expert_intermediate_size
-        quant = (upload_quant_experts(self, up, meta, b) if meta.quantization is not None
-                 else None)   # FP8 experts kept packed (moe_quant.py); None: BF16
-        if quant is not None:
-            gate_up, down = quant
-        else:
-            gate_up = self._alloc(E * 2 * i * h * 2)
-            up.upload_into([f"{b}experts.{e}.{x}_proj.weight" for e in range(E)
-                            for x in ("gate", "up")], gate_up)
-            down = self._alloc(E * h * i * 2)
-            up.upload_into([f"{b}experts.{e}.down_proj.weight" for e in range(E)], down)
-        shared_gate_up = shared_down = bias = NULL
-        if moe.shared_expert_intermediate_size:   # BF16 or FP8 linears (linear.py)
-            src = up.source
-            shared_gate_up = upload_linear(self, up, src, meta, [b + "shared_experts.gate_proj",
-                                                                 b + "shared_experts.up_proj"])
-            shared_down = upload_linear(self, up, src, meta, [b + "shared_experts.down_proj"])
-        if moe.deepseek.correction_bias:   # float32, whatever dtype it is stored in
-            name = b + "gate.e_score_correction_bias"
-            src = up.source
-            f32 = (np.asarray(src.read_raw(name), np.float32)
-                   if src.tensor_dtype(name) == "F32" else
-                   (np.asarray(src.read_bf16(name)).astype(np.uint32) << 16).view(np.float32))
-            bias = self._alloc(E * 4)
-            self.backend.copy_h2d(np.ascontiguousarray(f32, np.float32), bias)
-        return MoeLayerWeights(router=self._own(up.upload(b + "gate.weight")),
-                               gate_up=gate_up, down=down, shared_gate_up=shared_gate_up,
-                               shared_down=shared_down, shared_gate=NULL,
-                               correction_bias=bias)
 
 
 def run_deepseek_decoder(model, stream: int, n: int, *, n_seqs: int, out_ptr: DevicePtr,

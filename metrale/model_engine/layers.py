@@ -20,7 +20,7 @@ Gemma's (1 + w) norms (every rmsnorm and the q/k norm in weight mode "gemma"), i
 norms a layer (the attention and MLP outputs normalized in place before their residual adds,
 pre_feedforward_layernorm before the MLP), embeddings times a BF16 normalizer, the
 attention's scale, soft-capped scores and logits, per-layer rope tables (Gemma 3's local
-base on sliding layers), a partial rotary dimension (Phi-3/4), per-head sinks (gpt-oss).
+base on sliding layers), a partial rotary dimension (Phi-3/4, GLM-4.5), per-head sinks (gpt-oss).
 Such models decode unfused when their norms are not Llama's.
 Every linear layer (and the lm_head) is the batch-invariant tensor-core GEMM (ops.gemm_tc,
 graph-capturable), for decode, verify and prefill alike: a row's bits never depend on how

@@ -8,6 +8,9 @@ them); the down projections stacked `[E, hidden, I]`; qwen2_moe's shared expert 
 same way plus its gate `[1, hidden]`. The grouped GEMM (ops/moe_gemm.py) reads expert e at
 `gate_up + e * 2I * hidden` elements.
 
+DeepSeek's block (formats/deepseek_moe_config.py): the same expert layout, its shared experts
+as one ungated MLP and the router's correction bias (`upload_deepseek_moe`).
+
 gpt-oss (formats/gpt_oss_config.py) stores each layer's experts stacked and transposed,
 `gate_up_proj` [E, hidden, 2I] with the gate and up columns interleaved (0::2, 1::2) and
 `down_proj` [E, I, hidden], plus biases: uploaded in the layout above (gate rows, then up
@@ -47,6 +50,8 @@ def upload_moe_layer(weights, up, meta, layer: int) -> MoeLayerWeights | None:
     h, i, E = meta.hidden_size, moe.expert_intermediate_size, moe.num_experts
     if moe.oss is not None:
         return _upload_oss_layer(weights, up, meta, f"model.layers.{layer}.mlp.", E)
+    if moe.deepseek is not None:   # glm4_moe: DeepSeek's block under a GQA attention
+        return upload_deepseek_moe(weights, up, meta, f"model.layers.{layer}.mlp.")
     b = f"model.layers.{layer}.{moe.block}."
     gate, upn, down = moe.expert_proj
     quant = (upload_quant_experts(weights, up, meta, b) if meta.quantization is not None
@@ -70,6 +75,42 @@ def upload_moe_layer(weights, up, meta, layer: int) -> MoeLayerWeights | None:
     return MoeLayerWeights(router=weights._own(up.upload(b + "gate.weight")), gate_up=gate_up,
                            down=down_all, shared_gate_up=shared_gate_up,
                            shared_down=shared_down, shared_gate=shared_gate)
+
+
+def upload_deepseek_moe(weights, up, meta, b: str) -> MoeLayerWeights:
+    """DeepSeek's MoE block under prefix `b` ("model.layers.{i}.mlp."; deepseek_v2 / v3,
+    glm4_moe, glm4_moe_lite and DeepSeek-V3's MTP layer): the routed experts as above (BF16,
+    or FP8 kept packed: moe_quant.py), the shared experts fused as one ungated MLP (BF16 or
+    FP8 linears), the router's e_score_correction_bias as float32 whatever its stored dtype,
+    as the router reads it."""
+    moe = meta.moe
+    E, h, i = moe.num_experts, meta.hidden_size, moe.expert_intermediate_size
+    src = up.source
+    quant = (upload_quant_experts(weights, up, meta, b) if meta.quantization is not None
+             else None)
+    if quant is not None:
+        gate_up, down = quant
+    else:
+        gate_up = weights._alloc(E * 2 * i * h * 2)
+        up.upload_into([f"{b}experts.{e}.{x}_proj.weight" for e in range(E)
+                        for x in ("gate", "up")], gate_up)
+        down = weights._alloc(E * h * i * 2)
+        up.upload_into([f"{b}experts.{e}.down_proj.weight" for e in range(E)], down)
+    shared_gate_up = shared_down = bias = NULL
+    if moe.shared_expert_intermediate_size:
+        shared_gate_up = upload_linear(weights, up, src, meta, [b + "shared_experts.gate_proj",
+                                                                b + "shared_experts.up_proj"])
+        shared_down = upload_linear(weights, up, src, meta, [b + "shared_experts.down_proj"])
+    if moe.deepseek.correction_bias:
+        name = b + "gate.e_score_correction_bias"
+        f32 = (np.asarray(src.read_raw(name), np.float32)
+               if src.tensor_dtype(name) == "F32" else
+               (np.asarray(src.read_bf16(name)).astype(np.uint32) << 16).view(np.float32))
+        bias = weights._alloc(E * 4)
+        weights.backend.copy_h2d(np.ascontiguousarray(f32, np.float32), bias)
+    return MoeLayerWeights(router=weights._own(up.upload(b + "gate.weight")),
+                           gate_up=gate_up, down=down, shared_gate_up=shared_gate_up,
+                           shared_down=shared_down, shared_gate=NULL, correction_bias=bias)
 
 
 def _gate_then_up(a: np.ndarray, axis: int) -> np.ndarray:

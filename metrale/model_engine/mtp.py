@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import Unsupported
-from ..formats.deepseek_config import deepseek_layer_tensors, deepseek_moe_tensors
+from ..formats.deepseek_config import deepseek_layer_tensors
+from ..formats.deepseek_moe_config import deepseek_moe_tensors
 from ..formats.upload import WeightUploader
 from ..gpu_runtime.owned import OwnedBuffers
 from ..gpu_runtime.types import DevicePtr
@@ -92,7 +93,8 @@ def mtp_to_load(source, meta, option) -> dict[str, tuple[int, ...]] | None:
     if meta.architecture != "deepseek_v3" or meta.mla is None:
         if option:
             raise Unsupported(f"{source.description}: mtp=True: {meta.architecture} has no "
-                              "multi-token-prediction module (deepseek_v3 has)")
+                              "multi-token-prediction module metrale drafts with (deepseek_v3's "
+                              "only)")
         return None
     if meta.quantization is not None:
         # the released FP8 checkpoints hold an FP8 MTP layer: its weights would need the

@@ -53,7 +53,7 @@ from .workspace import Workspace
 
 DECODER_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe",
                          "mixtral", "gemma2", "gemma3_text", "gemma3", "phi3", "gpt_oss",
-                         "deepseek_v2", "deepseek_v3")
+                         "deepseek_v2", "deepseek_v3", "glm4_moe", "glm4_moe_lite")
 MAX_VERIFY_ROWS = 16
 
 

@@ -95,6 +95,7 @@ def test_class_defaults_when_absent():
     assert (m.num_layers, m.mla.latent_dim, m.moe.num_experts, m.bos_token_id) == \
         (61, 576, 256, 0)
     assert m.rope_scaling is None and m.mla.softmax_scale == 192 ** -0.5
+    assert m.mla.q_lora_rank == 1536   # the class default (it read as null once)
     v2 = ModelMetadata.from_config({"model_type": "deepseek_v2", "num_experts_per_tok": 6})
     assert (v2.moe.num_experts, v2.eos_token_ids) == (64, (2,))
 

@@ -48,7 +48,7 @@ def test_fixture_parses_and_passes_check(name):
     assert m.architecture in {"llama", "mistral", "qwen2", "qwen3", "whisper", "llava",
                               "qwen2_moe", "qwen3_moe", "mixtral", "gemma2", "gemma3_text",
                               "gemma3", "phi3", "gpt_oss", "deepseek_v2", "deepseek_v3",
-                              *HYBRID_ARCHS}
+                              "glm4_moe", "glm4_moe_lite", *HYBRID_ARCHS}
     golden = np.load(FIXTURES / name / "golden.npz")
     if m.architecture not in ("whisper", "llava"):
         s = golden["input_ids"].shape[1]

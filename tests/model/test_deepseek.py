@@ -126,13 +126,19 @@ def test_lora_and_contiguous_cache_refused():
 def test_mtp_layer_tensors_are_left_out(tmp_path):
     """A V3 checkpoint with its MTP layer (model.layers.{num_hidden_layers}.*) loads without
     it, as transformers does; the same tensor past the MTP layers is refused as unused."""
+    mtp_tensors_left_out(tmp_path, "deepseek_v3")
+
+
+def mtp_tensors_left_out(tmp_path, name: str) -> None:
+    """The fixture `name` (3 layers, num_nextn_predict_layers 1) with an MTP tensor added
+    loads (the tensor unread); with the tensor one layer further it is refused as unused."""
     import json
     import shutil
 
     from metrale.errors import FormatError
     from metrale.formats import DirectorySource
     from tests.formats.st_util import tensors_bytes
-    src = FIXTURES / "deepseek_v3"
+    src = FIXTURES / name
     stored = DirectorySource(src)
     tensors = {n: ("BF16", np.asarray(stored.read_bf16(n))) for n in stored.tensor_names()}
     for extra, ok in (("model.layers.3.enorm.weight", True),
@@ -141,7 +147,9 @@ def test_mtp_layer_tensors_are_left_out(tmp_path):
         shutil.copytree(src, d)
         t = dict(tensors, **{extra: ("BF16", np.full(64, 0x3F80, np.uint16))})
         (d / "model.safetensors").write_bytes(tensors_bytes(t))
-        assert json.loads((d / "config.json").read_text())["num_nextn_predict_layers"] == 1
+        # absent (glm4_moe_lite saves none): 1, as deepseek_config.mtp_prefixes reads it
+        cfg = json.loads((d / "config.json").read_text())
+        assert cfg.get("num_nextn_predict_layers", 1) == 1
         if ok:
             metrale.load(d, "cpu", progress=False).teardown()
         else:
