@@ -110,6 +110,15 @@ def test_moe_expert_and_router_targets_are_refused():
         names(cfg(target_modules="all-linear"), moe)
 
 
+@pytest.mark.parametrize("fixture", ["glm4_moe", "deepseek_v2"])
+def test_deepseek_style_shared_experts_are_named_when_refused(fixture):
+    # their `mlp.shared_experts.*` (no gate): an adapter on them is refused as what it is,
+    # not as a target matching nothing
+    moe = open_source(FIX / fixture).metadata()
+    with pytest.raises(Unsupported, match="shared expert"):
+        names(cfg(target_modules=r".*\.shared_experts\.(gate|up|down)_proj"), moe)
+
+
 def _copy(tmp_path, name="qv_r8") -> Path:
     d = tmp_path / name
     shutil.copytree(LORA / name, d)

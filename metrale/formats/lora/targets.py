@@ -62,9 +62,12 @@ def base_modules(meta) -> list[BaseModule]:
             out += [BaseModule(f"{b}experts.{e}.{proj}", i, "expert", None)
                     for e in range(moe.num_experts) for proj in moe.expert_proj]
             if moe.shared_expert_intermediate_size:
-                out += [BaseModule(f"{b}shared_expert.{proj}", i, "shared_expert", None)
+                # DeepSeek's / GLM's fused `shared_experts`, else Qwen2-MoE's gated one
+                shared = "shared_experts" if moe.deepseek is not None else "shared_expert"
+                out += [BaseModule(f"{b}{shared}.{proj}", i, "shared_expert", None)
                         for proj in ("gate_proj", "up_proj", "down_proj")]
-                out.append(BaseModule(b + "shared_expert_gate", i, "shared_expert", None))
+                if moe.deepseek is None:
+                    out.append(BaseModule(b + "shared_expert_gate", i, "shared_expert", None))
     out.append(BaseModule("lm_head", None, "lm_head", None))
     return out
 
