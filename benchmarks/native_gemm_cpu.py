@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from metrale.formats.gguf.packed import split_blocks  # noqa: E402
 from metrale.gpu_runtime import native  # noqa: E402
+from metrale.gpu_runtime.cxx import compiler  # noqa: E402
 from metrale.ops.bf16 import f32_to_bf16  # noqa: E402
 from metrale.ops.gguf_planes import PACKED  # noqa: E402
 
@@ -85,7 +86,7 @@ def build_revision(rev: str, out_dir: Path) -> Path:
         (out_dir / name).write_bytes(blob)
     sources = [str(out_dir / n) for n in names if n.endswith(".cpp")]
     lib = out_dir / "baseline.so"
-    subprocess.run([native.compiler(), *native.FLAGS, *native.TUNE, *sources, "-o", str(lib)],
+    subprocess.run([compiler(), *native.FLAGS, *native.TUNE, *sources, "-o", str(lib)],
                    check=True, capture_output=True)
     return lib
 
