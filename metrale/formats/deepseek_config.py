@@ -37,6 +37,18 @@ from .deepseek_moe_config import (deepseek_moe, first_dense_layers,
                                   refuse_routing, sized)
 
 DEEPSEEK_ARCHS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
+# model_types that name DeepSeek-V3's architecture under another name: Kimi K2's config.json
+# (architectures DeepseekV3ForCausalLM, remote code DeepSeek's), as transformers' own
+# Kimi_K25Config reads its text model
+MODEL_TYPE_ALIASES = {"kimi_k2": "deepseek_v3"}
+
+
+def resolve_model_type(config):
+    """`config` with an aliased model_type replaced by the architecture it names (the
+    others, and anything not a dict, unchanged: the parser names what is wrong)."""
+    if isinstance(config, dict) and config.get("model_type") in MODEL_TYPE_ALIASES:
+        return {**config, "model_type": MODEL_TYPE_ALIASES[config["model_type"]]}
+    return config
 # the HF classes' defaults (configuration_deepseek_v2.py / _v3.py / glm4_moe_lite.py)
 DEFAULTS = {
     "deepseek_v3": dict(vocab_size=129280, hidden_size=7168, intermediate_size=18432,

@@ -25,7 +25,7 @@ from . import gpt_oss_config as oss
 from . import phi3_config as phi3
 from .config_fields import _Cfg, _pick, _token_ids
 from .decoder_variant import DecoderVariant
-from .deepseek_config import DEEPSEEK_ARCHS, MlaConfig, deepseek_fields
+from .deepseek_config import DEEPSEEK_ARCHS, MlaConfig, deepseek_fields, resolve_model_type
 from .deepseek_config import DEFAULTS as DEEPSEEK_DEFAULTS
 from .gemma4_config import GEMMA4_ARCHS
 from .glm4_config import GLM4_ARCHS, glm4_fields
@@ -100,6 +100,7 @@ class ModelMetadata:
             raise FormatError(f"{source}: must hold a JSON object")
         if generation_config is not None and not isinstance(generation_config, dict):
             raise FormatError(f"{source}: generation_config.json must hold a JSON object")
+        config = resolve_model_type(config)   # kimi_k2: deepseek_v3
         arch = config.get("model_type")
         if arch is None:
             raise FormatError(f"{source}: missing key 'model_type'")

@@ -19,6 +19,7 @@ import numpy as np
 from ..errors import FormatError
 from ..ops.bf16 import f32_to_bf16
 from .config_bounds import check_decoder_sizes, check_layer_counts
+from .deepseek_config import resolve_model_type
 from .hub import hub_hint
 from .key_names import canonical_key, unloaded_prefixes
 from .layout import expected_tensors
@@ -142,7 +143,7 @@ class DirectorySource:
     def __init__(self, path: str | os.PathLike, files: list[str] | None = None) -> None:
         self.path = Path(path)
         self.description = str(self.path)
-        self._config = _read_json(self.path / "config.json", required=True)
+        self._config = resolve_model_type(_read_json(self.path / "config.json", required=True))
         self._gen = _read_json(self.path / "generation_config.json", required=False)
         names, self.weights_description = self._weight_files(files)
         self._files = [SafetensorsFile(self.path / n) for n in names]
@@ -278,7 +279,7 @@ class MemorySource:
 
     def __init__(self, config: dict, generation_config: dict | None = None, seed: int = 0,
                  description: str | None = None) -> None:
-        self._config = json.loads(json.dumps(config))
+        self._config = resolve_model_type(json.loads(json.dumps(config)))
         self._gen = None if generation_config is None else json.loads(json.dumps(generation_config))
         self.seed = int(seed)
         self.description = description or f"memory:{config.get('model_type')}"

@@ -67,6 +67,38 @@ def test_v3_as_released():
     assert 670e9 < n < 672e9
 
 
+# Kimi K2's config.json as released (moonshotai/Kimi-K2-Instruct): model_type kimi_k2, the
+# DeepseekV3ForCausalLM architecture with 384 experts and one dense layer
+KIMI_K2 = dict(V3, model_type="kimi_k2", vocab_size=163840, num_attention_heads=64,
+               num_key_value_heads=64, n_routed_experts=384, routed_scaling_factor=2.827,
+               n_group=1, topk_group=1, first_k_dense_replace=1, num_nextn_predict_layers=0,
+               rope_theta=50000.0, max_position_embeddings=131072,
+               rope_scaling=dict(beta_fast=1.0, beta_slow=1.0, factor=32.0, mscale=1.0,
+                                 mscale_all_dim=1.0, original_max_position_embeddings=4096,
+                                 type="yarn"),
+               bos_token_id=163584, eos_token_id=163585, pretraining_tp=1,
+               architectures=["DeepseekV3ForCausalLM"],
+               auto_map={"AutoConfig": "configuration_deepseek.DeepseekV3Config"},
+               quantization_config=dict(activation_scheme="dynamic", fmt="e4m3",
+                                        quant_method="fp8", weight_block_size=[128, 128]))
+
+
+def test_kimi_k2_reads_as_deepseek_v3():
+    # transformers' Kimi_K25Config reads a kimi_k2 text model as deepseek_v3; so does metrale
+    m = ModelMetadata.from_config(dict(KIMI_K2))
+    assert m.architecture == "deepseek_v3" and m.quantization is not None
+    assert (m.moe.num_experts, m.moe.deepseek.routed_scaling_factor, m.num_heads) == \
+        (384, 2.827, 64)
+    assert m.moe.sparse_layers == (False,) + (True,) * 60
+    assert m.mla.softmax_scale == pytest.approx(192 ** -0.5 * _mscale(32, 1.0) ** 2)
+    # "1T total parameters": 1.03e12 with the BF16 shapes the FP8 blocks stand for
+    n = sum(math.prod(s) for s in expected_tensors(ModelMetadata.from_config(
+        {k: v for k, v in KIMI_K2.items() if k != "quantization_config"})).values())
+    assert 1.0e12 < n < 1.05e12
+    assert read_keys(dict(KIMI_K2), None) and not [
+        k for k in KIMI_K2 if k not in FIELD_TABLE["deepseek_v3"]]
+
+
 def test_kv_bytes_per_token_is_the_latent():
     v3 = ModelMetadata.from_config(dict(V3))
     assert kv_bytes_per_token_layer(v3) == 576 * 2

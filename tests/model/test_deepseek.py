@@ -10,7 +10,7 @@ import pytest
 
 import metrale
 from metrale.errors import Unsupported
-from metrale.gpu_runtime import backend
+from metrale.gpu_runtime import HostBackend, backend
 from metrale.gpu_runtime.types import NULL
 from tests.conftest import emu_available
 from tests.model.common import FIXTURES, assert_matches_golden, golden, load, logits_rows, rel_err
@@ -121,6 +121,21 @@ def test_lora_and_contiguous_cache_refused():
         from metrale.kv.contiguous import ContiguousArena   # noqa: F401
         from metrale.model_engine.deepseek import run_deepseek_decoder
         run_deepseek_decoder(m, 0, 1, n_seqs=1, out_ptr=m._ws.normed, arena=object())
+
+
+def test_kimi_k2_checkpoint_is_deepseek_v3(tmp_path):
+    """The V3 fixture with Kimi K2's model_type gives the V3 logits bit for bit."""
+    import json
+    import shutil
+    d = tmp_path / "kimi_k2"
+    shutil.copytree(FIXTURES / "deepseek_v3", d)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps(dict(cfg, model_type="kimi_k2")))
+    ids = golden("deepseek_v3")["input_ids"][0].tolist()[:12]
+    ref = load("deepseek_v3")
+    kimi = metrale.load(d, HostBackend(), progress=False)
+    assert kimi.metadata().architecture == "deepseek_v3"
+    assert np.array_equal(teacher_forced(kimi, ids), teacher_forced(ref, ids))
 
 
 def test_mtp_layer_tensors_are_left_out(tmp_path):
