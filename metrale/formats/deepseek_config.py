@@ -46,8 +46,9 @@ MODEL_TYPE_ALIASES = {"kimi_k2": "deepseek_v3"}
 def resolve_model_type(config):
     """`config` with an aliased model_type replaced by the architecture it names (the
     others, and anything not a dict, unchanged: the parser names what is wrong)."""
-    if isinstance(config, dict) and config.get("model_type") in MODEL_TYPE_ALIASES:
-        return {**config, "model_type": MODEL_TYPE_ALIASES[config["model_type"]]}
+    arch = config.get("model_type") if isinstance(config, dict) else None
+    if isinstance(arch, str) and arch in MODEL_TYPE_ALIASES:
+        return {**config, "model_type": MODEL_TYPE_ALIASES[arch]}
     return config
 # the HF classes' defaults (configuration_deepseek_v2.py / _v3.py / glm4_moe_lite.py)
 DEFAULTS = {
